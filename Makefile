@@ -25,3 +25,12 @@ $(ENVOY_BIN):
 
 clean:
 	cargo clean
+
+# End-to-end benchmark: front Envoy plain vs with the no-op wasm filter vs with serving-picker,
+# wrk on loopback (ports 21000-21999). Knobs (environment): BENCH_DURATION, BENCH_WARMUP,
+# BENCH_CONNECTIONS, BENCH_THREADS, BENCH_ROUNDS; see benches/e2e/run.sh.
+.PHONY: bench-e2e
+bench-e2e: build envoy
+	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
+	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
+	bash benches/e2e/run.sh

@@ -1,14 +1,16 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! serving-picker: Kubernetes EndpointSlice-condition-aware host selection
+//! for Envoy. The decision logic here is plain Rust; `wasm` is the thin
+//! proxy-wasm glue that feeds it.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod admin_json;
+pub mod codec;
+pub mod conditions;
+pub mod config;
+pub mod election;
+pub mod picker;
+pub mod plan;
+pub mod snapshot;
+pub mod table;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+#[cfg(target_arch = "wasm32")]
+mod wasm;

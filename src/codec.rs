@@ -1,0 +1,173 @@
+//! The compact snapshot the leader publishes through shared data: plans only,
+//! length-prefixed binary, so workers never parse JSON.
+
+use crate::plan::{ClusterPlan, PlannedHost, Tier};
+
+const MAGIC: &[u8; 4] = b"SPK1";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError(pub &'static str);
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "snapshot decode: {}", self.0)
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    // Names and addresses are far below 64 KiB; longer ones are cut at a char boundary.
+    let mut end = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_le_bytes());
+    out.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+pub fn encode(plans: &[ClusterPlan]) -> Vec<u8> {
+    let hosts: usize = plans.iter().map(|p| p.hosts.len()).sum();
+    let mut out = Vec::with_capacity(16 + plans.len() * 32 + hosts * 28);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(plans.len() as u32).to_le_bytes());
+    for plan in plans {
+        put_str(&mut out, &plan.cluster);
+        out.push(plan.tier as u8);
+        out.extend_from_slice(&(plan.hosts.len() as u32).to_le_bytes());
+        for host in &plan.hosts {
+            put_str(&mut out, &host.address);
+            out.extend_from_slice(&host.weight.to_le_bytes());
+        }
+    }
+    out
+}
+
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.rest.len() < n {
+            return Err(DecodeError("truncated"));
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn string(&mut self) -> Result<String, DecodeError> {
+        let len = self.u16()? as usize;
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError("string is not UTF-8"))
+    }
+
+    /// A count of items of at least `min_item` bytes each, checked against what is left.
+    fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item) > self.rest.len() {
+            return Err(DecodeError("count larger than the data"));
+        }
+        Ok(n)
+    }
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Vec<ClusterPlan>, DecodeError> {
+    let mut r = Reader { rest: bytes };
+    if r.take(4)? != MAGIC {
+        return Err(DecodeError("bad magic"));
+    }
+    let clusters = r.count(7)?;
+    let mut plans = Vec::with_capacity(clusters);
+    for _ in 0..clusters {
+        let cluster = r.string()?;
+        let tier = Tier::from_code(r.u8()?).ok_or(DecodeError("bad tier"))?;
+        let n = r.count(6)?;
+        let mut hosts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let address = r.string()?;
+            let weight = r.u32()?;
+            hosts.push(PlannedHost { address, weight });
+        }
+        plans.push(ClusterPlan {
+            cluster,
+            tier,
+            hosts,
+        });
+    }
+    if !r.rest.is_empty() {
+        return Err(DecodeError("trailing bytes"));
+    }
+    Ok(plans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<ClusterPlan> {
+        vec![
+            ClusterPlan {
+                cluster: "backend".into(),
+                tier: Tier::TerminatingFallback,
+                hosts: vec![
+                    PlannedHost {
+                        address: "10.0.0.1:80".into(),
+                        weight: 3,
+                    },
+                    PlannedHost {
+                        address: "[::1]:8080".into(),
+                        weight: 1,
+                    },
+                ],
+            },
+            ClusterPlan {
+                cluster: "empty".into(),
+                tier: Tier::NoServing,
+                hosts: vec![],
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trip() {
+        let plans = sample();
+        assert_eq!(decode(&encode(&plans)).unwrap(), plans);
+        assert_eq!(decode(&encode(&[])).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn every_truncation_and_corruption_is_an_error_not_a_panic() {
+        let bytes = encode(&sample());
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0xff;
+            let _ = decode(&bad);
+        }
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert_eq!(decode(&trailing), Err(DecodeError("trailing bytes")));
+        let mut huge = MAGIC.to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode(&huge),
+            Err(DecodeError("count larger than the data"))
+        );
+    }
+}

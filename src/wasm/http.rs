@@ -1,0 +1,115 @@
+//! Per request: strip the client's override header, then set ours from the
+//! worker's routing table.
+
+use super::root::Worker;
+use crate::config::OnNoServing;
+use crate::plan::Tier;
+use crate::table::Decision;
+use proxy_wasm::hostcalls::{
+    get_map_value_bytes, get_property, remove_map_value, send_http_response, set_map_value,
+};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, MapType};
+use std::rc::Rc;
+
+pub struct PickerHttp {
+    worker: Rc<Worker>,
+}
+
+impl PickerHttp {
+    pub fn new(worker: Rc<Worker>) -> PickerHttp {
+        PickerHttp { worker }
+    }
+
+    fn reject(&self, cluster: &str) -> Action {
+        self.worker.metrics.reject_no_serving.inc();
+        log::debug!("serving_picker: cluster {cluster}: no serving endpoint, 503");
+        let body = format!("no-serving-endpoint: cluster {cluster:?} has no serving endpoint\n");
+        let headers = vec![
+            ("x-serving-picker", "no-serving-endpoint"),
+            ("content-type", "text/plain"),
+        ];
+        if let Err(e) = send_http_response(503, headers, Some(body.as_bytes())) {
+            log::error!("serving_picker: cannot send the 503: {e:?}");
+            return Action::Continue;
+        }
+        Action::Pause
+    }
+
+    fn unknown(&self, cluster: &str) {
+        let w = &self.worker;
+        if !w.config.manages(cluster) {
+            w.metrics.passthrough_unmanaged.inc();
+            return;
+        }
+        w.metrics.passthrough_unknown_cluster.inc();
+        if w.logged_unknown.borrow_mut().insert(cluster.to_string()) {
+            let why = if w.table.borrow().is_none() {
+                "no snapshot loaded yet"
+            } else {
+                "not in the snapshot"
+            };
+            log::warn!("serving_picker: cluster {cluster:?}: {why}; passing through to Envoy's load balancer");
+        }
+    }
+}
+
+impl Context for PickerHttp {}
+
+impl HttpContext for PickerHttp {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let w = &self.worker;
+        let header = w.config.override_header.as_str();
+        // Clients never steer: whatever they sent (any case, repeated, lists) goes.
+        if let Ok(Some(_)) = get_map_value_bytes(MapType::HttpRequestHeaders, header) {
+            let _ = remove_map_value(MapType::HttpRequestHeaders, header);
+            w.metrics.override_header_stripped.inc();
+        }
+        let Ok(Some(name)) = get_property(vec!["xds", "cluster_name"]) else {
+            return Action::Continue;
+        };
+        let Ok(cluster) = std::str::from_utf8(&name) else {
+            return Action::Continue;
+        };
+        let table = w.table.borrow();
+        let decision = match table.as_ref() {
+            Some(table) => table.decide(cluster),
+            None => Decision::Unknown,
+        };
+        match decision {
+            Decision::Pick { host, tier } => {
+                if let Err(e) = set_map_value(MapType::HttpRequestHeaders, header, Some(host)) {
+                    log::warn!("serving_picker: cannot set {header}: {e:?}");
+                    return Action::Continue;
+                }
+                match tier {
+                    Tier::TerminatingFallback => w.metrics.pick_terminating_fallback.inc(),
+                    _ => w.metrics.pick_ready.inc(),
+                }
+                log::debug!(
+                    "serving_picker: cluster {cluster}: tier {} host {host}",
+                    tier.name()
+                );
+                Action::Continue
+            }
+            Decision::NoServing => match w.config.on_no_serving {
+                OnNoServing::Reject => {
+                    drop(table);
+                    self.reject(cluster)
+                }
+                OnNoServing::Passthrough => {
+                    w.metrics.passthrough_no_serving.inc();
+                    log::debug!(
+                        "serving_picker: cluster {cluster}: no serving endpoint, passthrough"
+                    );
+                    Action::Continue
+                }
+            },
+            Decision::Unknown => {
+                drop(table);
+                self.unknown(cluster);
+                Action::Continue
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! proxy-wasm glue: thin contexts around the pure logic in the crate root.
+
+mod http;
+mod metrics;
+mod refresh;
+mod root;
+mod shared;
+
+use proxy_wasm::traits::RootContext;
+use proxy_wasm::types::LogLevel;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    // After set_log_level, which installs its own hook: ours names the filter.
+    std::panic::set_hook(Box::new(|info| {
+        let _ = proxy_wasm::hostcalls::log(LogLevel::Critical, &format!("serving_picker panicked: {info}"));
+    }));
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::PickerRoot::new()) });
+}}
+
+/// Follows Envoy's log level for this VM so that disabled debug lines cost
+/// nothing per request.
+pub(crate) fn sync_log_level() {
+    let filter = match proxy_wasm::hostcalls::get_log_level() {
+        Ok(LogLevel::Trace) => log::LevelFilter::Trace,
+        Ok(LogLevel::Debug) => log::LevelFilter::Debug,
+        Ok(LogLevel::Info) => log::LevelFilter::Info,
+        Ok(LogLevel::Warn) => log::LevelFilter::Warn,
+        Ok(LogLevel::Error) => log::LevelFilter::Error,
+        Ok(LogLevel::Critical) => log::LevelFilter::Error,
+        Err(_) => log::LevelFilter::Info,
+    };
+    log::set_max_level(filter);
+}

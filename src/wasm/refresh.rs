@@ -1,0 +1,206 @@
+//! The leader's refresh: fetch the config dump, then live health, and turn
+//! them into plans. Runs only in the elected root context.
+
+use crate::admin_json::{check_admin_response, parse_clusters, parse_config_dump, EndpointsDump};
+use crate::config::{fingerprint, PluginConfig};
+use crate::plan::ClusterPlan;
+use crate::snapshot::build_plans;
+use proxy_wasm::hostcalls::{dispatch_http_call, get_buffer, get_map_value_bytes};
+use proxy_wasm::types::{BufferType, MapType};
+use std::collections::HashSet;
+use std::time::Duration;
+
+enum Pending {
+    Dump { token: u32 },
+    Health { token: u32, dump: EndpointsDump },
+}
+
+/// What a finished admin call led to.
+pub enum Outcome {
+    /// Not our call, or the next call of the refresh is under way.
+    Nothing,
+    /// A complete refresh: the plans to publish.
+    Plans(Vec<ClusterPlan>),
+    /// The refresh failed; the last good snapshot stays.
+    Failed,
+}
+
+#[derive(Default)]
+pub struct Refresher {
+    pending: Option<(Pending, u64)>,
+    /// The last dump's body fingerprint and parse: an unchanged body is not parsed again.
+    last_dump: Option<(u64, usize, EndpointsDump)>,
+    last_error: Option<String>,
+    logged_notes: HashSet<String>,
+}
+
+const MAX_LOGGED_NOTES: usize = 10_000;
+
+impl Refresher {
+    /// Starts a refresh unless one is under way (or lost: then it is dropped).
+    pub fn start(&mut self, config: &PluginConfig, now_ms: u64) -> bool {
+        if let Some((_, started)) = &self.pending {
+            let lost_after = config.admin_timeout_ms * 2 + config.refresh_interval_ms;
+            if now_ms.saturating_sub(*started) < lost_after {
+                return false;
+            }
+            self.fail("admin call got no callback; starting over".into());
+        }
+        match self.dispatch(config, &config.admin_path) {
+            Some(token) => {
+                self.pending = Some((Pending::Dump { token }, now_ms));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn dispatch(&mut self, config: &PluginConfig, path: &str) -> Option<u32> {
+        let headers = vec![
+            (":method", "GET"),
+            (":path", path),
+            (":authority", config.admin_cluster.as_str()),
+            ("accept", "application/json"),
+        ];
+        let timeout = Duration::from_millis(config.admin_timeout_ms);
+        match dispatch_http_call(&config.admin_cluster, headers, None, vec![], timeout) {
+            Ok(token) => Some(token),
+            Err(e) => {
+                self.fail(format!(
+                    "cannot call admin cluster {:?} ({e:?}); is it defined in the bootstrap?",
+                    config.admin_cluster
+                ));
+                None
+            }
+        }
+    }
+
+    pub fn on_response(
+        &mut self,
+        config: &PluginConfig,
+        token: u32,
+        body_size: usize,
+        now_ms: u64,
+    ) -> Outcome {
+        let matches = match &self.pending {
+            Some((Pending::Dump { token: t }, _)) | Some((Pending::Health { token: t, .. }, _)) => {
+                *t == token
+            }
+            None => false,
+        };
+        if !matches {
+            return Outcome::Nothing;
+        }
+        let Some((pending, started)) = self.pending.take() else {
+            return Outcome::Nothing;
+        };
+        match pending {
+            Pending::Dump { .. } => {
+                let dump = match self.read_dump(config, body_size) {
+                    Ok(dump) => dump,
+                    Err(why) => return self.fail(why),
+                };
+                if config.admin_health_path.is_empty() {
+                    return self.finish(config, dump, None, started, now_ms);
+                }
+                match self.dispatch(config, &config.admin_health_path) {
+                    Some(token) => {
+                        self.pending = Some((Pending::Health { token, dump }, started));
+                        Outcome::Nothing
+                    }
+                    None => Outcome::Failed,
+                }
+            }
+            Pending::Health { dump, .. } => {
+                let body = match read_body("live health", config, body_size) {
+                    Ok(body) => body,
+                    Err(why) => return self.fail(why),
+                };
+                match parse_clusters(&body) {
+                    Ok(live) => self.finish(config, dump, Some(&live), started, now_ms),
+                    Err(e) => self.fail(e.to_string()),
+                }
+            }
+        }
+    }
+
+    fn read_dump(
+        &mut self,
+        config: &PluginConfig,
+        body_size: usize,
+    ) -> Result<EndpointsDump, String> {
+        let body = read_body("config_dump", config, body_size)?;
+        let print = fingerprint(&body);
+        if let Some((last, len, dump)) = &self.last_dump {
+            if *last == print && *len == body.len() {
+                return Ok(dump.clone());
+            }
+        }
+        let dump =
+            parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
+        self.log_notes(&dump.notes);
+        self.last_dump = Some((print, body.len(), dump.clone()));
+        Ok(dump)
+    }
+
+    fn finish(
+        &mut self,
+        config: &PluginConfig,
+        dump: EndpointsDump,
+        live: Option<&crate::admin_json::LiveHealth>,
+        started: u64,
+        now_ms: u64,
+    ) -> Outcome {
+        let plans = build_plans(dump, live, config);
+        if self.last_error.take().is_some() {
+            log::info!("serving_picker: admin refresh recovered");
+        }
+        log::debug!(
+            "serving_picker: refresh done in {} ms: {} clusters",
+            now_ms.saturating_sub(started),
+            plans.len()
+        );
+        Outcome::Plans(plans)
+    }
+
+    /// Logs a refresh failure once until it changes or recovers.
+    fn fail(&mut self, why: String) -> Outcome {
+        if self.last_error.as_deref() != Some(why.as_str()) {
+            log::warn!(
+                "serving_picker: admin refresh failed, keeping the last good snapshot: {why}"
+            );
+            self.last_error = Some(why);
+        }
+        self.pending = None;
+        Outcome::Failed
+    }
+
+    fn log_notes(&mut self, notes: &[String]) {
+        if self.logged_notes.len() > MAX_LOGGED_NOTES {
+            self.logged_notes.clear();
+        }
+        for note in notes {
+            if self.logged_notes.insert(note.clone()) {
+                log::warn!("serving_picker: {note}");
+            }
+        }
+    }
+}
+
+fn read_body(what: &str, config: &PluginConfig, body_size: usize) -> Result<Vec<u8>, String> {
+    let status = get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten();
+    check_admin_response(
+        what,
+        status.as_deref(),
+        body_size,
+        config.max_admin_body_bytes,
+    )
+    .map_err(|e| e.to_string())?;
+    match get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
+        Ok(Some(body)) => Ok(body),
+        Ok(None) => Ok(Vec::new()),
+        Err(e) => Err(format!("{what}: cannot read the body: {e:?}")),
+    }
+}

@@ -1,0 +1,243 @@
+//! The root context: configuration, leader election, snapshot sync.
+
+use super::http::PickerHttp;
+use super::metrics::Metrics;
+use super::refresh::{Outcome, Refresher};
+use super::shared::SharedKeys;
+use crate::codec;
+use crate::config::{fingerprint, parse_config, PluginConfig};
+use crate::table::RoutingTable;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{BufferType, ContextType};
+use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// What every request of this worker reads: shared with its HTTP contexts.
+pub struct Worker {
+    pub config: Rc<PluginConfig>,
+    pub metrics: Metrics,
+    pub table: RefCell<Option<RoutingTable>>,
+    /// Clusters already logged as unknown since the last snapshot change.
+    pub logged_unknown: RefCell<HashSet<String>>,
+}
+
+pub struct PickerRoot {
+    id: u32,
+    worker: Option<Rc<Worker>>,
+    keys: Option<SharedKeys>,
+    refresher: Refresher,
+    seen_version: Option<Vec<u8>>,
+    published: Option<Vec<u8>>,
+    publish_seq: u64,
+    leader: bool,
+}
+
+fn random_id() -> u32 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(now_ms());
+    h.finish() as u32
+}
+
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl PickerRoot {
+    pub fn new() -> PickerRoot {
+        PickerRoot {
+            id: random_id(),
+            worker: None,
+            keys: None,
+            refresher: Refresher::default(),
+            seen_version: None,
+            published: None,
+            publish_seq: 0,
+            leader: false,
+        }
+    }
+
+    fn install(&mut self, plans: Vec<crate::plan::ClusterPlan>) {
+        let Some(worker) = &self.worker else { return };
+        let previous = worker.table.borrow_mut().take();
+        let table = RoutingTable::build(plans, previous.as_ref(), worker.config.retry_alternates);
+        worker
+            .metrics
+            .snapshot_clusters
+            .set(table.cluster_count() as u64);
+        worker.metrics.snapshot_hosts.set(table.host_count() as u64);
+        *worker.table.borrow_mut() = Some(table);
+        worker.logged_unknown.borrow_mut().clear();
+    }
+
+    /// Followers (and a new leader) pick up a newer published snapshot.
+    fn sync(&mut self) {
+        let Some(keys) = &self.keys else { return };
+        let version = keys.version();
+        if version.is_none() || version == self.seen_version {
+            return;
+        }
+        let Some(bytes) = keys.snapshot() else { return };
+        match codec::decode(&bytes) {
+            Ok(plans) => {
+                self.seen_version = version;
+                self.install(plans);
+            }
+            Err(e) => {
+                log::error!("serving_picker: published snapshot unreadable, keeping ours: {e}")
+            }
+        }
+    }
+
+    fn publish(&mut self, plans: Vec<crate::plan::ClusterPlan>) {
+        let Some(worker) = self.worker.clone() else {
+            return;
+        };
+        let bytes = codec::encode(&plans);
+        let unchanged = match &self.published {
+            Some(last) => *last == bytes,
+            None => self.keys.as_ref().and_then(|k| k.snapshot()).as_ref() == Some(&bytes),
+        };
+        if unchanged {
+            if worker.table.borrow().is_none() {
+                self.install(plans);
+            }
+            self.published = Some(bytes);
+            return;
+        }
+        self.publish_seq += 1;
+        let version = format!("{}.{}", self.id, self.publish_seq).into_bytes();
+        if let Some(keys) = &self.keys {
+            if let Err(e) = keys.publish(&bytes, &version) {
+                log::error!("serving_picker: cannot publish the snapshot to shared data: {e:?}");
+            }
+        }
+        worker.metrics.snapshot_published.inc();
+        worker.metrics.snapshot_bytes.set(bytes.len() as u64);
+        log::info!(
+            "serving_picker: published snapshot {}: {}",
+            String::from_utf8_lossy(&version),
+            summary(&plans)
+        );
+        self.seen_version = Some(version);
+        self.published = Some(bytes);
+        self.install(plans);
+    }
+}
+
+/// One line per change: each cluster's tier and host count.
+fn summary(plans: &[crate::plan::ClusterPlan]) -> String {
+    const SHOWN: usize = 8;
+    let mut parts: Vec<String> = plans
+        .iter()
+        .take(SHOWN)
+        .map(|p| format!("{}={}x{}", p.cluster, p.tier.name(), p.hosts.len()))
+        .collect();
+    if plans.len() > SHOWN {
+        parts.push(format!("(+{} clusters)", plans.len() - SHOWN));
+    }
+    parts.join(" ")
+}
+
+impl Context for PickerRoot {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(worker) = self.worker.clone() else {
+            return;
+        };
+        match self
+            .refresher
+            .on_response(&worker.config, token, body_size, now_ms())
+        {
+            Outcome::Nothing => {}
+            Outcome::Failed => worker.metrics.refresh_error.inc(),
+            Outcome::Plans(plans) => {
+                worker.metrics.refresh_ok.inc();
+                self.publish(plans);
+            }
+        }
+    }
+}
+
+impl RootContext for PickerRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        super::sync_log_level();
+        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+            Ok(raw) => raw.unwrap_or_default(),
+            Err(e) => {
+                log::error!("serving_picker: cannot read the plugin configuration: {e:?}");
+                return false;
+            }
+        };
+        let config = match parse_config(&raw) {
+            Ok(config) => config,
+            Err(e) => {
+                log::error!("serving_picker: rejecting configuration: {e}");
+                return false;
+            }
+        };
+        self.keys = Some(SharedKeys::for_config(fingerprint(&raw)));
+        let interval = Duration::from_millis(config.refresh_interval_ms);
+        self.worker = Some(Rc::new(Worker {
+            config: Rc::new(config),
+            metrics: Metrics::define(),
+            table: RefCell::new(None),
+            logged_unknown: RefCell::new(HashSet::new()),
+        }));
+        self.seen_version = None;
+        self.published = None;
+        self.refresher = Refresher::default();
+        if let Err(e) = hostcalls::set_tick_period(interval) {
+            log::error!("serving_picker: cannot set the tick period: {e:?}");
+            return false;
+        }
+        // Pick up a snapshot other workers already have, before the first tick.
+        self.sync();
+        true
+    }
+
+    fn on_tick(&mut self) {
+        super::sync_log_level();
+        let (Some(worker), Some(keys)) = (self.worker.clone(), &self.keys) else {
+            return;
+        };
+        let config = &worker.config;
+        let now = now_ms();
+        let ttl = config.refresh_interval_ms * 3 + config.admin_timeout_ms;
+        let leader = keys.hold_lease(self.id, now, ttl);
+        if leader != self.leader {
+            log::info!(
+                "serving_picker: context {:08x} {} the admin poller",
+                self.id,
+                if leader { "is now" } else { "is no longer" }
+            );
+            self.leader = leader;
+            self.published = None;
+        }
+        self.sync();
+        if leader && !self.refresher.start(config, now) {
+            log::trace!("serving_picker: refresh still under way");
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let worker = self.worker.clone()?;
+        Some(Box::new(PickerHttp::new(worker)))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

@@ -1,0 +1,76 @@
+//! Shared data between this Envoy's VMs (one per worker): the leader lease,
+//! the published snapshot, and its version.
+
+use crate::election::{lease_action, Lease, LeaseAction};
+use proxy_wasm::hostcalls::{get_shared_data, set_shared_data};
+use proxy_wasm::types::Status;
+
+pub struct SharedKeys {
+    lease: String,
+    version: String,
+    snapshot: String,
+}
+
+impl SharedKeys {
+    pub fn for_config(fingerprint: u64) -> SharedKeys {
+        let prefix = format!("serving_picker.{fingerprint:016x}");
+        SharedKeys {
+            lease: format!("{prefix}.lease"),
+            version: format!("{prefix}.version"),
+            snapshot: format!("{prefix}.snapshot"),
+        }
+    }
+
+    /// Renews or takes the lease; true when this context holds it now.
+    pub fn hold_lease(&self, me: u32, now_ms: u64, ttl_ms: u64) -> bool {
+        let (value, cas) = match get_shared_data(&self.lease) {
+            Ok(found) => found,
+            Err(e) => {
+                log::debug!("serving_picker: lease read failed: {e:?}");
+                return false;
+            }
+        };
+        let current = value.as_deref().and_then(Lease::parse);
+        if lease_action(me, current, now_ms, ttl_ms) == LeaseAction::Follow {
+            return false;
+        }
+        let mine = Lease {
+            holder: me,
+            renewed_ms: now_ms,
+        }
+        .encode();
+        // A missing key cannot be compare-and-set; create it, then race for it.
+        let cas = match cas {
+            Some(cas) if value.is_some() => cas,
+            _ => {
+                let _ = set_shared_data(&self.lease, Some(b""), None);
+                match get_shared_data(&self.lease) {
+                    Ok((_, Some(cas))) => cas,
+                    _ => return false,
+                }
+            }
+        };
+        match set_shared_data(&self.lease, Some(mine.as_bytes()), Some(cas)) {
+            Ok(()) => true,
+            Err(Status::CasMismatch) => false,
+            Err(e) => {
+                log::debug!("serving_picker: lease write failed: {e:?}");
+                false
+            }
+        }
+    }
+
+    pub fn version(&self) -> Option<Vec<u8>> {
+        get_shared_data(&self.version).ok().and_then(|(v, _)| v)
+    }
+
+    pub fn snapshot(&self) -> Option<Vec<u8>> {
+        get_shared_data(&self.snapshot).ok().and_then(|(v, _)| v)
+    }
+
+    /// Writes the snapshot, then its version (readers look at the version first).
+    pub fn publish(&self, snapshot: &[u8], version: &[u8]) -> Result<(), Status> {
+        set_shared_data(&self.snapshot, Some(snapshot), None)?;
+        set_shared_data(&self.version, Some(version), None)
+    }
+}
