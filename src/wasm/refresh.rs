@@ -37,6 +37,10 @@ pub struct Refresher {
 const MAX_LOGGED_NOTES: usize = 10_000;
 
 impl Refresher {
+    pub fn idle(&self) -> bool {
+        self.pending.is_none()
+    }
+
     /// Starts a refresh unless one is under way (or lost: then it is dropped).
     pub fn start(&mut self, config: &PluginConfig, now_ms: u64) -> bool {
         if let Some((_, started)) = &self.pending {

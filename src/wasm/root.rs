@@ -35,7 +35,14 @@ pub struct PickerRoot {
     published: Option<Vec<u8>>,
     publish_seq: u64,
     leader: bool,
+    /// Ticking fast until the first snapshot is installed, to shorten the
+    /// pass-through window after Envoy starts.
+    starting: bool,
+    configured_ms: u64,
 }
+
+const STARTUP_TICK: Duration = Duration::from_millis(50);
+const STARTUP_WINDOW_MS: u64 = 3000;
 
 fn random_id() -> u32 {
     let mut h = RandomState::new().build_hasher();
@@ -61,6 +68,8 @@ impl PickerRoot {
             published: None,
             publish_seq: 0,
             leader: false,
+            starting: true,
+            configured_ms: 0,
         }
     }
 
@@ -199,7 +208,9 @@ impl RootContext for PickerRoot {
         self.seen_version = None;
         self.published = None;
         self.refresher = Refresher::default();
-        if let Err(e) = hostcalls::set_tick_period(interval) {
+        self.starting = true;
+        self.configured_ms = now_ms();
+        if let Err(e) = hostcalls::set_tick_period(interval.min(STARTUP_TICK)) {
             log::error!("serving_picker: cannot set the tick period: {e:?}");
             return false;
         }
@@ -227,7 +238,13 @@ impl RootContext for PickerRoot {
             self.published = None;
         }
         self.sync();
-        if leader && !self.refresher.start(config, now) {
+        let start_over = now.saturating_sub(self.configured_ms) > STARTUP_WINDOW_MS;
+        if self.starting && (worker.table.borrow().is_some() || start_over) {
+            self.starting = false;
+            let _ = hostcalls::set_tick_period(Duration::from_millis(config.refresh_interval_ms));
+        }
+        let due = !self.starting || self.refresher.idle();
+        if leader && due && !self.refresher.start(config, now) {
             log::trace!("serving_picker: refresh still under way");
         }
     }

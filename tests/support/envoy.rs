@@ -1,0 +1,642 @@
+//! Bootstrap builder and Envoy process for the e2e tests.
+//!
+//! Every Envoy gets its own temp dir (bootstrap, EDS files, logs), its own
+//! ports, `--concurrency 2`, `--disable-hot-restart`, and is stopped in Drop.
+//! When a test panics, Drop prints the tail of the Envoy log and the access
+//! log (shown by the test harness with the failure) and keeps the dir.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::eds::{load_assignment, EdsFile, Endpoint};
+use super::http::{self, Response};
+use super::ports::free_port;
+use super::OVERRIDE_HEADER;
+
+static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+const START_ATTEMPTS: usize = 4;
+
+/// `ENVOY_BIN`, or `<repo>/.venv/bin/envoy`; panics if missing.
+pub fn envoy_bin() -> PathBuf {
+    let p = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy"));
+    if !p.is_file() {
+        panic!(
+            "Envoy binary not found at {} (ENVOY_BIN): run `make envoy build` first",
+            p.display()
+        );
+    }
+    p
+}
+
+/// `SERVING_PICKER_WASM`, or `<repo>/target/wasm32-wasip1/release/serving_picker.wasm`; panics if missing.
+pub fn wasm_module() -> PathBuf {
+    let p = std::env::var_os("SERVING_PICKER_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target/wasm32-wasip1/release/serving_picker.wasm")
+        });
+    if !p.is_file() {
+        panic!(
+            "serving_picker wasm module not found at {} (SERVING_PICKER_WASM): run `make envoy build` first",
+            p.display()
+        );
+    }
+    p
+}
+
+/// A fresh directory under the system temp dir, named with pid + counter.
+pub fn fresh_dir(tag: &str) -> PathBuf {
+    let n = DIR_COUNTER.fetch_add(1, Ordering::SeqCst);
+    let d = std::env::temp_dir().join(format!(
+        "serving-picker-e2e-{}-{}-{}",
+        std::process::id(),
+        n,
+        tag
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
+    d
+}
+
+enum ClusterKind {
+    Eds(Vec<Endpoint>),
+    Static(Vec<Endpoint>),
+}
+
+struct ClusterSpec {
+    name: String,
+    kind: ClusterKind,
+}
+
+pub struct EnvoyBuilder {
+    tag: String,
+    clusters: Vec<ClusterSpec>,
+    filter: Option<String>,
+    retry_policy: Option<Value>,
+    admin_cluster_port: Option<u16>,
+    override_header: String,
+    hooks: Vec<BootstrapHook>,
+}
+
+/// Edits the generated bootstrap (and may write files into the Envoy's dir)
+/// before Envoy starts; see `EnvoyBuilder::bootstrap_hook`.
+pub type BootstrapHook = Box<dyn Fn(&mut Value, &Path)>;
+
+impl Default for EnvoyBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EnvoyBuilder {
+    /// Defaults: the wasm filter with `{"refresh_interval_ms": 100}`, no clusters.
+    pub fn new() -> EnvoyBuilder {
+        EnvoyBuilder {
+            tag: "envoy".into(),
+            clusters: Vec::new(),
+            filter: Some(super::plugin_config(Value::Null)),
+            retry_policy: None,
+            admin_cluster_port: None,
+            override_header: OVERRIDE_HEADER.into(),
+            hooks: Vec::new(),
+        }
+    }
+
+    /// Edits the bootstrap JSON before Envoy starts, for what the builder has
+    /// no option for (health checks, outlier detection, LDS from a file...).
+    /// Called on every start attempt with the bootstrap and the Envoy's dir.
+    pub fn bootstrap_hook(mut self, hook: impl Fn(&mut Value, &Path) + 'static) -> Self {
+        self.hooks.push(Box::new(hook));
+        self
+    }
+
+    /// Names the temp dir (handy when reading a kept dir after a failure).
+    pub fn tag(mut self, tag: &str) -> Self {
+        self.tag = tag
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        self
+    }
+
+    /// An EDS cluster fed from a watched file, with these first endpoints.
+    pub fn eds_cluster(mut self, name: &str, endpoints: &[Endpoint]) -> Self {
+        self.clusters.push(ClusterSpec {
+            name: name.into(),
+            kind: ClusterKind::Eds(endpoints.to_vec()),
+        });
+        self
+    }
+
+    /// A STATIC cluster.
+    pub fn static_cluster(mut self, name: &str, endpoints: &[Endpoint]) -> Self {
+        self.clusters.push(ClusterSpec {
+            name: name.into(),
+            kind: ClusterKind::Static(endpoints.to_vec()),
+        });
+        self
+    }
+
+    /// `Some(plugin_config_json)`: the serving_picker filter with that
+    /// configuration; `None`: no wasm filter at all (a control Envoy).
+    pub fn with_filter(mut self, plugin_config_json: Option<&str>) -> Self {
+        self.filter = plugin_config_json.map(str::to_string);
+        self
+    }
+
+    /// A route `retry_policy` (RetryPolicy JSON) on every route.
+    pub fn retry_policy(mut self, policy: Value) -> Self {
+        self.retry_policy = Some(policy);
+        self
+    }
+
+    /// Points the `envoy_admin` cluster at this port instead of the admin
+    /// port (e.g. a closed port, to model an unreachable admin API).
+    pub fn admin_cluster_port(mut self, port: u16) -> Self {
+        self.admin_cluster_port = Some(port);
+        self
+    }
+
+    /// Header the clusters' override_host policy reads (default
+    /// x-gateway-destination-endpoint); pair with the plugin's `override_header`.
+    pub fn override_header(mut self, name: &str) -> Self {
+        self.override_header = name.into();
+        self
+    }
+
+    fn lb_policy(&self) -> Value {
+        json!({"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "override_host_sources": [{"header": self.override_header}],
+                "fallback_policy": {"policies": [{"typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.round_robin",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
+                }}]}
+            }
+        }}]})
+    }
+
+    /// The bootstrap JSON for these ports and dir.
+    fn bootstrap(
+        &self,
+        dir: &Path,
+        listen_port: u16,
+        admin_port: u16,
+        wasm: Option<&Path>,
+    ) -> Value {
+        let mut clusters = vec![json!({
+            "name": "envoy_admin",
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "envoy_admin", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {
+                    "address": "127.0.0.1",
+                    "port_value": self.admin_cluster_port.unwrap_or(admin_port)
+                }}}}
+            ]}]}
+        })];
+        for c in &self.clusters {
+            let mut cl = json!({
+                "name": c.name,
+                "connect_timeout": "1s",
+                "common_lb_config": {"override_host_status": {"statuses": ["UNKNOWN", "HEALTHY", "DEGRADED", "DRAINING"]}},
+                "load_balancing_policy": self.lb_policy(),
+            });
+            let o = cl.as_object_mut().unwrap_or_else(|| unreachable!());
+            match &c.kind {
+                ClusterKind::Eds(_) => {
+                    let edir = eds_dir(dir, &c.name);
+                    o.insert("type".into(), json!("EDS"));
+                    o.insert(
+                        "eds_cluster_config".into(),
+                        json!({"eds_config": {
+                            "resource_api_version": "V3",
+                            "path_config_source": {
+                                "path": edir.join("eds.json").to_string_lossy(),
+                                "watched_directory": {"path": edir.to_string_lossy()}
+                            }
+                        }}),
+                    );
+                }
+                ClusterKind::Static(eps) => {
+                    o.insert("type".into(), json!("STATIC"));
+                    o.insert("load_assignment".into(), load_assignment(&c.name, eps));
+                }
+            }
+            clusters.push(cl);
+        }
+
+        let mut routes = Vec::new();
+        for c in &self.clusters {
+            let mut r =
+                json!({"match": {"prefix": format!("/{}/", c.name)}, "route": {"cluster": c.name}});
+            if let Some(rp) = &self.retry_policy {
+                r["route"]["retry_policy"] = rp.clone();
+            }
+            routes.push(r);
+        }
+        if let Some(first) = self.clusters.first() {
+            let mut r = json!({"match": {"prefix": "/"}, "route": {"cluster": first.name}});
+            if let Some(rp) = &self.retry_policy {
+                r["route"]["retry_policy"] = rp.clone();
+            }
+            routes.push(r);
+        }
+
+        let mut http_filters = Vec::new();
+        if let (Some(cfg), Some(wasm)) = (&self.filter, wasm) {
+            http_filters.push(json!({
+                "name": "envoy.filters.http.wasm",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "config": {
+                        "name": "serving_picker",
+                        "vm_config": {
+                            "runtime": "envoy.wasm.runtime.v8",
+                            "code": {"local": {"filename": wasm.to_string_lossy()}}
+                        },
+                        "configuration": {
+                            "@type": "type.googleapis.com/google.protobuf.StringValue",
+                            "value": cfg
+                        }
+                    }
+                }
+            }));
+        }
+        http_filters.push(json!({
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+        }));
+
+        let access_log = json!([{
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": dir.join("access.log").to_string_lossy(),
+                "log_format": {"text_format_source": {"inline_string":
+                    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(:PATH)%\" %RESPONSE_CODE% %RESPONSE_FLAGS% cluster=%UPSTREAM_CLUSTER% upstream=%UPSTREAM_HOST% override=%REQ(X-GATEWAY-DESTINATION-ENDPOINT)% picker=%RESP(X-SERVING-PICKER)% details=%RESPONSE_CODE_DETAILS%\n"
+                }}
+            }
+        }]);
+
+        json!({
+            "node": {"id": "serving-picker-e2e", "cluster": "serving-picker-e2e"},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+            "static_resources": {
+                "listeners": [{
+                    "name": "main",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+                    "filter_chains": [{"filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                            "stat_prefix": "ingress",
+                            "access_log": access_log,
+                            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}]},
+                            "http_filters": http_filters
+                        }
+                    }]}]
+                }],
+                "clusters": clusters
+            }
+        })
+    }
+
+    /// Writes the bootstrap and EDS files, starts Envoy and waits for /ready.
+    pub fn start(self) -> Envoy {
+        let bin = envoy_bin();
+        let wasm = if self.filter.is_some() {
+            Some(wasm_module())
+        } else {
+            None
+        };
+        let dir = fresh_dir(&self.tag);
+        let mut eds = BTreeMap::new();
+        for c in &self.clusters {
+            if let ClusterKind::Eds(eps) = &c.kind {
+                eds.insert(
+                    c.name.clone(),
+                    EdsFile::create(&c.name, &eds_dir(&dir, &c.name), eps),
+                );
+            }
+        }
+        let mut last_err = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let listen_port = free_port();
+            let admin_port = free_port();
+            let mut bootstrap = self.bootstrap(&dir, listen_port, admin_port, wasm.as_deref());
+            for hook in &self.hooks {
+                hook(&mut bootstrap, &dir);
+            }
+            let bpath = dir.join("bootstrap.json");
+            let text = serde_json::to_string_pretty(&bootstrap)
+                .unwrap_or_else(|e| panic!("bootstrap json: {e}"));
+            std::fs::write(&bpath, text)
+                .unwrap_or_else(|e| panic!("write {}: {e}", bpath.display()));
+            let log = dir.join("envoy.log");
+            let _ = std::fs::remove_file(&log);
+            let child = spawn_envoy(&bin, &bpath, &log, &dir);
+            let mut envoy = Envoy {
+                child: Some(child),
+                dir: dir.clone(),
+                listen: SocketAddr::from(([127, 0, 0, 1], listen_port)),
+                admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+                eds: std::mem::take(&mut eds),
+                quiet: false,
+                bin: bin.clone(),
+            };
+            match envoy.wait_ready() {
+                Ok(()) => return envoy,
+                Err(e) => {
+                    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let bind_race = log_text.contains("ddress already in use")
+                        || log_text.contains("cannot bind");
+                    eds = std::mem::take(&mut envoy.eds);
+                    envoy.quiet = true;
+                    envoy.kill();
+                    last_err = format!(
+                        "attempt {attempt}: {e}\n--- envoy log tail ({}) ---\n{}",
+                        log.display(),
+                        tail(&log_text, 60)
+                    );
+                    if !bind_race {
+                        let validate = validate_bootstrap(&bin, &bpath);
+                        drop(envoy);
+                        panic!(
+                            "Envoy did not become ready; bootstrap {}\n{last_err}\n--- envoy --mode validate ---\n{validate}",
+                            bpath.display()
+                        );
+                    }
+                    drop(envoy);
+                }
+            }
+        }
+        panic!("Envoy did not start after {START_ATTEMPTS} attempts (port races?)\n{last_err}");
+    }
+}
+
+fn eds_dir(dir: &Path, cluster: &str) -> PathBuf {
+    dir.join("eds").join(cluster)
+}
+
+fn spawn_envoy(bin: &Path, bootstrap: &Path, log: &Path, dir: &Path) -> Child {
+    let stdout = std::fs::File::create(dir.join("stdout.log")).ok();
+    let stderr = std::fs::File::create(dir.join("stderr.log")).ok();
+    let mut cmd = Command::new(bin);
+    cmd.arg("-c")
+        .arg(bootstrap)
+        .args(["--concurrency", "2", "--disable-hot-restart"])
+        .args(["-l", "info", "--component-log-level", "wasm:debug"])
+        .arg("--log-path")
+        .arg(log)
+        .args(["--file-flush-interval-msec", "100"])
+        .stdin(Stdio::null())
+        .stdout(stdout.map(Stdio::from).unwrap_or_else(Stdio::null))
+        .stderr(stderr.map(Stdio::from).unwrap_or_else(Stdio::null))
+        .current_dir(dir);
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
+}
+
+/// `envoy --mode validate` on a bootstrap: its output (both streams).
+pub fn validate_bootstrap(bin: &Path, bootstrap: &Path) -> String {
+    match Command::new(bin)
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(bootstrap)
+        .args(["--disable-hot-restart", "-l", "warn"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(o) => format!(
+            "exit {:?}\n{}{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => format!("could not run validate: {e}"),
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+pub struct Envoy {
+    child: Option<Child>,
+    dir: PathBuf,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    eds: BTreeMap<String, EdsFile>,
+    quiet: bool,
+    bin: PathBuf,
+}
+
+impl Envoy {
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < READY_TIMEOUT {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("Envoy exited during start-up: {status}"));
+                }
+            }
+            let r = http::request(self.admin, "GET", "/ready", &[], Duration::from_secs(2));
+            if r.status == 200 {
+                return Ok(());
+            }
+            last = r.summary();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "admin /ready not 200 within {READY_TIMEOUT:?}; last answer: {last}"
+        ))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    pub fn bootstrap_path(&self) -> PathBuf {
+        self.dir.join("bootstrap.json")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("envoy.log")
+    }
+
+    /// The EDS file of an EDS cluster.
+    pub fn eds(&self, cluster: &str) -> &EdsFile {
+        self.eds
+            .get(cluster)
+            .unwrap_or_else(|| panic!("no EDS cluster {cluster:?} (have {:?})", self.eds.keys()))
+    }
+
+    /// Writes a new EDS version for `cluster`.
+    pub fn set_endpoints(&self, cluster: &str, endpoints: &[Endpoint]) {
+        self.eds(cluster).write(endpoints);
+    }
+
+    /// GET through the listener.
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        http::get(self.listen, path, headers)
+    }
+
+    /// GET on the admin API.
+    pub fn admin_get(&self, path: &str) -> Response {
+        http::get(self.admin, path, &[])
+    }
+
+    /// A counter or gauge from admin /stats: `name` exactly, or with
+    /// Envoy's `wasmcustom.` prefix for the filter's own metrics.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let r = self.admin_get("/stats");
+        if r.status != 200 {
+            return None;
+        }
+        let prefixed = format!("wasmcustom.{name}");
+        for line in r.body.lines() {
+            if let Some((k, v)) = line.split_once(": ") {
+                if k == name || k == prefixed {
+                    return v.trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    /// All stats whose name contains `needle`, as (name, value text).
+    pub fn stats_matching(&self, needle: &str) -> Vec<(String, String)> {
+        let r = self.admin_get("/stats");
+        r.body
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter(|(k, _)| k.contains(needle))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Per-worker downstream connection counts of the main listener.
+    pub fn worker_connections(&self) -> Vec<u64> {
+        let prefix = format!("listener.127.0.0.1_{}.worker_", self.listen.port());
+        let mut v: Vec<(String, u64)> = self
+            .stats_matching(&prefix)
+            .into_iter()
+            .filter(|(k, _)| k.ends_with(".downstream_cx_total"))
+            .filter_map(|(k, val)| val.trim().parse().ok().map(|n| (k, n)))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, n)| n).collect()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Lines of the Envoy log that mention `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Is the process still running?
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// `envoy --mode validate` on this Envoy's bootstrap.
+    pub fn validate(&self) -> String {
+        validate_bootstrap(&self.bin, &self.bootstrap_path())
+    }
+
+    /// SIGTERM (so the logs get flushed), then SIGKILL after 3 s.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(child.id().to_string())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(3) {
+                    if !matches!(child.try_wait(), Ok(None)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let panicking = std::thread::panicking();
+        self.kill();
+        if panicking && !self.quiet {
+            let log = self.log();
+            // Skip the start-up inventory (extension lists, header maps).
+            let useful: Vec<String> = log
+                .lines()
+                .filter(|l| !l.contains("server.cc:467]") && !l.contains("server.cc:547]"))
+                .map(|l| l.chars().take(400).collect())
+                .collect();
+            let wasm: Vec<&String> = useful
+                .iter()
+                .filter(|l| {
+                    l.contains("][wasm]")
+                        || l.contains("serving_picker")
+                        || l.contains("serving-picker")
+                })
+                .collect();
+            let wasm_tail: Vec<&str> = wasm[wasm.len().saturating_sub(40)..]
+                .iter()
+                .map(|s| s.as_str())
+                .collect();
+            let access = std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
+            eprintln!(
+                "\n===== Envoy (kept in {}) =====\n--- last wasm/filter log lines ---\n{}\n--- envoy log tail ---\n{}\n--- access log tail ---\n{}\n===== end Envoy =====",
+                self.dir.display(),
+                wasm_tail.join("\n"),
+                useful[useful.len().saturating_sub(40)..].join("\n"),
+                tail(&access, 20)
+            );
+        } else if !panicking && !self.quiet {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
