@@ -1,0 +1,117 @@
+//! Topology: inside the chosen tier the filter prefers the local zone
+//! (`local_zone`) when it holds at least `local_zone_min_share` of the tier's
+//! weight, else it uses the whole tier.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+#[test]
+fn local_zone_is_preferred_when_it_holds_enough_weight() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = Backend::start("C");
+    let config = plugin_config(json!({"local_zone": "zone-a", "local_zone_min_share": 0.3}));
+    let envoy = EnvoyBuilder::new()
+        .tag("zone-prefer")
+        .with_filter(Some(&config))
+        .eds_cluster(
+            "backend",
+            &[
+                Endpoint::serving(a.addr()).zone("zone-a"),
+                Endpoint::serving(b.addr()).zone("zone-b"),
+                // Local, but terminating: the ready tier does not contain it.
+                Endpoint::serving_terminating(c.addr()).zone("zone-a"),
+            ],
+        )
+        .start();
+    // zone-a holds 1 of the ready tier's 2 weight (0.5 >= 0.3): A only.
+    expect_routing(&envoy, "/backend/x", &[], "A (local zone)", picked(&a));
+
+    // zone-a now holds 1 of 4 (0.25 < 0.3): the whole ready tier.
+    let d = Backend::start("D");
+    let e = Backend::start("E");
+    envoy.set_endpoints(
+        "backend",
+        &[
+            Endpoint::serving(a.addr()).zone("zone-a"),
+            Endpoint::serving(b.addr()).zone("zone-b"),
+            Endpoint::serving(d.addr()).zone("zone-b"),
+            Endpoint::serving(e.addr()).zone("zone-c"),
+            Endpoint::serving_terminating(c.addr()).zone("zone-a"),
+        ],
+    );
+    let all = [&a, &b, &d, &e];
+    // Every worker moves to the new plan within a few refreshes; from then on
+    // each worker is exact round robin over the four ready hosts, so a batch of
+    // 80 split over two workers gives each host 20 ± 2.
+    let mut last = Default::default();
+    let even = |counts: &std::collections::BTreeMap<String, usize>| {
+        ["A", "B", "D", "E"]
+            .iter()
+            .all(|n| counts.get(*n).is_some_and(|c| c.abs_diff(20) <= 2))
+    };
+    wait_until(
+        "exact round robin over the ready tier",
+        SETTLE_TIMEOUT,
+        || {
+            let rs = batch(&envoy, "/backend/x", &[], 80);
+            let all_picked = rs.iter().all(picked_any(&all));
+            last = per_backend(&rs);
+            all_picked && even(&last)
+        },
+    );
+    let rs = assert_batch(
+        &envoy,
+        "/backend/x",
+        &[],
+        80,
+        "ready tier",
+        picked_any(&all),
+    );
+    let counts = per_backend(&rs);
+    assert!(
+        even(&counts),
+        "round robin over the tier: {counts:?} (before: {last:?})"
+    );
+}
+
+#[test]
+fn weight_decides_the_local_share() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let config = plugin_config(json!({"local_zone": "zone-a", "local_zone_min_share": 0.3}));
+    // zone-a: weight 1 of 5 (0.2 < 0.3) although it is half the hosts.
+    let envoy = EnvoyBuilder::new()
+        .tag("zone-weight")
+        .with_filter(Some(&config))
+        .eds_cluster(
+            "backend",
+            &[
+                Endpoint::serving(a.addr()).zone("zone-a").weight(1),
+                Endpoint::serving(b.addr()).zone("zone-b").weight(4),
+            ],
+        )
+        .start();
+    let both = [&a, &b];
+    settle(
+        &envoy,
+        "/backend/x",
+        &[],
+        "picked by the filter",
+        picked_any(&both),
+    );
+    let rs = assert_batch(
+        &envoy,
+        "/backend/x",
+        &[],
+        200,
+        "both zones",
+        picked_any(&both),
+    );
+    let b_share = per_backend(&rs).get("B").copied().unwrap_or(0) as f64 / 200.0;
+    assert!((b_share - 0.8).abs() < 0.05, "B share {b_share}");
+}
