@@ -47,6 +47,8 @@ pub struct Metrics {
     pub snapshot_clusters: Metric,
     pub snapshot_hosts: Metric,
     pub snapshot_bytes: Metric,
+    pub refresh_busy_us: Metric,
+    pub admin_bytes: Metric,
 }
 
 impl Metrics {
@@ -67,6 +69,8 @@ impl Metrics {
             snapshot_clusters: gauge("serving_picker.snapshot.clusters"),
             snapshot_hosts: gauge("serving_picker.snapshot.hosts"),
             snapshot_bytes: gauge("serving_picker.snapshot.bytes"),
+            refresh_busy_us: gauge("serving_picker.snapshot.refresh_busy_us"),
+            admin_bytes: gauge("serving_picker.snapshot.admin_bytes"),
         }
     }
 }

@@ -18,6 +18,14 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::PickerRoot::new()) });
 }}
 
+/// Wall-clock microseconds from the host (for cost figures, not decisions).
+pub(crate) fn now_us() -> u64 {
+    proxy_wasm::hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// Follows Envoy's log level for this VM so that disabled debug lines cost
 /// nothing per request.
 pub(crate) fn sync_log_level() {

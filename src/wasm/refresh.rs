@@ -1,7 +1,9 @@
 //! The leader's refresh: fetch the config dump, then live health, and turn
 //! them into plans. Runs only in the elected root context.
 
-use crate::admin_json::{check_admin_response, parse_clusters, parse_config_dump, EndpointsDump};
+use crate::admin_json::{
+    check_admin_response, parse_clusters, parse_config_dump, EndpointsDump, LiveHealth,
+};
 use crate::config::{fingerprint, PluginConfig};
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
@@ -11,8 +13,23 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 enum Pending {
-    Dump { token: u32 },
-    Health { token: u32, dump: EndpointsDump },
+    Dump {
+        token: u32,
+    },
+    Health {
+        token: u32,
+        dump: EndpointsDump,
+        work: Work,
+    },
+}
+
+/// What one refresh cost inside the VM, for the debug log and gauges.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Work {
+    pub admin_bytes: usize,
+    pub busy_us: u64,
+    /// The config dump differed from the last one and was parsed.
+    pub parsed_dump: bool,
 }
 
 /// What a finished admin call led to.
@@ -20,7 +37,9 @@ pub enum Outcome {
     /// Not our call, or the next call of the refresh is under way.
     Nothing,
     /// A complete refresh: the plans to publish.
-    Plans(Vec<ClusterPlan>),
+    Plans(Vec<ClusterPlan>, Work),
+    /// A complete refresh that found nothing changed.
+    Unchanged(Work),
     /// The refresh failed; the last good snapshot stays.
     Failed,
 }
@@ -32,6 +51,9 @@ pub struct Refresher {
     last_dump: Option<(u64, usize, EndpointsDump)>,
     last_error: Option<String>,
     logged_notes: HashSet<String>,
+    /// The live health of the last refresh: equal dump and health, equal plans.
+    last_live: Option<LiveHealth>,
+    dump_changed: bool,
 }
 
 const MAX_LOGGED_NOTES: usize = 10_000;
@@ -98,30 +120,37 @@ impl Refresher {
         let Some((pending, started)) = self.pending.take() else {
             return Outcome::Nothing;
         };
+        let clock = super::now_us();
         match pending {
             Pending::Dump { .. } => {
                 let dump = match self.read_dump(config, body_size) {
                     Ok(dump) => dump,
                     Err(why) => return self.fail(why),
                 };
+                let work = Work {
+                    admin_bytes: body_size,
+                    busy_us: super::now_us().saturating_sub(clock),
+                    parsed_dump: self.dump_changed,
+                };
                 if config.admin_health_path.is_empty() {
-                    return self.finish(config, dump, None, started, now_ms);
+                    return self.finish(config, dump, None, work, clock, started, now_ms);
                 }
                 match self.dispatch(config, &config.admin_health_path) {
                     Some(token) => {
-                        self.pending = Some((Pending::Health { token, dump }, started));
+                        self.pending = Some((Pending::Health { token, dump, work }, started));
                         Outcome::Nothing
                     }
                     None => Outcome::Failed,
                 }
             }
-            Pending::Health { dump, .. } => {
+            Pending::Health { dump, mut work, .. } => {
                 let body = match read_body("live health", config, body_size) {
                     Ok(body) => body,
                     Err(why) => return self.fail(why),
                 };
+                work.admin_bytes += body.len();
                 match parse_clusters(&body) {
-                    Ok(live) => self.finish(config, dump, Some(&live), started, now_ms),
+                    Ok(live) => self.finish(config, dump, Some(live), work, clock, started, now_ms),
                     Err(e) => self.fail(e.to_string()),
                 }
             }
@@ -137,9 +166,11 @@ impl Refresher {
         let print = fingerprint(&body);
         if let Some((last, len, dump)) = &self.last_dump {
             if *last == print && *len == body.len() {
+                self.dump_changed = false;
                 return Ok(dump.clone());
             }
         }
+        self.dump_changed = true;
         let dump =
             parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
         self.log_notes(&dump.notes);
@@ -147,24 +178,36 @@ impl Refresher {
         Ok(dump)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
         config: &PluginConfig,
         dump: EndpointsDump,
-        live: Option<&crate::admin_json::LiveHealth>,
+        live: Option<LiveHealth>,
+        mut work: Work,
+        clock: u64,
         started: u64,
         now_ms: u64,
     ) -> Outcome {
-        let plans = build_plans(dump, live, config);
         if self.last_error.take().is_some() {
             log::info!("serving_picker: admin refresh recovered");
         }
+        let unchanged = !work.parsed_dump && self.last_live.is_some() && self.last_live == live;
+        if unchanged {
+            work.busy_us += super::now_us().saturating_sub(clock);
+            return Outcome::Unchanged(work);
+        }
+        let plans = build_plans(dump, live.as_ref(), config);
+        self.last_live = live;
+        work.busy_us += super::now_us().saturating_sub(clock);
         log::debug!(
-            "serving_picker: refresh done in {} ms: {} clusters",
-            now_ms.saturating_sub(started),
-            plans.len()
+            "serving_picker: refresh: {} clusters, {} admin bytes, {} us in the VM, {} ms end to end",
+            plans.len(),
+            work.admin_bytes,
+            work.busy_us,
+            now_ms.saturating_sub(started)
         );
-        Outcome::Plans(plans)
+        Outcome::Plans(plans, work)
     }
 
     /// Logs a refresh failure once until it changes or recovers.

@@ -172,8 +172,14 @@ impl Context for PickerRoot {
         {
             Outcome::Nothing => {}
             Outcome::Failed => worker.metrics.refresh_error.inc(),
-            Outcome::Plans(plans) => {
+            Outcome::Unchanged(work) => {
                 worker.metrics.refresh_ok.inc();
+                worker.metrics.refresh_busy_us.set(work.busy_us);
+            }
+            Outcome::Plans(plans, work) => {
+                worker.metrics.refresh_ok.inc();
+                worker.metrics.refresh_busy_us.set(work.busy_us);
+                worker.metrics.admin_bytes.set(work.admin_bytes as u64);
                 self.publish(plans);
             }
         }
@@ -236,6 +242,8 @@ impl RootContext for PickerRoot {
             );
             self.leader = leader;
             self.published = None;
+            // Compare against nothing of an earlier term: another leader may have published since.
+            self.refresher = Refresher::default();
         }
         self.sync();
         let start_over = now.saturating_sub(self.configured_ms) > STARTUP_WINDOW_MS;
