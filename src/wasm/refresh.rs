@@ -32,6 +32,15 @@ pub struct Work {
     pub parsed_dump: bool,
 }
 
+/// What a tick's poll did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Start {
+    Started,
+    Busy,
+    NotDue,
+    Failed,
+}
+
 /// What a finished admin call led to.
 pub enum Outcome {
     /// Not our call, or the next call of the refresh is under way.
@@ -59,25 +68,31 @@ pub struct Refresher {
 const MAX_LOGGED_NOTES: usize = 10_000;
 
 impl Refresher {
-    pub fn idle(&self) -> bool {
-        self.pending.is_none()
+    /// A refresh failed and none has succeeded since.
+    pub fn failing(&self) -> bool {
+        self.last_error.is_some()
     }
 
-    /// Starts a refresh unless one is under way (or lost: then it is dropped).
-    pub fn start(&mut self, config: &PluginConfig, now_ms: u64) -> bool {
+    /// Starts a refresh when `due` and none is under way. A call that never
+    /// got its callback is dropped (and counts as failed) after two timeouts.
+    pub fn poll(&mut self, config: &PluginConfig, now_ms: u64, due: bool) -> Start {
         if let Some((_, started)) = &self.pending {
             let lost_after = config.admin_timeout_ms * 2 + config.refresh_interval_ms;
             if now_ms.saturating_sub(*started) < lost_after {
-                return false;
+                return Start::Busy;
             }
             self.fail("admin call got no callback; starting over".into());
+            return Start::Failed;
+        }
+        if !due {
+            return Start::NotDue;
         }
         match self.dispatch(config, &config.admin_path) {
             Some(token) => {
                 self.pending = Some((Pending::Dump { token }, now_ms));
-                true
+                Start::Started
             }
-            None => false,
+            None => Start::Failed,
         }
     }
 
@@ -101,10 +116,13 @@ impl Refresher {
         }
     }
 
+    /// `num_headers` is 0 when the call failed (reset, timeout, cut mid-body):
+    /// then there is no header map to read, and reading it would trap.
     pub fn on_response(
         &mut self,
         config: &PluginConfig,
         token: u32,
+        num_headers: usize,
         body_size: usize,
         now_ms: u64,
     ) -> Outcome {
@@ -123,7 +141,7 @@ impl Refresher {
         let clock = super::now_us();
         match pending {
             Pending::Dump { .. } => {
-                let dump = match self.read_dump(config, body_size) {
+                let dump = match self.read_dump(config, num_headers, body_size) {
                     Ok(dump) => dump,
                     Err(why) => return self.fail(why),
                 };
@@ -144,7 +162,7 @@ impl Refresher {
                 }
             }
             Pending::Health { dump, mut work, .. } => {
-                let body = match read_body("live health", config, body_size) {
+                let body = match read_body("live health", config, num_headers, body_size) {
                     Ok(body) => body,
                     Err(why) => return self.fail(why),
                 };
@@ -160,9 +178,10 @@ impl Refresher {
     fn read_dump(
         &mut self,
         config: &PluginConfig,
+        num_headers: usize,
         body_size: usize,
     ) -> Result<EndpointsDump, String> {
-        let body = read_body("config_dump", config, body_size)?;
+        let body = read_body("config_dump", config, num_headers, body_size)?;
         let print = fingerprint(&body);
         if let Some((last, len, dump)) = &self.last_dump {
             if *last == print && *len == body.len() {
@@ -234,10 +253,19 @@ impl Refresher {
     }
 }
 
-fn read_body(what: &str, config: &PluginConfig, body_size: usize) -> Result<Vec<u8>, String> {
-    let status = get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-        .ok()
-        .flatten();
+fn read_body(
+    what: &str,
+    config: &PluginConfig,
+    num_headers: usize,
+    body_size: usize,
+) -> Result<Vec<u8>, String> {
+    let status = if num_headers == 0 {
+        None
+    } else {
+        get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+    };
     check_admin_response(
         what,
         status.as_deref(),
@@ -245,6 +273,9 @@ fn read_body(what: &str, config: &PluginConfig, body_size: usize) -> Result<Vec<
         config.max_admin_body_bytes,
     )
     .map_err(|e| e.to_string())?;
+    if body_size == 0 {
+        return Ok(Vec::new());
+    }
     match get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
         Ok(Some(body)) => Ok(body),
         Ok(None) => Ok(Vec::new()),

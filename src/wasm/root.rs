@@ -2,7 +2,7 @@
 
 use super::http::PickerHttp;
 use super::metrics::Metrics;
-use super::refresh::{Outcome, Refresher};
+use super::refresh::{Outcome, Refresher, Start};
 use super::shared::SharedKeys;
 use crate::codec;
 use crate::config::{fingerprint, parse_config, PluginConfig};
@@ -35,14 +35,16 @@ pub struct PickerRoot {
     published: Option<Vec<u8>>,
     publish_seq: u64,
     leader: bool,
-    /// Ticking fast until the first snapshot is installed, to shorten the
-    /// pass-through window after Envoy starts.
-    starting: bool,
-    configured_ms: u64,
+    /// When this leader last started a refresh.
+    last_refresh_ms: u64,
 }
 
-const STARTUP_TICK: Duration = Duration::from_millis(50);
-const STARTUP_WINDOW_MS: u64 = 3000;
+/// Ticks come several times per refresh interval so that followers pick up a
+/// new snapshot soon after it is published (a tick costs one small shared-data
+/// read), and a new poller starts its first refresh at once.
+fn tick_period(refresh_interval_ms: u64) -> Duration {
+    Duration::from_millis((refresh_interval_ms / 4).clamp(50, 250))
+}
 
 fn random_id() -> u32 {
     let mut h = RandomState::new().build_hasher();
@@ -68,8 +70,7 @@ impl PickerRoot {
             published: None,
             publish_seq: 0,
             leader: false,
-            starting: true,
-            configured_ms: 0,
+            last_refresh_ms: 0,
         }
     }
 
@@ -159,7 +160,7 @@ impl Context for PickerRoot {
     fn on_http_call_response(
         &mut self,
         token: u32,
-        _headers: usize,
+        num_headers: usize,
         body_size: usize,
         _trailers: usize,
     ) {
@@ -168,7 +169,7 @@ impl Context for PickerRoot {
         };
         match self
             .refresher
-            .on_response(&worker.config, token, body_size, now_ms())
+            .on_response(&worker.config, token, num_headers, body_size, now_ms())
         {
             Outcome::Nothing => {}
             Outcome::Failed => worker.metrics.refresh_error.inc(),
@@ -204,7 +205,7 @@ impl RootContext for PickerRoot {
             }
         };
         self.keys = Some(SharedKeys::for_config(fingerprint(&raw)));
-        let interval = Duration::from_millis(config.refresh_interval_ms);
+        let config_interval_ms = config.refresh_interval_ms;
         self.worker = Some(Rc::new(Worker {
             config: Rc::new(config),
             metrics: Metrics::define(),
@@ -214,9 +215,8 @@ impl RootContext for PickerRoot {
         self.seen_version = None;
         self.published = None;
         self.refresher = Refresher::default();
-        self.starting = true;
-        self.configured_ms = now_ms();
-        if let Err(e) = hostcalls::set_tick_period(interval.min(STARTUP_TICK)) {
+        self.last_refresh_ms = 0;
+        if let Err(e) = hostcalls::set_tick_period(tick_period(config_interval_ms)) {
             log::error!("serving_picker: cannot set the tick period: {e:?}");
             return false;
         }
@@ -246,14 +246,19 @@ impl RootContext for PickerRoot {
             self.refresher = Refresher::default();
         }
         self.sync();
-        let start_over = now.saturating_sub(self.configured_ms) > STARTUP_WINDOW_MS;
-        if self.starting && (worker.table.borrow().is_some() || start_over) {
-            self.starting = false;
-            let _ = hostcalls::set_tick_period(Duration::from_millis(config.refresh_interval_ms));
+        if !leader {
+            return;
         }
-        let due = !self.starting || self.refresher.idle();
-        if leader && due && !self.refresher.start(config, now) {
-            log::trace!("serving_picker: refresh still under way");
+        // Refresh every interval; without a snapshot yet, at once (unless failing).
+        let elapsed = now.saturating_sub(self.last_refresh_ms) >= config.refresh_interval_ms;
+        let first = worker.table.borrow().is_none() && !self.refresher.failing();
+        match self.refresher.poll(config, now, elapsed || first) {
+            Start::Started => self.last_refresh_ms = now,
+            Start::Failed => {
+                self.last_refresh_ms = now;
+                worker.metrics.refresh_error.inc();
+            }
+            Start::Busy | Start::NotDue => {}
         }
     }
 
