@@ -1,16 +1,17 @@
 //! Per request: strip the client's override header, then set ours from the
 //! worker's routing table.
 
+use super::host;
 use super::root::Worker;
 use crate::config::OnNoServing;
 use crate::plan::Tier;
 use crate::table::Decision;
-use proxy_wasm::hostcalls::{
-    get_map_value_bytes, get_property, remove_map_value, send_http_response, set_map_value,
-};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use std::rc::Rc;
+
+/// `xds.cluster_name` as the ABI's NUL-separated property path.
+const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
 
 pub struct PickerHttp {
     worker: Rc<Worker>,
@@ -29,8 +30,13 @@ impl PickerHttp {
             ("x-serving-picker", "no-serving-endpoint"),
             ("content-type", "text/plain"),
         ];
-        if let Err(e) = send_http_response(503, headers, Some(body.as_bytes())) {
-            log::error!("serving_picker: cannot send the 503: {e:?}");
+        if !host::local_response(
+            503,
+            "serving_picker_no_serving_endpoint",
+            &headers,
+            body.as_bytes(),
+        ) {
+            log::error!("serving_picker: cannot send the 503; passing through");
             return Action::Continue;
         }
         Action::Pause
@@ -61,11 +67,16 @@ impl HttpContext for PickerHttp {
         let w = &self.worker;
         let header = w.config.override_header.as_str();
         // Clients never steer: whatever they sent (any case, repeated, lists) goes.
-        if let Ok(Some(_)) = get_map_value_bytes(MapType::HttpRequestHeaders, header) {
-            let _ = remove_map_value(MapType::HttpRequestHeaders, header);
+        if host::header(MapType::HttpRequestHeaders, header).is_some() {
+            if !host::remove_header(MapType::HttpRequestHeaders, header) {
+                // Never forward a client's value: refuse the request instead.
+                log::error!("serving_picker: cannot remove the client's {header}; rejecting");
+                let _ = host::local_response(500, "serving_picker_strip_failed", &[], b"");
+                return Action::Pause;
+            }
             w.metrics.override_header_stripped.inc();
         }
-        let Ok(Some(name)) = get_property(vec!["xds", "cluster_name"]) else {
+        let Some(name) = host::property(CLUSTER_NAME) else {
             return Action::Continue;
         };
         let Ok(cluster) = std::str::from_utf8(&name) else {
@@ -78,8 +89,8 @@ impl HttpContext for PickerHttp {
         };
         match decision {
             Decision::Pick { host, tier } => {
-                if let Err(e) = set_map_value(MapType::HttpRequestHeaders, header, Some(host)) {
-                    log::warn!("serving_picker: cannot set {header}: {e:?}");
+                if !host::replace_header(MapType::HttpRequestHeaders, header, host) {
+                    log::warn!("serving_picker: cannot set {header}; passing through");
                     return Action::Continue;
                 }
                 match tier {

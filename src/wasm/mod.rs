@@ -1,5 +1,6 @@
 //! proxy-wasm glue: thin contexts around the pure logic in the crate root.
 
+mod host;
 mod http;
 mod metrics;
 mod refresh;

@@ -7,7 +7,7 @@ use crate::admin_json::{
 use crate::config::{fingerprint, PluginConfig};
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
-use proxy_wasm::hostcalls::{dispatch_http_call, get_buffer, get_map_value_bytes};
+use proxy_wasm::hostcalls::dispatch_http_call;
 use proxy_wasm::types::{BufferType, MapType};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -262,9 +262,7 @@ fn read_body(
     let status = if num_headers == 0 {
         None
     } else {
-        get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
+        super::host::header(MapType::HttpCallResponseHeaders, ":status")
     };
     check_admin_response(
         what,
@@ -276,9 +274,6 @@ fn read_body(
     if body_size == 0 {
         return Ok(Vec::new());
     }
-    match get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
-        Ok(Some(body)) => Ok(body),
-        Ok(None) => Ok(Vec::new()),
-        Err(e) => Err(format!("{what}: cannot read the body: {e:?}")),
-    }
+    super::host::buffer(BufferType::HttpCallResponseBody, body_size)
+        .ok_or_else(|| format!("{what}: cannot read the body"))
 }

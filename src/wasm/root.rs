@@ -190,13 +190,9 @@ impl Context for PickerRoot {
 impl RootContext for PickerRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         super::sync_log_level();
-        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
-            Ok(raw) => raw.unwrap_or_default(),
-            Err(e) => {
-                log::error!("serving_picker: cannot read the plugin configuration: {e:?}");
-                return false;
-            }
-        };
+        // No configuration at all reads as empty: every default.
+        let raw =
+            super::host::buffer(BufferType::PluginConfiguration, usize::MAX).unwrap_or_default();
         let config = match parse_config(&raw) {
             Ok(config) => config,
             Err(e) => {
