@@ -59,7 +59,7 @@ soak: build envoy
 fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release --test prop_parsing -- --nocapture
 
-bench: bench-native bench-e2e
+bench: bench-native bench-e2e bench-scale
 
 bench-native:
 	cargo bench --bench pick
@@ -76,3 +76,10 @@ bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
 	bash benches/e2e/run.sh
+
+# Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
+# files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency.
+# Loopback ports 22000-22999; knobs and details in benches/scale/run.sh.
+.PHONY: bench-scale
+bench-scale: build envoy
+	bash benches/scale/run.sh

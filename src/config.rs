@@ -44,7 +44,8 @@ impl Default for PluginConfig {
             admin_cluster: "envoy_admin".into(),
             admin_path: DEFAULT_ADMIN_PATH.into(),
             admin_health_path: DEFAULT_HEALTH_PATH.into(),
-            admin_timeout_ms: 1000,
+            // 10,000 hosts take Envoy about a second to render: leave room.
+            admin_timeout_ms: 5000,
             max_admin_body_bytes: 64 << 20,
             metadata_namespace: "k8s.endpointslice".into(),
             override_header: "x-gateway-destination-endpoint".into(),

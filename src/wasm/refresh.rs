@@ -63,11 +63,19 @@ pub struct Refresher {
     /// The live health of the last refresh: equal dump and health, equal plans.
     last_live: Option<LiveHealth>,
     dump_changed: bool,
+    /// How long the last complete refresh took end to end (admin rendering included).
+    last_took_ms: u64,
 }
 
 const MAX_LOGGED_NOTES: usize = 10_000;
 
 impl Refresher {
+    /// The end-to-end time of the last complete refresh: Envoy renders admin
+    /// answers on its main thread, so the poll interval stretches with it.
+    pub fn last_took_ms(&self) -> u64 {
+        self.last_took_ms
+    }
+
     /// A refresh failed and none has succeeded since.
     pub fn failing(&self) -> bool {
         self.last_error.is_some()
@@ -189,9 +197,14 @@ impl Refresher {
                 return Ok(dump.clone());
             }
         }
-        self.dump_changed = true;
         let dump =
             parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
+        // Envoy prints metadata keys in a different order on each dump: equal
+        // bytes are the cheap test, equal content the real one.
+        self.dump_changed = self
+            .last_dump
+            .as_ref()
+            .is_none_or(|(_, _, last)| last.clusters != dump.clusters);
         self.log_notes(&dump.notes);
         self.last_dump = Some((print, body.len(), dump.clone()));
         Ok(dump)
@@ -211,6 +224,7 @@ impl Refresher {
         if self.last_error.take().is_some() {
             log::info!("serving_picker: admin refresh recovered");
         }
+        self.last_took_ms = now_ms.saturating_sub(started);
         let unchanged = !work.parsed_dump && self.last_live.is_some() && self.last_live == live;
         if unchanged {
             work.busy_us += super::now_us().saturating_sub(clock);

@@ -37,6 +37,7 @@ pub struct PickerRoot {
     leader: bool,
     /// When this leader last started a refresh.
     last_refresh_ms: u64,
+    stretch_logged: bool,
 }
 
 /// Ticks come several times per refresh interval so that followers pick up a
@@ -71,6 +72,7 @@ impl PickerRoot {
             publish_seq: 0,
             leader: false,
             last_refresh_ms: 0,
+            stretch_logged: false,
         }
     }
 
@@ -154,6 +156,28 @@ fn summary(plans: &[crate::plan::ClusterPlan]) -> String {
         parts.push(format!("(+{} clusters)", plans.len() - SHOWN));
     }
     parts.join(" ")
+}
+
+/// Admin answers are rendered on Envoy's main thread; polling waits at least
+/// this many times the last refresh's duration, so that it takes at most a
+/// quarter of that thread however large the clusters grow.
+const ADMIN_SHARE_DIVISOR: u64 = 4;
+
+impl PickerRoot {
+    fn poll_interval_ms(&mut self, config: &PluginConfig) -> u64 {
+        let stretched = self.refresher.last_took_ms() * ADMIN_SHARE_DIVISOR;
+        let interval = config.refresh_interval_ms.max(stretched);
+        if interval > config.refresh_interval_ms && !self.stretch_logged {
+            self.stretch_logged = true;
+            log::info!(
+                "serving_picker: a refresh takes {} ms of admin time: polling every {} ms instead of {} ms",
+                self.refresher.last_took_ms(),
+                interval,
+                config.refresh_interval_ms
+            );
+        }
+        interval
+    }
 }
 
 impl Context for PickerRoot {
@@ -246,7 +270,7 @@ impl RootContext for PickerRoot {
             return;
         }
         // Refresh every interval; without a snapshot yet, at once (unless failing).
-        let elapsed = now.saturating_sub(self.last_refresh_ms) >= config.refresh_interval_ms;
+        let elapsed = now.saturating_sub(self.last_refresh_ms) >= self.poll_interval_ms(config);
         let first = worker.table.borrow().is_none() && !self.refresher.failing();
         match self.refresher.poll(config, now, elapsed || first) {
             Start::Started => self.last_refresh_ms = now,
