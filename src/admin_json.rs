@@ -313,6 +313,70 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
     Ok(live)
 }
 
+/// Whether the dump leaves some host's health open. Envoy's coarse verdict
+/// in the dump says UNHEALTHY for EDS DRAINING/UNHEALTHY, failed active checks
+/// and outlier ejection alike; only `/clusters` tells them apart. When every
+/// host reads HEALTHY or DEGRADED, and `known` (the last live view) names every
+/// cluster of the dump, the live view would add nothing.
+pub fn needs_live_health(dump: &EndpointsDump, known: Option<&LiveHealth>) -> bool {
+    let Some(known) = known else {
+        return true;
+    };
+    let settled = |h: &HostRecord| {
+        matches!(
+            h.health.coarse,
+            EdsHealth::Healthy | EdsHealth::Degraded | EdsHealth::Unknown
+        )
+    };
+    let claimed = |name: &str| {
+        known
+            .clusters
+            .iter()
+            .any(|(n, c)| c.eds_service_name.as_deref().unwrap_or(n) == name)
+    };
+    dump.clusters
+        .iter()
+        .any(|c| !claimed(&c.name) || !c.hosts.iter().all(settled))
+}
+
+/// The live view the dump implies when `needs_live_health` is false: the
+/// cluster names (and service names) of `known`, the hosts of the dump.
+pub fn implied_live_health(dump: &EndpointsDump, known: &LiveHealth) -> LiveHealth {
+    let mut live = LiveHealth::default();
+    for (name, cluster) in &known.clusters {
+        let listed_as = cluster.eds_service_name.as_deref().unwrap_or(name);
+        let Some(entry) = dump.clusters.iter().find(|c| c.name == listed_as) else {
+            continue;
+        };
+        let hosts = entry
+            .hosts
+            .iter()
+            .map(|h| {
+                let eds = if h.health.coarse == EdsHealth::Degraded {
+                    EdsHealth::Degraded
+                } else {
+                    EdsHealth::Healthy
+                };
+                (
+                    h.address.clone(),
+                    LiveHost {
+                        eds,
+                        failing: false,
+                    },
+                )
+            })
+            .collect();
+        live.clusters.insert(
+            name.clone(),
+            LiveCluster {
+                eds_service_name: cluster.eds_service_name.clone(),
+                hosts,
+            },
+        );
+    }
+    live
+}
+
 /// Joins the dump with live health: each Envoy cluster gets its hosts under
 /// its own name (an EDS service name maps back to every cluster using it),
 /// hosts Envoy no longer has are dropped, and live health is filled in.
@@ -471,6 +535,62 @@ mod tests {
         assert_eq!(outlier[1].1, Conditions::READY);
         let eds = view(cluster(&joined, "eds_backend"));
         assert_eq!(eds[2].1, Conditions::NOT_SERVING, "EDS UNHEALTHY");
+    }
+
+    #[test]
+    fn live_health_is_needed_only_where_the_dump_leaves_it_open() {
+        let dump = parse_config_dump(MASKED.as_bytes(), NS).unwrap();
+        let live = parse_clusters(CLUSTERS.as_bytes()).unwrap();
+        // Never without a live view to know cluster names from.
+        assert!(needs_live_health(&dump, None));
+        // The fixture has DRAINING/failing hosts (coarse UNHEALTHY).
+        assert!(needs_live_health(&dump, Some(&live)));
+        let mut healthy = dump.clone();
+        for c in &mut healthy.clusters {
+            c.hosts.retain(|h| h.health.coarse != EdsHealth::Unhealthy);
+        }
+        assert!(!needs_live_health(&healthy, Some(&live)));
+        // A cluster no live view has named yet (a new CDS cluster) needs it.
+        let mut new_cluster = healthy.clone();
+        new_cluster.clusters.push(ClusterHosts {
+            name: "new_svc".into(),
+            hosts: vec![],
+        });
+        assert!(needs_live_health(&new_cluster, Some(&live)));
+    }
+
+    #[test]
+    fn implied_live_health_joins_like_the_real_one() {
+        let dump = parse_config_dump(MASKED.as_bytes(), NS).unwrap();
+        let live = parse_clusters(CLUSTERS.as_bytes()).unwrap();
+        let mut healthy = dump.clone();
+        for c in &mut healthy.clusters {
+            c.hosts.retain(|h| h.health.coarse != EdsHealth::Unhealthy);
+        }
+        let implied = implied_live_health(&healthy, &live);
+        let mut real = live.clone();
+        // The real view of the same hosts: drop those the healthy dump lacks.
+        for (name, c) in real.clusters.iter_mut() {
+            let listed_as = c.eds_service_name.clone().unwrap_or(name.clone());
+            let Some(entry) = healthy.clusters.iter().find(|d| d.name == listed_as) else {
+                continue;
+            };
+            c.hosts
+                .retain(|a, _| entry.hosts.iter().any(|h| &h.address == a));
+        }
+        let joined = |l: &LiveHealth| {
+            let mut v: Vec<_> = join_live_health(healthy.clone(), Some(l))
+                .into_iter()
+                .map(|c| (c.name.clone(), view(&c)))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        assert_eq!(joined(&implied), joined(&real));
+        assert!(
+            joined(&implied).iter().any(|(n, _)| n == "cds_backend"),
+            "service name mapped back"
+        );
     }
 
     #[test]

@@ -524,6 +524,19 @@ fn cluster_outside_allow_list_is_passed_through_and_client_header_stripped() {
     );
     // The filter may count allow-list passthroughs as unknown_cluster or as
     // a separate unmanaged_cluster counter.
+    // Per-request counters reach Envoy on the next tick (at least every 50 ms here).
+    let counted = || {
+        envoy
+            .stat("serving_picker.passthrough.unknown_cluster")
+            .unwrap_or(0)
+            + envoy
+                .stat("serving_picker.passthrough.unmanaged_cluster")
+                .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && counted() < BATCH as u64 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let unknown = envoy.stat("serving_picker.passthrough.unknown_cluster");
     let unmanaged = envoy.stat("serving_picker.passthrough.unmanaged_cluster");
     if unknown.is_some() || unmanaged.is_some() {
@@ -751,6 +764,23 @@ fn counters_are_exported() {
         "serving_picker.pick.terminating_fallback",
         "serving_picker.reject.no_serving",
     ];
+    // Per-request counters are counted in the VM and handed to Envoy on each
+    // tick (a quarter of refresh_interval_ms, at least 50 ms): wait a few.
+    let flushed = |n: &str| envoy.stat(n).is_some_and(|v| v >= BATCH as u64);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let passthroughs = || {
+        envoy
+            .stat("serving_picker.passthrough.unknown_cluster")
+            .unwrap_or(0)
+            + envoy
+                .stat("serving_picker.passthrough.unmanaged_cluster")
+                .unwrap_or(0)
+    };
+    while Instant::now() < deadline
+        && !(names.iter().all(|n| flushed(n)) && passthroughs() >= BATCH as u64)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut missing = Vec::new();
     for n in names {
         match envoy.stat(n) {

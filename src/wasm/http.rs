@@ -22,8 +22,23 @@ impl PickerHttp {
         PickerHttp { worker }
     }
 
+    /// Removes every value of the override header a client sent; if that
+    /// fails the request is refused rather than steered.
+    fn strip_client_header(&self) -> Action {
+        let header = self.worker.config.override_header.as_str();
+        if host::header(MapType::HttpRequestHeaders, header).is_some() {
+            if !host::remove_header(MapType::HttpRequestHeaders, header) {
+                log::error!("serving_picker: cannot remove the client's {header}; rejecting");
+                let _ = host::local_response(500, "serving_picker_strip_failed", &[], b"");
+                return Action::Pause;
+            }
+            self.worker.counters.override_header_stripped.inc();
+        }
+        Action::Continue
+    }
+
     fn reject(&self, cluster: &str) -> Action {
-        self.worker.metrics.reject_no_serving.inc();
+        self.worker.counters.reject_no_serving.inc();
         log::debug!("serving_picker: cluster {cluster}: no serving endpoint, 503");
         let body = format!("no-serving-endpoint: cluster {cluster:?} has no serving endpoint\n");
         let headers = vec![
@@ -45,10 +60,10 @@ impl PickerHttp {
     fn unknown(&self, cluster: &str) {
         let w = &self.worker;
         if !w.config.manages(cluster) {
-            w.metrics.passthrough_unmanaged.inc();
+            w.counters.passthrough_unmanaged.inc();
             return;
         }
-        w.metrics.passthrough_unknown_cluster.inc();
+        w.counters.passthrough_unknown_cluster.inc();
         if w.logged_unknown.borrow_mut().insert(cluster.to_string()) {
             let why = if w.table.borrow().is_none() {
                 "no snapshot loaded yet"
@@ -67,14 +82,8 @@ impl HttpContext for PickerHttp {
         let w = &self.worker;
         let header = w.config.override_header.as_str();
         // Clients never steer: whatever they sent (any case, repeated, lists) goes.
-        if host::header(MapType::HttpRequestHeaders, header).is_some() {
-            if !host::remove_header(MapType::HttpRequestHeaders, header) {
-                // Never forward a client's value: refuse the request instead.
-                log::error!("serving_picker: cannot remove the client's {header}; rejecting");
-                let _ = host::local_response(500, "serving_picker_strip_failed", &[], b"");
-                return Action::Pause;
-            }
-            w.metrics.override_header_stripped.inc();
+        if self.strip_client_header() == Action::Pause {
+            return Action::Pause;
         }
         let Some(name) = host::property(CLUSTER_NAME) else {
             return Action::Continue;
@@ -94,8 +103,8 @@ impl HttpContext for PickerHttp {
                     return Action::Continue;
                 }
                 match tier {
-                    Tier::TerminatingFallback => w.metrics.pick_terminating_fallback.inc(),
-                    _ => w.metrics.pick_ready.inc(),
+                    Tier::TerminatingFallback => w.counters.pick_terminating_fallback.inc(),
+                    _ => w.counters.pick_ready.inc(),
                 }
                 log::debug!(
                     "serving_picker: cluster {cluster}: tier {} host {host}",
@@ -109,7 +118,7 @@ impl HttpContext for PickerHttp {
                     self.reject(cluster)
                 }
                 OnNoServing::Passthrough => {
-                    w.metrics.passthrough_no_serving.inc();
+                    w.counters.passthrough_no_serving.inc();
                     log::debug!(
                         "serving_picker: cluster {cluster}: no serving endpoint, passthrough"
                     );

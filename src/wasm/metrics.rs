@@ -3,6 +3,7 @@
 
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
+use std::cell::Cell;
 
 #[derive(Clone, Copy, Default)]
 pub struct Metric(Option<u32>);
@@ -18,10 +19,13 @@ impl Metric {
         }
     }
 
-    #[inline]
     pub fn inc(self) {
-        if let Some(id) = self.0 {
-            let _ = increment_metric(id, 1);
+        self.add(1);
+    }
+
+    fn add(self, n: u64) {
+        if let (Some(id), Ok(n)) = (self.0, i64::try_from(n)) {
+            let _ = increment_metric(id, n);
         }
     }
 
@@ -32,15 +36,80 @@ impl Metric {
     }
 }
 
+/// A per-request counter counted in the VM and handed to the host on each
+/// tick: one host call per tick instead of one per request.
+#[derive(Default)]
+pub struct Batched {
+    metric: Metric,
+    pending: Cell<u64>,
+}
+
+impl Batched {
+    fn define(name: &str) -> Batched {
+        Batched {
+            metric: Metric::define(MetricType::Counter, name),
+            pending: Cell::new(0),
+        }
+    }
+
+    #[inline]
+    pub fn inc(&self) {
+        self.pending.set(self.pending.get() + 1);
+    }
+
+    fn flush(&self) {
+        let n = self.pending.replace(0);
+        if n > 0 {
+            self.metric.add(n);
+        }
+    }
+}
+
+/// The request path's counters (visible in /stats within one tick).
+#[derive(Default)]
+pub struct RequestCounters {
+    pub pick_ready: Batched,
+    pub pick_terminating_fallback: Batched,
+    pub reject_no_serving: Batched,
+    pub passthrough_no_serving: Batched,
+    pub passthrough_unknown_cluster: Batched,
+    pub passthrough_unmanaged: Batched,
+    pub override_header_stripped: Batched,
+}
+
+impl RequestCounters {
+    pub fn define() -> RequestCounters {
+        RequestCounters {
+            pick_ready: Batched::define("serving_picker.pick.ready"),
+            pick_terminating_fallback: Batched::define("serving_picker.pick.terminating_fallback"),
+            reject_no_serving: Batched::define("serving_picker.reject.no_serving"),
+            passthrough_no_serving: Batched::define("serving_picker.passthrough.no_serving"),
+            passthrough_unknown_cluster: Batched::define(
+                "serving_picker.passthrough.unknown_cluster",
+            ),
+            passthrough_unmanaged: Batched::define("serving_picker.passthrough.unmanaged_cluster"),
+            override_header_stripped: Batched::define("serving_picker.override_header.stripped"),
+        }
+    }
+
+    pub fn flush(&self) {
+        for c in [
+            &self.pick_ready,
+            &self.pick_terminating_fallback,
+            &self.reject_no_serving,
+            &self.passthrough_no_serving,
+            &self.passthrough_unknown_cluster,
+            &self.passthrough_unmanaged,
+            &self.override_header_stripped,
+        ] {
+            c.flush();
+        }
+    }
+}
+
+/// The snapshot's counters and gauges, set as things happen.
 #[derive(Clone, Copy, Default)]
 pub struct Metrics {
-    pub pick_ready: Metric,
-    pub pick_terminating_fallback: Metric,
-    pub reject_no_serving: Metric,
-    pub passthrough_no_serving: Metric,
-    pub passthrough_unknown_cluster: Metric,
-    pub passthrough_unmanaged: Metric,
-    pub override_header_stripped: Metric,
     pub refresh_ok: Metric,
     pub refresh_error: Metric,
     pub snapshot_published: Metric,
@@ -56,13 +125,6 @@ impl Metrics {
         let counter = |name| Metric::define(MetricType::Counter, name);
         let gauge = |name| Metric::define(MetricType::Gauge, name);
         Metrics {
-            pick_ready: counter("serving_picker.pick.ready"),
-            pick_terminating_fallback: counter("serving_picker.pick.terminating_fallback"),
-            reject_no_serving: counter("serving_picker.reject.no_serving"),
-            passthrough_no_serving: counter("serving_picker.passthrough.no_serving"),
-            passthrough_unknown_cluster: counter("serving_picker.passthrough.unknown_cluster"),
-            passthrough_unmanaged: counter("serving_picker.passthrough.unmanaged_cluster"),
-            override_header_stripped: counter("serving_picker.override_header.stripped"),
             refresh_ok: counter("serving_picker.snapshot.refresh_ok"),
             refresh_error: counter("serving_picker.snapshot.refresh_error"),
             snapshot_published: counter("serving_picker.snapshot.published"),

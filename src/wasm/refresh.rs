@@ -2,9 +2,10 @@
 //! them into plans. Runs only in the elected root context.
 
 use crate::admin_json::{
-    check_admin_response, parse_clusters, parse_config_dump, EndpointsDump, LiveHealth,
+    check_admin_response, implied_live_health, needs_live_health, parse_clusters,
+    parse_config_dump, EndpointsDump, LiveHealth,
 };
-use crate::config::{fingerprint, PluginConfig};
+use crate::config::PluginConfig;
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
 use proxy_wasm::hostcalls::dispatch_http_call;
@@ -56,8 +57,12 @@ pub enum Outcome {
 #[derive(Default)]
 pub struct Refresher {
     pending: Option<(Pending, u64)>,
-    /// The last dump's body fingerprint and parse: an unchanged body is not parsed again.
-    last_dump: Option<(u64, usize, EndpointsDump)>,
+    /// The last parsed dump, to tell a changed one.
+    last_dump: Option<EndpointsDump>,
+    /// The last live view fetched from `/clusters` (cluster and service names).
+    known_live: Option<LiveHealth>,
+    /// Refreshes since `/clusters` was last fetched.
+    since_live: u32,
     last_error: Option<String>,
     logged_notes: HashSet<String>,
     /// The live health of the last refresh: equal dump and health, equal plans.
@@ -68,6 +73,8 @@ pub struct Refresher {
 }
 
 const MAX_LOGGED_NOTES: usize = 10_000;
+/// `/clusters` is fetched at least every this many refreshes.
+const MAX_REFRESHES_WITHOUT_LIVE: u32 = 10;
 
 impl Refresher {
     /// The end-to-end time of the last complete refresh: Envoy renders admin
@@ -161,6 +168,25 @@ impl Refresher {
                 if config.admin_health_path.is_empty() {
                     return self.finish(config, dump, None, work, clock, started, now_ms);
                 }
+                // `/clusters` is the larger answer (per-host stats): skip it while
+                // the dump settles every host's health, but not for long.
+                let known = self.known_live.as_ref();
+                if self.since_live < MAX_REFRESHES_WITHOUT_LIVE && !needs_live_health(&dump, known)
+                {
+                    if let Some(known) = known {
+                        let implied = implied_live_health(&dump, known);
+                        self.since_live += 1;
+                        return self.finish(
+                            config,
+                            dump,
+                            Some(implied),
+                            work,
+                            clock,
+                            started,
+                            now_ms,
+                        );
+                    }
+                }
                 match self.dispatch(config, &config.admin_health_path) {
                     Some(token) => {
                         self.pending = Some((Pending::Health { token, dump, work }, started));
@@ -176,7 +202,11 @@ impl Refresher {
                 };
                 work.admin_bytes += body.len();
                 match parse_clusters(&body) {
-                    Ok(live) => self.finish(config, dump, Some(live), work, clock, started, now_ms),
+                    Ok(live) => {
+                        self.known_live = Some(live.clone());
+                        self.since_live = 0;
+                        self.finish(config, dump, Some(live), work, clock, started, now_ms)
+                    }
                     Err(e) => self.fail(e.to_string()),
                 }
             }
@@ -190,23 +220,16 @@ impl Refresher {
         body_size: usize,
     ) -> Result<EndpointsDump, String> {
         let body = read_body("config_dump", config, num_headers, body_size)?;
-        let print = fingerprint(&body);
-        if let Some((last, len, dump)) = &self.last_dump {
-            if *last == print && *len == body.len() {
-                self.dump_changed = false;
-                return Ok(dump.clone());
-            }
-        }
         let dump =
             parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
-        // Envoy prints metadata keys in a different order on each dump: equal
-        // bytes are the cheap test, equal content the real one.
+        // Compared parsed: Envoy prints metadata keys in a different order on
+        // each dump, so equal content rarely means equal bytes.
         self.dump_changed = self
             .last_dump
             .as_ref()
-            .is_none_or(|(_, _, last)| last.clusters != dump.clusters);
+            .is_none_or(|last| last.clusters != dump.clusters);
         self.log_notes(&dump.notes);
-        self.last_dump = Some((print, body.len(), dump.clone()));
+        self.last_dump = Some(dump.clone());
         Ok(dump)
     }
 

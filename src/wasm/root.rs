@@ -1,7 +1,7 @@
 //! The root context: configuration, leader election, snapshot sync.
 
 use super::http::PickerHttp;
-use super::metrics::Metrics;
+use super::metrics::{Metrics, RequestCounters};
 use super::refresh::{Outcome, Refresher, Start};
 use super::shared::SharedKeys;
 use crate::codec;
@@ -21,6 +21,7 @@ use std::time::{Duration, UNIX_EPOCH};
 pub struct Worker {
     pub config: Rc<PluginConfig>,
     pub metrics: Metrics,
+    pub counters: RequestCounters,
     pub table: RefCell<Option<RoutingTable>>,
     /// Clusters already logged as unknown since the last snapshot change.
     pub logged_unknown: RefCell<HashSet<String>>,
@@ -229,6 +230,7 @@ impl RootContext for PickerRoot {
         self.worker = Some(Rc::new(Worker {
             config: Rc::new(config),
             metrics: Metrics::define(),
+            counters: RequestCounters::define(),
             table: RefCell::new(None),
             logged_unknown: RefCell::new(HashSet::new()),
         }));
@@ -250,6 +252,7 @@ impl RootContext for PickerRoot {
         let (Some(worker), Some(keys)) = (self.worker.clone(), &self.keys) else {
             return;
         };
+        worker.counters.flush();
         let config = &worker.config;
         let now = now_ms();
         let ttl = config.refresh_interval_ms * 3 + config.admin_timeout_ms;
