@@ -62,39 +62,17 @@ pub struct Backend {
 impl Backend {
     /// Starts a backend on a fresh loopback port.
     pub fn start(name: &str) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .unwrap_or_else(|e| panic!("backend {name}: bind: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("backend {name}: local_addr: {e}"));
-        listener
-            .set_nonblocking(true)
-            .unwrap_or_else(|e| panic!("backend {name}: set_nonblocking: {e}"));
-        let inner = Arc::new(Inner {
-            name: name.to_string(),
-            stopping: AtomicBool::new(false),
-            count: AtomicU64::new(0),
-            requests: Mutex::new(Vec::new()),
-            conns: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(0),
-        });
-        let acc_inner = inner.clone();
-        let acceptor = std::thread::Builder::new()
-            .name(format!("backend-{name}"))
-            .spawn(move || accept_loop(listener, acc_inner))
-            .unwrap_or_else(|e| panic!("backend {name}: spawn: {e}"));
-        Backend {
-            addr,
-            inner,
-            acceptor: Mutex::new(Some(acceptor)),
-        }
+        Backend::start_at(name, SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
-    /// Starts a backend on `addr` (e.g. the address of a stopped backend: a
-    /// pod that comes back at the same IP:port).
+    /// Starts a backend on `addr` (port 0: a fresh one; or the address of a
+    /// stopped backend: a pod that comes back at the same IP:port).
     pub fn start_at(name: &str, addr: SocketAddr) -> Backend {
         let listener =
             TcpListener::bind(addr).unwrap_or_else(|e| panic!("backend {name}: bind {addr}: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("backend {name}: local_addr: {e}"));
         listener
             .set_nonblocking(true)
             .unwrap_or_else(|e| panic!("backend {name}: set_nonblocking: {e}"));
