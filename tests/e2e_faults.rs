@@ -34,17 +34,6 @@ fn flushed_log_lines(envoy: &Envoy, needle: &str) -> Vec<String> {
     envoy.log_lines(needle)
 }
 
-/// A 200 from `b` whose override header (set by the filter) names `b` first.
-fn filter_routed_to(b: &Backend) -> impl Fn(&Response) -> bool + '_ {
-    move |r: &Response| {
-        r.status == 200
-            && r.header(BACKEND_HEADER) == Some(b.name())
-            && r.header(SAW_OVERRIDE_HEADER)
-                .and_then(|v| v.split(',').next())
-                == Some(b.addr().to_string().as_str())
-    }
-}
-
 fn no_panic_or_critical(envoy: &Envoy) {
     no_panic_or_critical_except(envoy, &[]);
 }

@@ -115,17 +115,6 @@ fn start_envoy(tag: &str, run: Run, initial: &[Endpoint]) -> Envoy {
         .start()
 }
 
-/// A 200 from `b` whose override header (set by the filter) names `b` first.
-fn filter_routed_to(b: &Backend) -> impl Fn(&Response) -> bool + '_ {
-    move |r: &Response| {
-        r.status == 200
-            && r.header(BACKEND_HEADER) == Some(b.name())
-            && r.header(SAW_OVERRIDE_HEADER)
-                .and_then(|v| v.split(',').next())
-                == Some(b.addr().to_string().as_str())
-    }
-}
-
 /// Waits for the routing the walk starts from, before the load begins.
 fn settle_start(envoy: &Envoy, run: Run, first: &[&Backend]) {
     match run {

@@ -134,6 +134,18 @@ fn picked_among(r: &Response, served: &Backend, tier: &[&Backend]) -> bool {
             .all(|a| allowed.contains(a) && seen.insert(a.clone()))
 }
 
+/// A 200 from `b` whose override header (set by the filter) names `b` first
+/// (whatever alternates follow).
+pub fn filter_routed_to(b: &Backend) -> impl Fn(&Response) -> bool + '_ {
+    move |r: &Response| {
+        r.status == 200
+            && r.header(BACKEND_HEADER) == Some(b.name())
+            && r.header(SAW_OVERRIDE_HEADER)
+                .and_then(|v| v.split(',').next())
+                == Some(b.addr().to_string().as_str())
+    }
+}
+
 /// A 200 that Envoy's own load balancer routed: no override header reached
 /// the backend (the filter neither set it nor let the client's through).
 pub fn passed_through(r: &Response) -> bool {
