@@ -1,10 +1,16 @@
 //! Parsing Envoy admin output: `/config_dump?include_eds` (endpoints and
 //! metadata) and `/clusters?format=json` (live health).
 
-use crate::conditions::{effective, read_metadata, Conditions, EdsHealth, Health, MetaFlags};
+use crate::conditions::{
+    effective, Conditions, EdsHealth, Health, MetaFlags, MetaReading, NamespaceSeed, OddValue,
+};
+use crate::de::{once, Each, Field, KeyIs, OptionOf, Str};
+use serde::de::{
+    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use serde::Deserialize;
-use serde_json::Value;
 use std::collections::HashMap;
+use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
 /// One host as the filter needs it.
@@ -71,82 +77,578 @@ pub fn check_admin_response(
     }
 }
 
-// --- config_dump shapes (unknown fields are skipped by serde) ---
+// --- config_dump: hand-written visitors ---
+//
+// The dump is read in one pass straight into `ClusterHosts`: only the
+// configured metadata namespace is read (the others are skipped unparsed),
+// and strings are borrowed from the body. They accept what the derived
+// shapes they replace accepted: unknown fields skipped, a field given twice
+// an error, `null` as absent where a field is optional, `cluster_name` and a
+// socket address's `address` required; and, as derive does, a struct also
+// as an array of its fields in order (the defaulted ones may be left off).
 
-#[derive(Deserialize)]
-struct ConfigDump {
-    configs: Vec<DumpEntry>,
+/// Clusters as they are converted, with their notes, in order.
+struct Sink<'n> {
+    namespace: &'n str,
+    clusters: Vec<ClusterHosts>,
+    notes: Vec<String>,
 }
 
-/// Either an `EndpointsConfigDump` (whole or masked) or, with `resource=`, a
-/// single Static/DynamicEndpointConfig. Other config types leave all empty.
-#[derive(Deserialize)]
-struct DumpEntry {
-    #[serde(default)]
-    static_endpoint_configs: Vec<EndpointConfigEntry>,
-    #[serde(default)]
-    dynamic_endpoint_configs: Vec<EndpointConfigEntry>,
-    endpoint_config: Option<LoadAssignment>,
+impl<'n> Sink<'n> {
+    fn new(namespace: &'n str) -> Self {
+        Sink {
+            namespace,
+            clusters: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    fn append(&mut self, mut other: Sink<'_>) {
+        self.clusters.append(&mut other.clusters);
+        self.notes.append(&mut other.notes);
+    }
+}
+
+/// A struct's field in array form that has no default.
+fn required<T, E: serde::de::Error>(
+    value: Option<T>,
+    index: usize,
+    what: &'static str,
+) -> Result<T, E> {
+    value.ok_or_else(|| E::invalid_length(index, &what))
+}
+
+/// `{"configs": [DumpEntry, ...]}`
+struct DumpSeed<'s, 'n>(&'s mut Sink<'n>);
+
+impl<'de> DeserializeSeed<'de> for DumpSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("ConfigDump", &["configs"], self)
+    }
+}
+
+impl<'de> Visitor<'de> for DumpSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a config dump object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut configs = None;
+        while let Some(key) = map.next_key_seed(Field(&["configs"]))? {
+            if key.is_some() {
+                once(&configs, "configs")?;
+                map.next_value_seed(Each(&mut DumpEntries(&mut *self.0)))?;
+                configs = Some(());
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        configs.ok_or_else(|| A::Error::missing_field("configs"))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let configs = seq.next_element_seed(Each(&mut DumpEntries(&mut *self.0)))?;
+        required(configs, 0, "struct ConfigDump with 1 element")
+    }
+}
+
+/// Each element: either an `EndpointsConfigDump` (whole or masked) or, with
+/// `resource=`, a single Static/DynamicEndpointConfig. Other config types
+/// add nothing.
+struct DumpEntries<'s, 'n>(&'s mut Sink<'n>);
+
+const DUMP_ENTRY: [&str; 3] = [
+    "static_endpoint_configs",
+    "dynamic_endpoint_configs",
+    "endpoint_config",
+];
+
+impl DumpEntries<'_, '_> {
+    /// Listed static, dynamic, then the single one, whatever the key order.
+    fn finish(&mut self, parts: [Option<Sink>; 3]) {
+        for sink in parts.into_iter().flatten() {
+            self.0.append(sink);
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for &mut DumpEntries<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("DumpEntry", &DUMP_ENTRY, self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut DumpEntries<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a config dump entry")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let ns = self.0.namespace;
+        let mut parts: [Option<Sink>; 3] = [None, None, None];
+        while let Some(key) = map.next_key_seed(Field(&DUMP_ENTRY))? {
+            let Some((part, name)) = key.and_then(|i| parts.get_mut(i).zip(DUMP_ENTRY.get(i)))
+            else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            once(part, name)?;
+            let mut sink = Sink::new(ns);
+            if *name == "endpoint_config" {
+                map.next_value_seed(OptionOf(LoadAssignmentSeed(&mut sink)))?;
+            } else {
+                map.next_value_seed(Each(&mut EndpointConfigs(&mut sink)))?;
+            }
+            *part = Some(sink);
+        }
+        self.finish(parts);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let ns = self.0.namespace;
+        let (mut listed, mut dynamic, mut single) = (Sink::new(ns), Sink::new(ns), Sink::new(ns));
+        // The two lists default to empty; the single one has no default.
+        seq.next_element_seed(Each(&mut EndpointConfigs(&mut listed)))?;
+        seq.next_element_seed(Each(&mut EndpointConfigs(&mut dynamic)))?;
+        let last = seq.next_element_seed(OptionOf(LoadAssignmentSeed(&mut single)))?;
+        required(last, 2, "struct DumpEntry with 3 elements")?;
+        self.finish([Some(listed), Some(dynamic), Some(single)]);
+        Ok(())
+    }
+}
+
+/// `{"endpoint_config": ClusterLoadAssignment}` (Static/DynamicEndpointConfig).
+struct EndpointConfigs<'s, 'n>(&'s mut Sink<'n>);
+
+impl<'de> DeserializeSeed<'de> for &mut EndpointConfigs<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("EndpointConfigEntry", &["endpoint_config"], self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut EndpointConfigs<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an endpoint config")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = None;
+        while let Some(key) = map.next_key_seed(Field(&["endpoint_config"]))? {
+            if key.is_some() {
+                once(&seen, "endpoint_config")?;
+                map.next_value_seed(OptionOf(LoadAssignmentSeed(&mut *self.0)))?;
+                seen = Some(());
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let config = seq.next_element_seed(OptionOf(LoadAssignmentSeed(&mut *self.0)))?;
+        required(config, 0, "struct EndpointConfigEntry with 1 element").map(|_| ())
+    }
+}
+
+/// A note waiting for its cluster's name (which may come after the hosts).
+enum Pending {
+    Skipped(String),
+    Odd(usize, OddValue),
+}
+
+/// The hosts of one ClusterLoadAssignment, as they are read.
+struct Hosts<'n> {
+    namespace: &'n str,
+    hosts: Vec<HostRecord>,
+    pending: Vec<Pending>,
+}
+
+/// A ClusterLoadAssignment, converted into the sink.
+struct LoadAssignmentSeed<'s, 'n>(&'s mut Sink<'n>);
+
+impl LoadAssignmentSeed<'_, '_> {
+    fn finish(self, cluster: String, hosts: Hosts) {
+        let namespace = self.0.namespace;
+        for note in hosts.pending {
+            self.0.notes.push(match note {
+                Pending::Skipped(why) => format!("cluster {cluster}: host skipped: {why}"),
+                Pending::Odd(i, odd) => format!(
+                    "cluster {cluster} host {}: metadata {namespace}.{} = {} is not of the expected type; read as absent",
+                    hosts.hosts.get(i).map_or("", |h| h.address.as_str()),
+                    odd.key,
+                    odd.found
+                ),
+            });
+        }
+        self.0.clusters.push(ClusterHosts {
+            name: cluster,
+            hosts: hosts.hosts,
+        });
+    }
+}
+
+const LOAD_ASSIGNMENT: [&str; 2] = ["cluster_name", "endpoints"];
+
+impl<'de> DeserializeSeed<'de> for LoadAssignmentSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("LoadAssignment", &LOAD_ASSIGNMENT, self)
+    }
+}
+
+impl<'de> Visitor<'de> for LoadAssignmentSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a cluster load assignment")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut cluster: Option<String> = None;
+        let mut endpoints = None;
+        let mut hosts = Hosts {
+            namespace: self.0.namespace,
+            hosts: Vec::new(),
+            pending: Vec::new(),
+        };
+        while let Some(key) = map.next_key_seed(Field(&LOAD_ASSIGNMENT))? {
+            match key {
+                Some(0) => {
+                    once(&cluster, "cluster_name")?;
+                    cluster = Some(map.next_value()?);
+                }
+                Some(_) => {
+                    once(&endpoints, "endpoints")?;
+                    map.next_value_seed(Each(&mut hosts))?;
+                    endpoints = Some(());
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let cluster = cluster.ok_or_else(|| A::Error::missing_field("cluster_name"))?;
+        self.finish(cluster, hosts);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut hosts = Hosts {
+            namespace: self.0.namespace,
+            hosts: Vec::new(),
+            pending: Vec::new(),
+        };
+        let what = "struct LoadAssignment with 2 elements";
+        let cluster: String = required(seq.next_element()?, 0, what)?;
+        seq.next_element_seed(Each(&mut hosts))?;
+        self.finish(cluster, hosts);
+        Ok(())
+    }
 }
 
 #[derive(Deserialize)]
-struct EndpointConfigEntry {
-    endpoint_config: Option<LoadAssignment>,
+struct Locality<'a> {
+    #[serde(borrow)]
+    zone: Option<Str<'a>>,
+}
+
+const LOCALITY_ENDPOINTS: [&str; 3] = ["lb_endpoints", "priority", "locality"];
+
+impl Hosts<'_> {
+    /// The group's priority and zone, on the hosts it added from `first` on.
+    fn finish_group(&mut self, first: usize, priority: u32, locality: Option<Locality>) {
+        let zone = locality.and_then(|l| l.zone).filter(|z| !z.0.is_empty());
+        for host in self.hosts.iter_mut().skip(first) {
+            host.priority = priority;
+            if host.zone.is_none() {
+                host.zone = zone.as_ref().map(|z| z.0.to_string());
+            }
+        }
+    }
+}
+
+/// One LocalityLbEndpoints: its hosts, then its priority and zone on them.
+impl<'de> DeserializeSeed<'de> for &mut Hosts<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("LocalityEndpoints", &LOCALITY_ENDPOINTS, self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut Hosts<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("locality lb endpoints")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let first = self.hosts.len();
+        let (mut listed, mut priority, mut locality) = (None, None, None);
+        while let Some(key) = map.next_key_seed(Field(&LOCALITY_ENDPOINTS))? {
+            match key {
+                Some(0) => {
+                    once(&listed, "lb_endpoints")?;
+                    map.next_value_seed(Each(&mut LbEndpoints(&mut *self)))?;
+                    listed = Some(());
+                }
+                Some(1) => {
+                    once(&priority, "priority")?;
+                    priority = Some(map.next_value::<u32>()?);
+                }
+                Some(_) => {
+                    once(&locality, "locality")?;
+                    locality = Some(map.next_value::<Option<Locality<'de>>>()?);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        self.finish_group(first, priority.unwrap_or(0), locality.flatten());
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let first = self.hosts.len();
+        seq.next_element_seed(Each(&mut LbEndpoints(&mut *self)))?;
+        let priority = seq.next_element::<u32>()?;
+        let locality = seq.next_element::<Option<Locality<'de>>>()?;
+        let locality = required(locality, 2, "struct LocalityEndpoints with 3 elements")?;
+        self.finish_group(first, priority.unwrap_or(0), locality);
+        Ok(())
+    }
 }
 
 #[derive(Deserialize)]
-struct LoadAssignment {
-    cluster_name: String,
-    #[serde(default)]
-    endpoints: Vec<LocalityEndpoints>,
+struct Endpoint<'a> {
+    #[serde(borrow)]
+    address: Option<Address<'a>>,
 }
 
 #[derive(Deserialize)]
-struct LocalityEndpoints {
-    #[serde(default)]
-    lb_endpoints: Vec<LbEndpoint>,
-    #[serde(default)]
-    priority: u32,
-    locality: Option<Locality>,
+struct Address<'a> {
+    #[serde(borrow)]
+    socket_address: Option<SocketAddress<'a>>,
 }
 
 #[derive(Deserialize)]
-struct Locality {
-    zone: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct LbEndpoint {
-    endpoint: Option<Endpoint>,
-    health_status: Option<String>,
-    metadata: Option<Metadata>,
-    load_balancing_weight: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct Endpoint {
-    address: Option<Address>,
-}
-
-#[derive(Deserialize)]
-struct Metadata {
-    #[serde(default)]
-    filter_metadata: HashMap<String, Value>,
-}
-
-#[derive(Deserialize)]
-struct Address {
-    socket_address: Option<SocketAddress>,
-}
-
-#[derive(Deserialize)]
-struct SocketAddress {
-    address: String,
+struct SocketAddress<'a> {
+    #[serde(borrow)]
+    address: Str<'a>,
     port_value: Option<u32>,
 }
 
+/// An EDS health status name, read without keeping the string.
+struct HealthName(EdsHealth);
+
+impl<'de> Deserialize<'de> for HealthName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Str::deserialize(d).map(|s| HealthName(EdsHealth::from_name(Some(&s.0))))
+    }
+}
+
+fn health_of(name: Option<HealthName>) -> EdsHealth {
+    name.map_or(EdsHealth::from_name(None), |n| n.0)
+}
+
+/// One LbEndpoint of a locality.
+struct LbEndpoints<'h, 'n>(&'h mut Hosts<'n>);
+
+const LB_ENDPOINT: [&str; 4] = [
+    "endpoint",
+    "health_status",
+    "metadata",
+    "load_balancing_weight",
+];
+
+impl LbEndpoints<'_, '_> {
+    fn finish(
+        &mut self,
+        endpoint: Option<Endpoint>,
+        health: Option<HealthName>,
+        metadata: Option<MetaReading>,
+        weight: Option<u32>,
+    ) {
+        let hosts = &mut *self.0;
+        let address = endpoint.and_then(|e| e.address);
+        let address = match host_address(address.as_ref()) {
+            Ok(a) => a,
+            Err(why) => {
+                hosts.pending.push(Pending::Skipped(why));
+                return;
+            }
+        };
+        let reading = metadata.unwrap_or_default();
+        let index = hosts.hosts.len();
+        hosts
+            .pending
+            .extend(reading.odd.into_iter().map(|odd| Pending::Odd(index, odd)));
+        hosts.hosts.push(HostRecord {
+            address,
+            weight: weight.unwrap_or(1).max(1),
+            // Set with the locality's zone once the group is read.
+            priority: 0,
+            flags: reading.flags,
+            zone: reading.zone,
+            health: Health {
+                eds: None,
+                coarse: health_of(health),
+                failing: false,
+            },
+        });
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for &mut LbEndpoints<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("LbEndpoint", &LB_ENDPOINT, self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut LbEndpoints<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an lb endpoint")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let namespace = self.0.namespace;
+        let (mut endpoint, mut health, mut metadata, mut weight) = (None, None, None, None);
+        while let Some(key) = map.next_key_seed(Field(&LB_ENDPOINT))? {
+            match key {
+                Some(0) => {
+                    once(&endpoint, "endpoint")?;
+                    endpoint = Some(map.next_value::<Option<Endpoint<'de>>>()?);
+                }
+                Some(1) => {
+                    once(&health, "health_status")?;
+                    health = Some(map.next_value::<Option<HealthName>>()?);
+                }
+                Some(2) => {
+                    once(&metadata, "metadata")?;
+                    metadata = Some(map.next_value_seed(OptionOf(MetadataSeed(namespace)))?);
+                }
+                Some(_) => {
+                    once(&weight, "load_balancing_weight")?;
+                    weight = Some(map.next_value::<Option<u32>>()?);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        self.finish(
+            endpoint.flatten(),
+            health.flatten(),
+            metadata.flatten().flatten(),
+            weight.flatten(),
+        );
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let what = "struct LbEndpoint with 4 elements";
+        let endpoint = required(seq.next_element::<Option<Endpoint<'de>>>()?, 0, what)?;
+        let health = required(seq.next_element::<Option<HealthName>>()?, 1, what)?;
+        let metadata = seq.next_element_seed(OptionOf(MetadataSeed(self.0.namespace)))?;
+        let metadata = required(metadata, 2, what)?;
+        let weight = required(seq.next_element::<Option<u32>>()?, 3, what)?;
+        self.finish(endpoint, health, metadata.flatten(), weight);
+        Ok(())
+    }
+}
+
+/// `{"filter_metadata": {NAMESPACE: {...}, ...}}`: the namespace's reading
+/// (`None` without it); the other namespaces are skipped unparsed.
+struct MetadataSeed<'n>(&'n str);
+
+impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
+    type Value = Option<MetaReading>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_struct("Metadata", &["filter_metadata"], self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetadataSeed<'_> {
+    type Value = Option<MetaReading>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("endpoint metadata")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut filter = None;
+        while let Some(key) = map.next_key_seed(Field(&["filter_metadata"]))? {
+            if key.is_some() {
+                once(&filter, "filter_metadata")?;
+                filter = Some(map.next_value_seed(FilterMetadataSeed(self.0))?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(filter.flatten())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        // `filter_metadata` defaults to empty.
+        Ok(seq.next_element_seed(FilterMetadataSeed(self.0))?.flatten())
+    }
+}
+
+struct FilterMetadataSeed<'n>(&'n str);
+
+impl<'de> DeserializeSeed<'de> for FilterMetadataSeed<'_> {
+    type Value = Option<MetaReading>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FilterMetadataSeed<'_> {
+    type Value = Option<MetaReading>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map of metadata namespaces")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        // The last one wins if the namespace comes twice, as in a map.
+        let mut reading = None;
+        while let Some(ours) = map.next_key_seed(KeyIs(self.0))? {
+            if ours {
+                reading = Some(map.next_value_seed(NamespaceSeed)?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(reading)
+    }
+}
+
 /// `IP:PORT` for a socket address, or why it cannot be overridden to.
-fn host_address(address: Option<&Address>) -> Result<String, String> {
+fn host_address(address: Option<&Address<'_>>) -> Result<String, String> {
     let socket = address
         .and_then(|a| a.socket_address.as_ref())
         .ok_or("not a socket address")?;
@@ -154,105 +656,113 @@ fn host_address(address: Option<&Address>) -> Result<String, String> {
     if port == 0 || port > 65535 {
         return Err(format!("port {port} out of range"));
     }
-    match socket.address.parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => Ok(format!("{ip}:{port}")),
-        Ok(IpAddr::V6(ip)) => Ok(format!("[{ip}]:{port}")),
-        Err(_) => Err(format!("{:?} is not an IP address", socket.address)),
-    }
-}
-
-fn convert(assignment: LoadAssignment, namespace: &str, notes: &mut Vec<String>) -> ClusterHosts {
-    let mut hosts = Vec::new();
-    let cluster = assignment.cluster_name;
-    for group in assignment.endpoints {
-        let locality_zone = group
-            .locality
-            .and_then(|l| l.zone)
-            .filter(|z| !z.is_empty());
-        for lb in group.lb_endpoints {
-            let address = match host_address(lb.endpoint.as_ref().and_then(|e| e.address.as_ref()))
-            {
-                Ok(a) => a,
-                Err(why) => {
-                    notes.push(format!("cluster {cluster}: host skipped: {why}"));
-                    continue;
-                }
-            };
-            let ns = lb
-                .metadata
-                .as_ref()
-                .and_then(|m| m.filter_metadata.get(namespace));
-            let reading = read_metadata(ns);
-            for odd in &reading.odd {
-                notes.push(format!(
-                    "cluster {cluster} host {address}: metadata {namespace}.{} = {} is not of the expected type; read as absent",
-                    odd.key, odd.found
-                ));
+    let text: &str = &socket.address.0;
+    let mut out = String::with_capacity(text.len() + 6);
+    if is_canonical_ipv4(text.as_bytes()) {
+        // What almost every host has: it prints as it is written.
+        out.push_str(text);
+    } else {
+        match text.parse::<IpAddr>() {
+            Ok(IpAddr::V4(ip)) => {
+                let _ = write!(out, "{ip}");
             }
-            hosts.push(HostRecord {
-                address,
-                weight: lb.load_balancing_weight.unwrap_or(1).max(1),
-                priority: group.priority,
-                flags: reading.flags,
-                zone: reading.zone.or_else(|| locality_zone.clone()),
-                health: Health {
-                    eds: None,
-                    coarse: EdsHealth::from_name(lb.health_status.as_deref()),
-                    failing: false,
-                },
-            });
+            Ok(IpAddr::V6(ip)) => {
+                // Canonical form (RFC 5952), as Display writes it.
+                let _ = write!(out, "[{ip}]");
+            }
+            Err(_) => return Err(format!("{text:?} is not an IP address")),
         }
     }
-    ClusterHosts {
-        name: cluster,
-        hosts,
+    out.push(':');
+    push_decimal(&mut out, port);
+    Ok(out)
+}
+
+/// Four decimal octets of at most 255, without leading zeros: an IPv4
+/// address exactly as `Ipv4Addr` parses and then prints it. (Anything else
+/// goes through the standard parser.)
+fn is_canonical_ipv4(text: &[u8]) -> bool {
+    let (mut dots, mut digits, mut octet) = (0, 0, 0u32);
+    for &b in text {
+        match b {
+            b'0'..=b'9' => {
+                if digits == 1 && octet == 0 {
+                    return false;
+                }
+                octet = octet * 10 + u32::from(b - b'0');
+                digits += 1;
+                if octet > 255 {
+                    return false;
+                }
+            }
+            b'.' if digits > 0 && dots < 3 => {
+                dots += 1;
+                digits = 0;
+                octet = 0;
+            }
+            _ => return false,
+        }
+    }
+    dots == 3 && digits > 0
+}
+
+/// `n` in decimal, without going through `fmt`.
+fn push_decimal(out: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut len = 0;
+    while len < digits.len() {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for d in digits[..len].iter().rev() {
+        out.push(char::from(*d));
     }
 }
 
 /// Parses a config dump (`include_eds`, optionally masked or `resource=`-filtered).
 pub fn parse_config_dump(body: &[u8], namespace: &str) -> Result<EndpointsDump, AdminJsonError> {
-    let dump: ConfigDump = serde_json::from_slice(body)
+    let mut sink = Sink::new(namespace);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    DumpSeed(&mut sink)
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
         .map_err(|e| AdminJsonError(format!("config_dump is not the expected JSON: {e}")))?;
-    let mut out = EndpointsDump::default();
-    for entry in dump.configs {
-        let listed = entry
-            .static_endpoint_configs
-            .into_iter()
-            .chain(entry.dynamic_endpoint_configs)
-            .filter_map(|e| e.endpoint_config);
-        for assignment in listed.chain(entry.endpoint_config) {
-            let cluster = convert(assignment, namespace, &mut out.notes);
-            out.clusters.push(cluster);
-        }
-    }
-    Ok(out)
+    Ok(EndpointsDump {
+        clusters: sink.clusters,
+        notes: sink.notes,
+    })
 }
 
-// --- /clusters?format=json shapes ---
+// --- /clusters?format=json shapes (per-host `stats` are skipped unparsed) ---
 
 #[derive(Deserialize)]
-struct ClustersJson {
-    #[serde(default)]
-    cluster_statuses: Vec<ClusterStatus>,
+struct ClustersJson<'a> {
+    #[serde(default, borrow)]
+    cluster_statuses: Vec<ClusterStatus<'a>>,
 }
 
 #[derive(Deserialize)]
-struct ClusterStatus {
+struct ClusterStatus<'a> {
     name: String,
     eds_service_name: Option<String>,
-    #[serde(default)]
-    host_statuses: Vec<HostStatus>,
+    #[serde(default, borrow)]
+    host_statuses: Vec<HostStatus<'a>>,
 }
 
 #[derive(Deserialize)]
-struct HostStatus {
-    address: Option<Address>,
+struct HostStatus<'a> {
+    #[serde(borrow)]
+    address: Option<Address<'a>>,
     health_status: Option<HostHealthFlags>,
 }
 
 #[derive(Deserialize, Default)]
 struct HostHealthFlags {
-    eds_health_status: Option<String>,
+    eds_health_status: Option<HealthName>,
     #[serde(default)]
     failed_active_health_check: bool,
     #[serde(default)]
@@ -298,7 +808,7 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
                 || f.failed_outlier_check
                 || f.active_hc_timeout
                 || f.excluded_via_immediate_hc_fail;
-            let eds = EdsHealth::from_name(f.eds_health_status.as_deref());
+            let eds = health_of(f.eds_health_status);
             hosts.insert(address, LiveHost { eds, failing });
         }
         let eds_service_name = cluster.eds_service_name.filter(|s| !s.is_empty());
@@ -400,23 +910,39 @@ pub fn join_live_health(dump: EndpointsDump, live: Option<&LiveHealth>) -> Vec<C
             out.push(entry);
             continue;
         };
-        for (name, cluster) in owners {
+        let seen = |cluster: &LiveCluster, h: &HostRecord| cluster.hosts.get(&h.address).copied();
+        let with = |mut host: HostRecord, seen: LiveHost| {
+            host.health.eds = Some(seen.eds);
+            host.health.failing = seen.failing;
+            host
+        };
+        // Every owner but the last gets copies; the last takes the hosts.
+        let Some(((last_name, last), others)) = owners.split_last() else {
+            continue;
+        };
+        for (name, cluster) in others {
             let hosts = entry
                 .hosts
                 .iter()
-                .filter_map(|h| {
-                    let seen = cluster.hosts.get(&h.address)?;
-                    let mut host = h.clone();
-                    host.health.eds = Some(seen.eds);
-                    host.health.failing = seen.failing;
-                    Some(host)
-                })
+                .filter_map(|h| Some(with(h.clone(), seen(cluster, h)?)))
                 .collect();
             out.push(ClusterHosts {
                 name: (*name).to_string(),
                 hosts,
             });
         }
+        let hosts = entry
+            .hosts
+            .into_iter()
+            .filter_map(|h| {
+                let live = seen(last, &h)?;
+                Some(with(h, live))
+            })
+            .collect();
+        out.push(ClusterHosts {
+            name: (*last_name).to_string(),
+            hosts,
+        });
     }
     out
 }
@@ -624,6 +1150,108 @@ mod tests {
         assert_eq!(addrs, ["[::1]:18082"]);
         assert_eq!(dump.notes.len(), 5, "{:?}", dump.notes);
         assert!(dump.notes.iter().any(|n| n.contains("db.local")));
+    }
+
+    #[test]
+    fn addresses_print_as_the_standard_parser_reads_them() {
+        let pieces = [
+            "0", "00", "01", "1", "9", "10", "99", "100", "199", "255", "256", "999", "1000", "",
+        ];
+        let mut cases: Vec<String> = vec![
+            "::1".into(),
+            "::ffff:10.0.0.1".into(),
+            "2001:DB8:0:0:0:0:0:1".into(),
+            "1.2.3.4.".into(),
+            ".1.2.3.4".into(),
+            "1.2.3.4 ".into(),
+            "+1.2.3.4".into(),
+            "1..3.4".into(),
+            "1.2.3".into(),
+            "1.2.3.4.5".into(),
+            "１.2.3.4".into(),
+        ];
+        for a in pieces {
+            for b in ["0", "7", "255", "256", "08"] {
+                cases.push(format!("{a}.{b}.{b}.{a}"));
+                cases.push(format!("10.{a}.{b}.1"));
+            }
+        }
+        for text in &cases {
+            let std = match text.parse::<IpAddr>() {
+                Ok(IpAddr::V4(ip)) => Some(format!("{ip}:80")),
+                Ok(IpAddr::V6(ip)) => Some(format!("[{ip}]:80")),
+                Err(_) => None,
+            };
+            let address = Address {
+                socket_address: Some(SocketAddress {
+                    address: Str(text.as_str().into()),
+                    port_value: Some(80),
+                }),
+            };
+            assert_eq!(host_address(Some(&address)).ok(), std, "{text:?}");
+            if is_canonical_ipv4(text.as_bytes()) {
+                assert!(text.parse::<std::net::Ipv4Addr>().is_ok(), "{text:?}");
+            }
+        }
+        let mut out = String::new();
+        for n in [0, 1, 9, 10, 65535, u32::MAX] {
+            out.clear();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string());
+        }
+    }
+
+    #[test]
+    fn any_key_order_and_the_array_form_of_structs() {
+        let host = r#"{"endpoint":{"address":{"socket_address":{"address":"10.0.0.1","port_value":80}}},
+            "metadata":{"filter_metadata":{"k8s.endpointslice":{"serving":"yes"}}}}"#;
+        // The name after the hosts, the single config before the lists.
+        let body = format!(
+            r#"{{"configs":[{{"endpoint_config":{{"endpoints":[{{"priority":2,"lb_endpoints":[{host}],
+              "locality":{{"zone":"z"}}}}],"cluster_name":"single"}},
+              "dynamic_endpoint_configs":[{{"endpoint_config":{{"cluster_name":"dynamic"}}}}],
+              "static_endpoint_configs":[{{"endpoint_config":{{"cluster_name":"static"}}}}]}}]}}"#
+        );
+        let dump = parse_config_dump(body.as_bytes(), NS).unwrap();
+        let names: Vec<_> = dump.clusters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["static", "dynamic", "single"]);
+        let h = &dump.clusters[2].hosts[0];
+        assert_eq!((h.priority, h.zone.as_deref()), (2, Some("z")));
+        assert_eq!(dump.notes.len(), 1);
+        assert!(
+            dump.notes[0].starts_with("cluster single host 10.0.0.1:80: metadata"),
+            "{:?}",
+            dump.notes
+        );
+        // Derive read a struct also as an array of its fields; so do these.
+        let array = r#"{"configs":[[[],[],["c",[[[[{"address":{"socket_address":
+            {"address":"10.0.0.1","port_value":80}}},"DRAINING",[{"k8s.endpointslice":
+            {"ready":false}}],3]],1,["z"]]]]]]}"#;
+        let dump = parse_config_dump(array.as_bytes(), NS).unwrap();
+        let h = &dump.clusters[0].hosts[0];
+        assert_eq!(
+            (h.weight, h.priority, h.zone.as_deref(), h.flags.ready),
+            (3, 1, Some("z"), Some(false))
+        );
+        assert_eq!(h.health.coarse, EdsHealth::Draining);
+        // Fields without a default cannot be left off; nor can more be added.
+        for short in [
+            r#"{"configs":[[[],[]]]}"#,
+            r#"{"configs":[{"endpoint_config":["c",[[[],0]]]}]}"#,
+            r#"{"configs":[{"endpoint_config":["c",[[[[null,null,null]]]]]}]}"#,
+            r#"{"configs":[{"static_endpoint_configs":[[null, 1]]}]}"#,
+        ] {
+            assert!(parse_config_dump(short.as_bytes(), NS).is_err(), "{short}");
+        }
+        // Fields given twice are errors, as they were.
+        for twice in [
+            r#"{"configs":[{"endpoint_config":{"cluster_name":"a","cluster_name":"b"}}]}"#,
+            r#"{"configs":[{"endpoint_config":null,"endpoint_config":null}]}"#,
+            r#"{"configs":[{"endpoint_config":{"cluster_name":"c","endpoints":[{"lb_endpoints":[
+                {"metadata":null,"metadata":null}]}]}}]}"#,
+        ] {
+            assert!(parse_config_dump(twice.as_bytes(), NS).is_err(), "{twice}");
+        }
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! Reading a host's EndpointSlice conditions from its metadata and Envoy's
 //! view of its health.
 
+use crate::de::Field;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
 
 /// The effective conditions of one host, after nil defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,55 +125,168 @@ fn describe(value: &Value) -> String {
     }
 }
 
-fn flag(
-    ns: &serde_json::Map<String, Value>,
-    key: &'static str,
-    odd: &mut Vec<OddValue>,
-) -> Option<bool> {
-    match ns.get(key)? {
-        Value::Bool(b) => Some(*b),
-        Value::Null => None,
-        other => {
-            odd.push(OddValue {
-                key,
-                found: describe(other),
-            });
-            None
+/// A metadata value as far as the reading needs it: `null` is absent, and
+/// only odd values (to be described in a note) are built into a `Value`.
+enum Slot<'de> {
+    Absent,
+    Bool(bool),
+    Str(Cow<'de, str>),
+    Other(Value),
+    /// The namespace's object, already read.
+    Namespace(MetaReading),
+}
+
+impl Slot<'_> {
+    fn odd(self, key: &'static str, odd: &mut Vec<OddValue>) {
+        let value = match self {
+            // A key's value is never `Namespace`: nested objects are `Other`.
+            Slot::Absent | Slot::Namespace(_) => return,
+            Slot::Bool(b) => Value::Bool(b),
+            Slot::Str(s) => Value::String(s.into_owned()),
+            Slot::Other(v) => v,
+        };
+        odd.push(OddValue {
+            key,
+            found: describe(&value),
+        });
+    }
+
+    fn flag(self, key: &'static str, odd: &mut Vec<OddValue>) -> Option<bool> {
+        match self {
+            Slot::Bool(b) => Some(b),
+            other => {
+                other.odd(key, odd);
+                None
+            }
         }
+    }
+}
+
+/// Reads one value into a `Slot`; objects are read as the namespace only
+/// when `namespace` (a nested object is just an odd value).
+struct SlotVisitor {
+    namespace: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for SlotVisitor {
+    type Value = Slot<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Slot<'de>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SlotVisitor {
+    type Value = Slot<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Slot<'de>, E> {
+        Ok(Slot::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Slot<'de>, E> {
+        Ok(Slot::Other(Value::from(v)))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Slot<'de>, E> {
+        Ok(Slot::Other(Value::from(v)))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Slot<'de>, E> {
+        // As serde_json's own Value does.
+        Ok(Slot::Other(
+            serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number),
+        ))
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Slot<'de>, E> {
+        Ok(Slot::Str(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Slot<'de>, E> {
+        Ok(Slot::Str(Cow::Owned(v.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Slot<'de>, E> {
+        Ok(Slot::Str(Cow::Owned(v)))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Slot<'de>, E> {
+        Ok(Slot::Absent)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Slot<'de>, E> {
+        Ok(Slot::Absent)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Slot<'de>, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Slot<'de>, A::Error> {
+        Value::deserialize(SeqAccessDeserializer::new(seq)).map(Slot::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Slot<'de>, A::Error> {
+        if !self.namespace {
+            return Value::deserialize(MapAccessDeserializer::new(map)).map(Slot::Other);
+        }
+        // Later keys win, as in a JSON object read whole.
+        let mut slots = [Slot::Absent, Slot::Absent, Slot::Absent, Slot::Absent];
+        while let Some(key) = map.next_key_seed(Field(&NAMESPACE_KEYS))? {
+            match key.and_then(|i| slots.get_mut(i)) {
+                Some(slot) => *slot = map.next_value_seed(SlotVisitor { namespace: false })?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let [ready, serving, terminating, zone] = slots;
+        let mut reading = MetaReading::default();
+        reading.flags = MetaFlags {
+            ready: ready.flag("ready", &mut reading.odd),
+            serving: serving.flag("serving", &mut reading.odd),
+            terminating: terminating.flag("terminating", &mut reading.odd),
+        };
+        reading.zone = match zone {
+            Slot::Str(z) if !z.is_empty() => Some(z.into_owned()),
+            other => {
+                other.odd("zone", &mut reading.odd);
+                None
+            }
+        };
+        Ok(Slot::Namespace(reading))
+    }
+}
+
+const NAMESPACE_KEYS: [&str; 4] = ["ready", "serving", "terminating", "zone"];
+
+/// Reads the namespace's metadata value straight from the JSON (no `Value`
+/// is built unless a value is odd): what `read_metadata` reads from a `Value`.
+pub struct NamespaceSeed;
+
+impl<'de> DeserializeSeed<'de> for NamespaceSeed {
+    type Value = MetaReading;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<MetaReading, D::Error> {
+        let mut reading = MetaReading::default();
+        match (SlotVisitor { namespace: true }).deserialize(d)? {
+            Slot::Namespace(r) => reading = r,
+            other => other.odd("(namespace)", &mut reading.odd),
+        }
+        Ok(reading)
     }
 }
 
 /// Reads the namespace's metadata object; values of the wrong type read as absent.
 pub fn read_metadata(namespace: Option<&Value>) -> MetaReading {
-    let mut reading = MetaReading::default();
-    let ns = match namespace {
-        None | Some(Value::Null) => return reading,
-        Some(Value::Object(map)) => map,
-        Some(other) => {
-            reading.odd.push(OddValue {
-                key: "(namespace)",
-                found: describe(other),
-            });
-            return reading;
-        }
-    };
-    reading.flags = MetaFlags {
-        ready: flag(ns, "ready", &mut reading.odd),
-        serving: flag(ns, "serving", &mut reading.odd),
-        terminating: flag(ns, "terminating", &mut reading.odd),
-    };
-    reading.zone = match ns.get("zone") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(z)) if !z.is_empty() => Some(z.clone()),
-        Some(other) => {
-            reading.odd.push(OddValue {
-                key: "zone",
-                found: describe(other),
-            });
-            None
-        }
-    };
-    reading
+    // Reading a `Value` cannot fail: the default is never used.
+    namespace
+        .and_then(|v| NamespaceSeed.deserialize(v).ok())
+        .unwrap_or_default()
 }
 
 /// The effective conditions. Metadata decides when it carries a condition
@@ -259,6 +378,28 @@ mod tests {
         assert_eq!(r.odd[1].found, "\"yes\"");
         let long = read_metadata(Some(&json!({"serving": "x".repeat(500)})));
         assert!(long.odd[0].found.len() < 50);
+    }
+
+    #[test]
+    fn reading_from_json_text_is_reading_from_a_value() {
+        for text in [
+            r#"{"ready": true, "serving": false, "terminating": null, "zone": "z1"}"#,
+            r#"{"serving": "yes", "terminating": 1, "ready": [true, {"b": 1, "a": 2}], "zone": 7}"#,
+            r#"{"serving": "yes", "serving": true, "zone": "a", "zone": null}"#,
+            r#"{"serving": true, "serving": "yes", "zone": "", "x": {"y": [1]}}"#,
+            r#"{"re\u0061dy": false, "zone": "z\"\u00e9", "ready": 1.5e300, "Ready": true}"#,
+            r#"{"serving": {"a": 1}, "terminating": -3, "zone": false}"#,
+            r#"[1, 2]"#,
+            r#""serving""#,
+            r#"null"#,
+            r#"true"#,
+            r#"{}"#,
+        ] {
+            let value: Value = serde_json::from_str(text).unwrap();
+            let mut de = serde_json::Deserializer::from_str(text);
+            let streamed = NamespaceSeed.deserialize(&mut de).unwrap();
+            assert_eq!(streamed, read_metadata(Some(&value)), "{text}");
+        }
     }
 
     #[test]

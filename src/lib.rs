@@ -6,6 +6,7 @@ pub mod admin_json;
 pub mod codec;
 pub mod conditions;
 pub mod config;
+mod de;
 pub mod election;
 pub mod picker;
 pub mod plan;

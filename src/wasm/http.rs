@@ -1,5 +1,7 @@
-//! Per request: strip the client's override header, then set ours from the
-//! worker's routing table.
+//! Per request: set our override header from the worker's routing table, or
+//! strip the client's. Each host call costs microseconds in Envoy, so the
+//! common path (a pick) makes two: the cluster name, and one replace, which
+//! drops every value a client sent (Envoy's `setCopy` removes them all).
 
 use super::host;
 use super::root::Worker;
@@ -22,8 +24,9 @@ impl PickerHttp {
         PickerHttp { worker }
     }
 
-    /// Removes every value of the override header a client sent; if that
-    /// fails the request is refused rather than steered.
+    /// Removes every value of the override header a client sent, on the paths
+    /// that do not set ours; if that fails the request is refused rather than
+    /// steered. Looks first, since a removal clears Envoy's route cache.
     fn strip_client_header(&self) -> Action {
         let header = self.worker.config.override_header.as_str();
         if host::header(MapType::HttpRequestHeaders, header).is_some() {
@@ -81,15 +84,9 @@ impl HttpContext for PickerHttp {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let w = &self.worker;
         let header = w.config.override_header.as_str();
-        // Clients never steer: whatever they sent (any case, repeated, lists) goes.
-        if self.strip_client_header() == Action::Pause {
-            return Action::Pause;
-        }
-        let Some(name) = host::property(CLUSTER_NAME) else {
-            return Action::Continue;
-        };
-        let Ok(cluster) = std::str::from_utf8(&name) else {
-            return Action::Continue;
+        let name = host::property(CLUSTER_NAME);
+        let Some(cluster) = name.as_deref().and_then(|n| std::str::from_utf8(n).ok()) else {
+            return self.strip_client_header();
         };
         let table = w.table.borrow();
         let decision = match table.as_ref() {
@@ -98,9 +95,11 @@ impl HttpContext for PickerHttp {
         };
         match decision {
             Decision::Pick { host, tier } => {
+                // Replacing also drops what the client sent (any case, repeated, lists).
                 if !host::replace_header(MapType::HttpRequestHeaders, header, host) {
                     log::warn!("serving_picker: cannot set {header}; passing through");
-                    return Action::Continue;
+                    drop(table);
+                    return self.strip_client_header();
                 }
                 match tier {
                     Tier::TerminatingFallback => w.counters.pick_terminating_fallback.inc(),
@@ -122,13 +121,13 @@ impl HttpContext for PickerHttp {
                     log::debug!(
                         "serving_picker: cluster {cluster}: no serving endpoint, passthrough"
                     );
-                    Action::Continue
+                    self.strip_client_header()
                 }
             },
             Decision::Unknown => {
                 drop(table);
                 self.unknown(cluster);
-                Action::Continue
+                self.strip_client_header()
             }
         }
     }
