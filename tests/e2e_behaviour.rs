@@ -537,6 +537,14 @@ fn cluster_outside_allow_list_is_passed_through_and_client_header_stripped() {
     while Instant::now() < deadline && counted() < BATCH as u64 {
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The passed-through batch carried a client header each time: each was removed and counted.
+    let stripped = envoy
+        .stat("serving_picker.override_header.stripped")
+        .unwrap_or(0);
+    assert!(
+        stripped >= BATCH as u64,
+        "override_header.stripped = {stripped}, expected >= {BATCH} (one per passed-through request)"
+    );
     let unknown = envoy.stat("serving_picker.passthrough.unknown_cluster");
     let unmanaged = envoy.stat("serving_picker.passthrough.unmanaged_cluster");
     if unknown.is_some() || unmanaged.is_some() {

@@ -845,9 +845,6 @@ fn hostile_override_headers_never_steer() {
         0,
         "not-serving C was reached through a client header"
     );
-    let stripped = stat(&envoy, "serving_picker.override_header.stripped");
-    assert!(
-        stripped > 0,
-        "override_header.stripped should count the client headers"
-    );
+    // No strip count here: a pick's replace drops client values uncounted and a
+    // 503 has no upstream. e2e_behaviour's allow-list test checks the counter.
 }
