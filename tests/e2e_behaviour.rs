@@ -538,9 +538,17 @@ fn cluster_outside_allow_list_is_passed_through_and_client_header_stripped() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The passed-through batch carried a client header each time: each was removed and counted.
-    let stripped = envoy
-        .stat("serving_picker.override_header.stripped")
-        .unwrap_or(0);
+    // Each worker hands its counts to Envoy on its own tick: wait for them.
+    let stripped_count = || {
+        envoy
+            .stat("serving_picker.override_header.stripped")
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && stripped_count() < BATCH as u64 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stripped = stripped_count();
     assert!(
         stripped >= BATCH as u64,
         "override_header.stripped = {stripped}, expected >= {BATCH} (one per passed-through request)"
