@@ -19,6 +19,10 @@ pub struct PluginConfig {
     pub admin_path: String,
     /// Live health (`/clusters?format=json`); empty disables the merge.
     pub admin_health_path: String,
+    /// The change gate's small stats answer; empty disables the gate.
+    pub admin_stats_path: String,
+    /// A full refresh at least this often, whatever the stats say.
+    pub full_refresh_interval_ms: u64,
     pub admin_timeout_ms: u64,
     pub max_admin_body_bytes: usize,
     pub metadata_namespace: String,
@@ -36,6 +40,21 @@ pub struct PluginConfig {
 pub const DEFAULT_ADMIN_PATH: &str =
     "/config_dump?include_eds&mask=static_endpoint_configs,dynamic_endpoint_configs";
 pub const DEFAULT_HEALTH_PATH: &str = "/clusters?format=json";
+/// `/stats?filter=` with `STATS_FILTER`, percent-encoded (a test checks that
+/// they agree). Envoy decodes the query and matches the regex with RE2.
+pub const DEFAULT_STATS_PATH: &str = "/stats?filter=%5Ecluster%5C..%2B%5C.%28update_success%7Cupdate_empty%7Cmembership_%28change%7Chealthy%7Cdegraded%7Cexcluded%7Ctotal%29%7Chealth_check%5C.%28healthy%7Cdegraded%29%7Coutlier_detection%5C.ejections_%28active%7Cenforced_total%29%29%24%7C%5Ecluster_manager%5C.%28cluster_added%7Ccluster_modified%7Ccluster_removed%7Cactive_clusters%7Cwarming_clusters%29%24";
+/// The stats the change gate compares: per cluster the ones that move when
+/// endpoints, EDS health, active checks or ejections change, and the cluster
+/// manager's. All stay put at steady state (no `health_check.attempt` and
+/// the like, which tick on every check).
+pub const STATS_FILTER: &str = concat!(
+    r"^cluster\..+\.(update_success|update_empty",
+    r"|membership_(change|healthy|degraded|excluded|total)",
+    r"|health_check\.(healthy|degraded)",
+    r"|outlier_detection\.ejections_(active|enforced_total))$",
+    r"|^cluster_manager\.(cluster_added|cluster_modified|cluster_removed|active_clusters|warming_clusters)$",
+);
+pub const DEFAULT_FULL_REFRESH_INTERVAL_MS: u64 = 10_000;
 pub const MIN_REFRESH_INTERVAL_MS: u64 = 100;
 
 impl Default for PluginConfig {
@@ -44,6 +63,8 @@ impl Default for PluginConfig {
             admin_cluster: "envoy_admin".into(),
             admin_path: DEFAULT_ADMIN_PATH.into(),
             admin_health_path: DEFAULT_HEALTH_PATH.into(),
+            admin_stats_path: DEFAULT_STATS_PATH.into(),
+            full_refresh_interval_ms: DEFAULT_FULL_REFRESH_INTERVAL_MS,
             // 10,000 hosts take Envoy about a second to render: leave room.
             admin_timeout_ms: 5000,
             max_admin_body_bytes: 64 << 20,
@@ -145,12 +166,19 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
         Value::Object(map) => map,
         other => return Err(err("", format!("must be a JSON object, got {other}"))),
     };
+    let mut full_refresh_set = false;
     for (key, value) in object {
         let k = key.as_str();
         match k {
             "admin_cluster" => config.admin_cluster = non_empty(k, value)?,
             "admin_path" => config.admin_path = admin_path(k, value, false)?,
             "admin_health_path" => config.admin_health_path = admin_path(k, value, true)?,
+            "admin_stats_path" => config.admin_stats_path = admin_path(k, value, true)?,
+            "full_refresh_interval_ms" => {
+                full_refresh_set = true;
+                config.full_refresh_interval_ms =
+                    bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 86_400_000)?
+            }
             "admin_timeout_ms" => config.admin_timeout_ms = bounded_u64(k, value, 10, 60_000)?,
             "max_admin_body_bytes" => {
                 config.max_admin_body_bytes = bounded_u64(k, value, 1024, 1 << 30)? as usize
@@ -198,6 +226,16 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
             "must not exceed ten refresh intervals",
         ));
     }
+    // The default follows a longer poll interval; a value given must not be shorter.
+    if config.full_refresh_interval_ms < config.refresh_interval_ms {
+        if full_refresh_set {
+            return Err(err(
+                "full_refresh_interval_ms",
+                "must not be shorter than refresh_interval_ms",
+            ));
+        }
+        config.full_refresh_interval_ms = config.refresh_interval_ms;
+    }
     Ok(config)
 }
 
@@ -233,7 +271,8 @@ mod tests {
     fn every_key_parses() {
         let c = parse(
             r#"{"admin_cluster":"adm","admin_path":"/config_dump?include_eds",
-               "admin_health_path":"","admin_timeout_ms":500,"max_admin_body_bytes":2048,
+               "admin_health_path":"","admin_stats_path":"","full_refresh_interval_ms":200,
+               "admin_timeout_ms":500,"max_admin_body_bytes":2048,
                "metadata_namespace":"ns","override_header":"x-pick","refresh_interval_ms":100,
                "on_no_serving":"passthrough","clusters":["a","b"],"local_zone":"z1",
                "local_zone_min_share":0.5,"retry_alternates":0}"#,
@@ -242,6 +281,8 @@ mod tests {
         assert_eq!(c.admin_cluster, "adm");
         assert_eq!(c.admin_path, "/config_dump?include_eds");
         assert_eq!(c.admin_health_path, "");
+        assert_eq!(c.admin_stats_path, "");
+        assert_eq!(c.full_refresh_interval_ms, 200);
         assert_eq!(c.admin_timeout_ms, 500);
         assert_eq!(c.max_admin_body_bytes, 2048);
         assert_eq!(c.metadata_namespace, "ns");
@@ -302,6 +343,40 @@ mod tests {
             "metadata_namespace"
         );
         assert_eq!(key_of(r#"{"retry_alternates":9}"#), "retry_alternates");
+        assert_eq!(
+            key_of(r#"{"admin_stats_path":"stats"}"#),
+            "admin_stats_path"
+        );
+        assert_eq!(
+            key_of(r#"{"full_refresh_interval_ms":99}"#),
+            "full_refresh_interval_ms"
+        );
+    }
+
+    #[test]
+    fn full_refresh_interval_is_not_shorter_than_the_poll() {
+        let e = parse(r#"{"refresh_interval_ms":2000,"full_refresh_interval_ms":1000}"#);
+        assert_eq!(e.unwrap_err().key, "full_refresh_interval_ms");
+        let equal = parse(r#"{"refresh_interval_ms":2000,"full_refresh_interval_ms":2000}"#);
+        assert_eq!(equal.unwrap().full_refresh_interval_ms, 2000);
+        // Not given: the default, raised to a longer poll interval.
+        assert_eq!(parse("{}").unwrap().full_refresh_interval_ms, 10_000);
+        let slow = parse(r#"{"refresh_interval_ms":30000}"#).unwrap();
+        assert_eq!(slow.full_refresh_interval_ms, 30_000);
+    }
+
+    #[test]
+    fn default_stats_path_is_the_encoded_filter() {
+        let encoded: String = STATS_FILTER
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        assert_eq!(DEFAULT_STATS_PATH, format!("/stats?filter={encoded}"));
     }
 
     #[test]

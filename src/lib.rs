@@ -3,6 +3,7 @@
 //! proxy-wasm glue that feeds it.
 
 pub mod admin_json;
+pub mod change_gate;
 pub mod codec;
 pub mod conditions;
 pub mod config;

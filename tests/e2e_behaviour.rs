@@ -1,7 +1,8 @@
 //! Behaviour of the serving_picker filter in a real Envoy beyond the table:
 //! hosts without metadata, EDS health_status, weights, several clusters,
 //! client-supplied override headers, the 503, passthrough, the allow-list,
-//! an unreachable admin API, wrong-typed metadata, counters.
+//! an unreachable admin API, wrong-typed metadata, counters, the change gate
+//! in front of the admin dump.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -832,4 +833,157 @@ fn counters_are_exported() {
         "snapshot.refresh_error with a reachable admin API: {:?}",
         envoy.stat("serving_picker.snapshot.refresh_error")
     );
+}
+
+const SKIPPED: &str = "serving_picker.snapshot.refresh_skipped_unchanged";
+
+/// What the leader did over `window`: polls (refresh_ok counts skips too),
+/// gate skips, and bytes it read from the admin API (Envoy's own count for
+/// the `envoy_admin` cluster; the test's admin reads bypass that cluster).
+fn admin_traffic(envoy: &Envoy, window: Duration) -> (u64, u64, u64) {
+    let read = || {
+        [
+            "serving_picker.snapshot.refresh_ok",
+            SKIPPED,
+            "cluster.envoy_admin.upstream_cx_rx_bytes_total",
+        ]
+        .map(|n| envoy.stat(n).unwrap_or(0))
+    };
+    let before = read();
+    std::thread::sleep(window);
+    let after = read();
+    (
+        after[0] - before[0],
+        after[1] - before[1],
+        after[2] - before[2],
+    )
+}
+
+/// A: serving, B: not serving; then a metadata-only EDS change swaps them.
+/// Returns the Envoy's admin traffic at steady state before the change.
+fn gate_scenario(tag: &str, extra: Value) -> (Envoy, (u64, u64, u64)) {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let envoy = EnvoyBuilder::new()
+        .tag(tag)
+        .with_filter(Some(&plugin_config(extra)))
+        .eds_cluster(
+            "backend",
+            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        )
+        .start();
+    expect_routing(
+        &envoy,
+        "/backend/x",
+        &[],
+        "A serving, B not -> A",
+        picked(&a),
+    );
+    let steady = admin_traffic(&envoy, Duration::from_secs(2));
+    envoy.set_endpoints(
+        "backend",
+        &[Endpoint::not_serving(a.addr()), Endpoint::serving(b.addr())],
+    );
+    // Promptly: well inside full_refresh_interval_ms (60 s below).
+    settle_for(
+        &envoy,
+        "/backend/x",
+        &[],
+        "after the metadata-only EDS change: B",
+        Duration::from_secs(3),
+        CONSECUTIVE,
+        picked(&b),
+    );
+    assert_batch(&envoy, "/backend/x", &[], BATCH, "B", picked(&b));
+    (envoy, steady)
+}
+
+/// The change gate: at steady state the leader polls the small stats answer
+/// every refresh interval and skips the config dump (the skip counter rises,
+/// at most one full refresh in 2 s, far fewer admin bytes per poll than with
+/// the gate off); a metadata-only EDS change (which moves only
+/// `update_success`) still reaches routing within a few polls. With
+/// `admin_stats_path: ""` every poll is a full refresh, as before the gate.
+#[test]
+fn change_gate_skips_the_dump_at_steady_state_and_still_sees_changes() {
+    let (gated, (polls, skips, bytes)) = gate_scenario(
+        "change-gate-on",
+        json!({"full_refresh_interval_ms": 60_000}),
+    );
+    assert!(polls >= 10, "polls in 2 s at 100 ms: {polls}");
+    assert!(
+        skips + 1 >= polls,
+        "at most one full refresh in 2 s of steady state: {polls} polls, {skips} skipped"
+    );
+    let (_, skips_after, _) = admin_traffic(&gated, Duration::from_secs(1));
+    assert!(
+        skips_after >= 5,
+        "skips again after the change: {skips_after}"
+    );
+
+    let (plain, (polls_off, skips_off, bytes_off)) =
+        gate_scenario("change-gate-off", json!({"admin_stats_path": ""}));
+    assert!(
+        polls_off >= 10,
+        "polls in 2 s at 100 ms without the gate: {polls_off}"
+    );
+    assert_eq!(skips_off, 0, "no skips with the gate off");
+    assert_eq!(plain.stat(SKIPPED).unwrap_or(0), 0);
+    let per_poll = bytes / polls;
+    let per_poll_off = bytes_off / polls_off;
+    assert!(
+        per_poll * 2 < per_poll_off,
+        "admin bytes per poll: {per_poll} with the gate, {per_poll_off} without"
+    );
+    println!(
+        "change gate: {polls} polls, {skips} skipped, {per_poll} admin bytes/poll; \
+         off: {polls_off} polls, {per_poll_off} admin bytes/poll"
+    );
+}
+
+/// An Envoy with its stats turned off (`stats_matcher: reject_all`) answers
+/// the gate's stats query with an empty 200: no gate, every poll a full
+/// refresh, said once in the log; routing follows EDS as usual.
+#[test]
+fn change_gate_without_stats_is_off_and_says_so_once() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let envoy = EnvoyBuilder::new()
+        .tag("change-gate-no-stats")
+        .bootstrap_hook(|bootstrap, _dir| {
+            bootstrap["stats_config"] = json!({"stats_matcher": {"reject_all": true}});
+        })
+        .eds_cluster(
+            "backend",
+            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        )
+        .start();
+    expect_routing(
+        &envoy,
+        "/backend/x",
+        &[],
+        "A serving, B not -> A",
+        picked(&a),
+    );
+    envoy.set_endpoints(
+        "backend",
+        &[Endpoint::not_serving(a.addr()), Endpoint::serving(b.addr())],
+    );
+    expect_routing(
+        &envoy,
+        "/backend/x",
+        &[],
+        "after the EDS change: B",
+        picked(&b),
+    );
+    std::thread::sleep(Duration::from_millis(400)); // the log flush
+    let said = envoy.log_lines("admin stats gate off");
+    assert_eq!(
+        said.len(),
+        1,
+        "one line for the empty stats answer:\n{}",
+        said.join("\n")
+    );
+    assert!(said[0].contains("empty"), "{}", said[0]);
+    assert!(envoy.log_lines("admin refresh failed").is_empty());
 }

@@ -74,10 +74,12 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 // ================================================================ plugin configuration
 
-const KNOWN_KEYS: [&str; 13] = [
+const KNOWN_KEYS: [&str; 15] = [
     "admin_cluster",
     "admin_path",
     "admin_health_path",
+    "admin_stats_path",
+    "full_refresh_interval_ms",
     "admin_timeout_ms",
     "max_admin_body_bytes",
     "metadata_namespace",
@@ -108,6 +110,8 @@ fn config_value() -> impl Strategy<Value = Value> {
         60_001,
         3_600_000,
         3_600_001,
+        86_400_000,
+        86_400_001,
         1 << 30,
         (1 << 30) + 1,
         u64::MAX,
@@ -184,7 +188,8 @@ fn key_accepts(key: &str, v: &Value) -> bool {
     match key {
         "admin_cluster" | "metadata_namespace" | "local_zone" => non_empty(v),
         "admin_path" => path_ok(v, false),
-        "admin_health_path" => path_ok(v, true),
+        "admin_health_path" | "admin_stats_path" => path_ok(v, true),
+        "full_refresh_interval_ms" => in_range(v, 100, 86_400_000),
         "admin_timeout_ms" => in_range(v, 10, 60_000),
         "max_admin_body_bytes" => in_range(v, 1024, 1 << 30),
         "refresh_interval_ms" => in_range(v, 100, 3_600_000),
@@ -221,6 +226,19 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
         s("metadata_namespace", &d.metadata_namespace)
     );
     assert_eq!(c.override_header, s("override_header", &d.override_header));
+    assert_eq!(
+        c.admin_stats_path,
+        s("admin_stats_path", &d.admin_stats_path)
+    );
+    // Not given: the default, raised to a longer refresh interval.
+    let interval = n("refresh_interval_ms", d.refresh_interval_ms);
+    assert_eq!(
+        c.full_refresh_interval_ms,
+        n(
+            "full_refresh_interval_ms",
+            d.full_refresh_interval_ms.max(interval)
+        )
+    );
     assert_eq!(
         c.admin_timeout_ms,
         n("admin_timeout_ms", d.admin_timeout_ms)
@@ -283,8 +301,9 @@ proptest! {
     }
 
     /// Objects of known (and unknown) keys with values of every type: Ok
-    /// exactly when every key accepts its value and the timeout fits the
-    /// interval; otherwise an error that names the first offending key.
+    /// exactly when every key accepts its value, the timeout fits the
+    /// interval and a full refresh interval given is not shorter than it;
+    /// otherwise an error that names the first offending key.
     #[test]
     fn config_objects_ok_or_error_naming_the_key(obj in config_object(), pretty in any::<bool>()) {
         let value = Value::Object(obj.clone());
@@ -296,9 +315,10 @@ proptest! {
         let first_bad = obj.iter().find(|(k, v)| !key_accepts(k, v)).map(|(k, _)| k.clone());
         let timeout = obj.get("admin_timeout_ms").and_then(Value::as_u64).unwrap_or(PluginConfig::default().admin_timeout_ms);
         let interval = obj.get("refresh_interval_ms").and_then(Value::as_u64).unwrap_or(PluginConfig::default().refresh_interval_ms);
-        let expected_key = first_bad.or_else(|| {
-            (timeout > interval.max(1000) * 10).then(|| "admin_timeout_ms".to_string())
-        });
+        let full = obj.get("full_refresh_interval_ms").and_then(Value::as_u64);
+        let expected_key = first_bad
+            .or_else(|| (timeout > interval.max(1000) * 10).then(|| "admin_timeout_ms".to_string()))
+            .or_else(|| full.filter(|f| *f < interval).map(|_| "full_refresh_interval_ms".to_string()));
         match (parse_config(&raw), expected_key) {
             (Ok(c), None) => check_config_fields(&c, &obj),
             (Err(e), Some(key)) => {

@@ -112,6 +112,7 @@ impl RequestCounters {
 pub struct Metrics {
     pub refresh_ok: Metric,
     pub refresh_error: Metric,
+    pub refresh_skipped_unchanged: Metric,
     pub snapshot_published: Metric,
     pub snapshot_clusters: Metric,
     pub snapshot_hosts: Metric,
@@ -127,6 +128,7 @@ impl Metrics {
         Metrics {
             refresh_ok: counter("serving_picker.snapshot.refresh_ok"),
             refresh_error: counter("serving_picker.snapshot.refresh_error"),
+            refresh_skipped_unchanged: counter("serving_picker.snapshot.refresh_skipped_unchanged"),
             snapshot_published: counter("serving_picker.snapshot.published"),
             snapshot_clusters: gauge("serving_picker.snapshot.clusters"),
             snapshot_hosts: gauge("serving_picker.snapshot.hosts"),

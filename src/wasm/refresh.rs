@@ -1,10 +1,12 @@
-//! The leader's refresh: fetch the config dump, then live health, and turn
+//! The leader's refresh: ask the change gate (a small stats answer) whether
+//! anything changed, then fetch the config dump and live health, and turn
 //! them into plans. Runs only in the elected root context.
 
 use crate::admin_json::{
     check_admin_response, implied_live_health, needs_live_health, parse_clusters,
     parse_config_dump, EndpointsDump, LiveHealth,
 };
+use crate::change_gate::{ChangeGate, Verdict};
 use crate::config::PluginConfig;
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
@@ -14,8 +16,13 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 enum Pending {
+    Stats {
+        token: u32,
+    },
     Dump {
         token: u32,
+        /// The stats moved: fetch `/clusters` whatever the dump says.
+        with_live: bool,
     },
     Health {
         token: u32,
@@ -50,13 +57,22 @@ pub enum Outcome {
     Plans(Vec<ClusterPlan>, Work),
     /// A complete refresh that found nothing changed.
     Unchanged(Work),
+    /// The change gate saw the same stats: no refresh was needed.
+    Skipped,
     /// The refresh failed; the last good snapshot stays.
     Failed,
 }
 
 #[derive(Default)]
 pub struct Refresher {
+    /// The call under way and when its step started (the poll for the
+    /// stats, the full refresh for the dump and live health).
     pending: Option<(Pending, u64)>,
+    gate: ChangeGate,
+    /// Why the gate could not judge the last poll, logged once.
+    gate_problem: Option<String>,
+    /// When the last full refresh (the dump) started.
+    last_full_ms: u64,
     /// The last parsed dump, to tell a changed one.
     last_dump: Option<EndpointsDump>,
     /// The last live view fetched from `/clusters` (cluster and service names).
@@ -68,7 +84,7 @@ pub struct Refresher {
     /// The live health of the last refresh: equal dump and health, equal plans.
     last_live: Option<LiveHealth>,
     dump_changed: bool,
-    /// How long the last complete refresh took end to end (admin rendering included).
+    /// How long the last complete full refresh took end to end (admin rendering included).
     last_took_ms: u64,
 }
 
@@ -77,10 +93,15 @@ const MAX_LOGGED_NOTES: usize = 10_000;
 const MAX_REFRESHES_WITHOUT_LIVE: u32 = 10;
 
 impl Refresher {
-    /// The end-to-end time of the last complete refresh: Envoy renders admin
-    /// answers on its main thread, so the poll interval stretches with it.
+    /// The end-to-end time of the last complete full refresh: Envoy renders
+    /// admin answers on its main thread, so full refreshes space out with it.
     pub fn last_took_ms(&self) -> u64 {
         self.last_took_ms
+    }
+
+    /// When the last full refresh started (0: none yet).
+    pub fn last_full_ms(&self) -> u64 {
+        self.last_full_ms
     }
 
     /// A refresh failed and none has succeeded since.
@@ -102,12 +123,31 @@ impl Refresher {
         if !due {
             return Start::NotDue;
         }
-        match self.dispatch(config, &config.admin_path) {
+        if !ChangeGate::enabled(config) {
+            return if self.start_full(config, now_ms, false) {
+                Start::Started
+            } else {
+                Start::Failed
+            };
+        }
+        match self.dispatch(config, &config.admin_stats_path) {
             Some(token) => {
-                self.pending = Some((Pending::Dump { token }, now_ms));
+                self.pending = Some((Pending::Stats { token }, now_ms));
                 Start::Started
             }
             None => Start::Failed,
+        }
+    }
+
+    /// Asks for the config dump; false when the call could not be made.
+    fn start_full(&mut self, config: &PluginConfig, now_ms: u64, with_live: bool) -> bool {
+        self.last_full_ms = now_ms;
+        match self.dispatch(config, &config.admin_path) {
+            Some(token) => {
+                self.pending = Some((Pending::Dump { token, with_live }, now_ms));
+                true
+            }
+            None => false,
         }
     }
 
@@ -142,9 +182,9 @@ impl Refresher {
         now_ms: u64,
     ) -> Outcome {
         let matches = match &self.pending {
-            Some((Pending::Dump { token: t }, _)) | Some((Pending::Health { token: t, .. }, _)) => {
-                *t == token
-            }
+            Some((Pending::Stats { token: t }, _))
+            | Some((Pending::Dump { token: t, .. }, _))
+            | Some((Pending::Health { token: t, .. }, _)) => *t == token,
             None => false,
         };
         if !matches {
@@ -155,7 +195,19 @@ impl Refresher {
         };
         let clock = super::now_us();
         match pending {
-            Pending::Dump { .. } => {
+            Pending::Stats { .. } => {
+                let stats = read_body("stats", config, num_headers, body_size);
+                let decision = self.gate.decide(config, now_ms, stats);
+                self.note_gate_problem(decision.problem);
+                match decision.verdict {
+                    Verdict::Skip => Outcome::Skipped,
+                    Verdict::Fetch { with_live } if self.start_full(config, now_ms, with_live) => {
+                        Outcome::Nothing
+                    }
+                    Verdict::Fetch { .. } => Outcome::Failed,
+                }
+            }
+            Pending::Dump { with_live, .. } => {
                 let dump = match self.read_dump(config, num_headers, body_size) {
                     Ok(dump) => dump,
                     Err(why) => return self.fail(why),
@@ -169,9 +221,12 @@ impl Refresher {
                     return self.finish(config, dump, None, work, clock, started, now_ms);
                 }
                 // `/clusters` is the larger answer (per-host stats): skip it while
-                // the dump settles every host's health, but not for long.
+                // the dump settles every host's health, but not for long, and
+                // not when the stats just moved.
                 let known = self.known_live.as_ref();
-                if self.since_live < MAX_REFRESHES_WITHOUT_LIVE && !needs_live_health(&dump, known)
+                if !with_live
+                    && self.since_live < MAX_REFRESHES_WITHOUT_LIVE
+                    && !needs_live_health(&dump, known)
                 {
                     if let Some(known) = known {
                         let implied = implied_live_health(&dump, known);
@@ -247,6 +302,7 @@ impl Refresher {
         if self.last_error.take().is_some() {
             log::info!("serving_picker: admin refresh recovered");
         }
+        self.gate.refresh_succeeded();
         self.last_took_ms = now_ms.saturating_sub(started);
         let unchanged = !work.parsed_dump && self.last_live.is_some() && self.last_live == live;
         if unchanged {
@@ -275,7 +331,24 @@ impl Refresher {
             self.last_error = Some(why);
         }
         self.pending = None;
+        self.gate.refresh_failed();
         Outcome::Failed
+    }
+
+    /// Logs why the gate is off once until it changes or the gate works again.
+    fn note_gate_problem(&mut self, problem: Option<String>) {
+        match problem {
+            Some(why) if self.gate_problem.as_deref() != Some(why.as_str()) => {
+                log::warn!("serving_picker: admin stats gate off, doing a full refresh: {why}");
+                self.gate_problem = Some(why);
+            }
+            Some(_) => {}
+            None => {
+                if self.gate_problem.take().is_some() {
+                    log::info!("serving_picker: admin stats gate back on");
+                }
+            }
+        }
     }
 
     fn log_notes(&mut self, notes: &[String]) {

@@ -36,8 +36,8 @@ pub struct PickerRoot {
     published: Option<Vec<u8>>,
     publish_seq: u64,
     leader: bool,
-    /// When this leader last started a refresh.
-    last_refresh_ms: u64,
+    /// When this leader last started a poll (a stats check or a full refresh).
+    last_poll_ms: u64,
     stretch_logged: bool,
 }
 
@@ -72,7 +72,7 @@ impl PickerRoot {
             published: None,
             publish_seq: 0,
             leader: false,
-            last_refresh_ms: 0,
+            last_poll_ms: 0,
             stretch_logged: false,
         }
     }
@@ -159,25 +159,27 @@ fn summary(plans: &[crate::plan::ClusterPlan]) -> String {
     parts.join(" ")
 }
 
-/// Admin answers are rendered on Envoy's main thread; polling waits at least
-/// this many times the last refresh's duration, so that it takes at most a
-/// quarter of that thread however large the clusters grow.
+/// Admin answers are rendered on Envoy's main thread; a full refresh starts
+/// at least this many times the last one's duration after the previous one,
+/// so that it takes at most a quarter of that thread however large the
+/// clusters grow. The change gate's small stats polls keep the plain interval.
 const ADMIN_SHARE_DIVISOR: u64 = 4;
 
 impl PickerRoot {
-    fn poll_interval_ms(&mut self, config: &PluginConfig) -> u64 {
+    /// A poll is due every `refresh_interval_ms`, once a full refresh may start.
+    fn poll_due(&mut self, config: &PluginConfig, now: u64) -> bool {
         let stretched = self.refresher.last_took_ms() * ADMIN_SHARE_DIVISOR;
-        let interval = config.refresh_interval_ms.max(stretched);
-        if interval > config.refresh_interval_ms && !self.stretch_logged {
+        if stretched > config.refresh_interval_ms && !self.stretch_logged {
             self.stretch_logged = true;
             log::info!(
-                "serving_picker: a refresh takes {} ms of admin time: polling every {} ms instead of {} ms",
+                "serving_picker: a refresh takes {} ms of admin time: full refreshes at most every {} ms instead of {} ms",
                 self.refresher.last_took_ms(),
-                interval,
+                stretched,
                 config.refresh_interval_ms
             );
         }
-        interval
+        now.saturating_sub(self.last_poll_ms) >= config.refresh_interval_ms
+            && now.saturating_sub(self.refresher.last_full_ms()) >= stretched
     }
 }
 
@@ -198,6 +200,11 @@ impl Context for PickerRoot {
         {
             Outcome::Nothing => {}
             Outcome::Failed => worker.metrics.refresh_error.inc(),
+            Outcome::Skipped => {
+                // The snapshot is confirmed current: a successful poll too.
+                worker.metrics.refresh_ok.inc();
+                worker.metrics.refresh_skipped_unchanged.inc();
+            }
             Outcome::Unchanged(work) => {
                 worker.metrics.refresh_ok.inc();
                 worker.metrics.refresh_busy_us.set(work.busy_us);
@@ -237,7 +244,7 @@ impl RootContext for PickerRoot {
         self.seen_version = None;
         self.published = None;
         self.refresher = Refresher::default();
-        self.last_refresh_ms = 0;
+        self.last_poll_ms = 0;
         if let Err(e) = hostcalls::set_tick_period(tick_period(config_interval_ms)) {
             log::error!("serving_picker: cannot set the tick period: {e:?}");
             return false;
@@ -272,13 +279,13 @@ impl RootContext for PickerRoot {
         if !leader {
             return;
         }
-        // Refresh every interval; without a snapshot yet, at once (unless failing).
-        let elapsed = now.saturating_sub(self.last_refresh_ms) >= self.poll_interval_ms(config);
+        // Poll every interval; without a snapshot yet, at once (unless failing).
+        let due = self.poll_due(config, now);
         let first = worker.table.borrow().is_none() && !self.refresher.failing();
-        match self.refresher.poll(config, now, elapsed || first) {
-            Start::Started => self.last_refresh_ms = now,
+        match self.refresher.poll(config, now, due || first) {
+            Start::Started => self.last_poll_ms = now,
             Start::Failed => {
-                self.last_refresh_ms = now;
+                self.last_poll_ms = now;
                 worker.metrics.refresh_error.inc();
             }
             Start::Busy | Start::NotDue => {}

@@ -1,0 +1,283 @@
+//! The change gate: before a refresh the leader reads a small stats answer
+//! (`admin_stats_path`: a few gauges and change-only counters per cluster).
+//! When it is byte-identical to the one read before the last successful full
+//! refresh, and that refresh is younger than `full_refresh_interval_ms`, the
+//! snapshot is still right and the config dump (megabytes, rendered on
+//! Envoy's main thread) is not asked for.
+
+use crate::config::PluginConfig;
+
+/// What to do with this poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing changed since the last full refresh: no dump, no `/clusters`.
+    Skip,
+    /// Do the full refresh. `with_live`: the stats moved, so fetch
+    /// `/clusters` too rather than trust the dump's coarse health.
+    Fetch { with_live: bool },
+}
+
+/// The verdict, and why the gate could not judge (to be logged once).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub problem: Option<String>,
+}
+
+/// A stats body and when it was read.
+struct Reading {
+    body: Vec<u8>,
+    at_ms: u64,
+}
+
+#[derive(Default)]
+pub struct ChangeGate {
+    /// Read before the last successful full refresh.
+    recorded: Option<Reading>,
+    /// Read before the full refresh under way: recorded only if it succeeds,
+    /// so that a failed dump is not remembered as done.
+    pending: Option<Reading>,
+}
+
+impl ChangeGate {
+    pub fn enabled(config: &PluginConfig) -> bool {
+        !config.admin_stats_path.is_empty()
+    }
+
+    /// `stats`: the body of a 200 answer, or why there is none (status,
+    /// timeout, size). Any problem means a full refresh: the gate is off for
+    /// this poll.
+    pub fn decide(
+        &mut self,
+        config: &PluginConfig,
+        now_ms: u64,
+        stats: Result<Vec<u8>, String>,
+    ) -> Decision {
+        self.pending = None;
+        let body = match stats.and_then(|body| check_stats_text(&body).map(|()| body)) {
+            Ok(body) => body,
+            Err(why) => {
+                return Decision {
+                    verdict: Verdict::Fetch { with_live: false },
+                    problem: Some(why),
+                }
+            }
+        };
+        let verdict = match &self.recorded {
+            None => Verdict::Fetch { with_live: false },
+            Some(last) if last.body != body => Verdict::Fetch { with_live: true },
+            // The stats cannot see everything (e.g. two hosts swapping health
+            // within one poll): a full refresh now and then, whatever they say.
+            Some(last) if now_ms.saturating_sub(last.at_ms) >= config.full_refresh_interval_ms => {
+                Verdict::Fetch { with_live: false }
+            }
+            Some(_) => Verdict::Skip,
+        };
+        if verdict != Verdict::Skip {
+            self.pending = Some(Reading {
+                body,
+                at_ms: now_ms,
+            });
+        }
+        Decision {
+            verdict,
+            problem: None,
+        }
+    }
+
+    /// The full refresh that followed `decide` succeeded.
+    pub fn refresh_succeeded(&mut self) {
+        if let Some(reading) = self.pending.take() {
+            self.recorded = Some(reading);
+        }
+    }
+
+    /// The full refresh that followed `decide` failed: its stats are dropped.
+    pub fn refresh_failed(&mut self) {
+        self.pending = None;
+    }
+}
+
+/// Envoy's text stats: one `name: value` line per stat. Anything else (an
+/// HTML error page, JSON) would compare as "changed" forever or, worse, as
+/// "unchanged": refuse it.
+fn check_stats_text(body: &[u8]) -> Result<(), String> {
+    if body.is_empty() {
+        return Err(
+            "the stats answer is empty (stats turned off by stats_matcher, or \
+             admin_stats_path selects none): no change gate, every poll is a full refresh"
+                .into(),
+        );
+    }
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Err("the stats answer is not UTF-8 text".into());
+    };
+    let stat_line = |line: &str| {
+        line.split_once(": ").is_some_and(|(name, _)| {
+            !name.is_empty()
+                && !name
+                    .chars()
+                    .any(|c| c.is_whitespace() || "{}[]\"<>".contains(c))
+        })
+    };
+    match text.lines().find(|line| !stat_line(line)) {
+        None => Ok(()),
+        Some(line) => Err(format!(
+            "the stats answer is not `name: value` lines (admin_stats_path must select text stats): {:?}",
+            line.chars().take(80).collect::<String>()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATS: &[u8] =
+        b"cluster.backend.membership_healthy: 2\ncluster.backend.update_success: 4\n";
+    const MOVED: &[u8] =
+        b"cluster.backend.membership_healthy: 1\ncluster.backend.update_success: 4\n";
+
+    fn config() -> PluginConfig {
+        PluginConfig {
+            full_refresh_interval_ms: 10_000,
+            ..PluginConfig::default()
+        }
+    }
+
+    fn ok(body: &[u8]) -> Result<Vec<u8>, String> {
+        Ok(body.to_vec())
+    }
+
+    const FETCH: Verdict = Verdict::Fetch { with_live: false };
+    const FETCH_LIVE: Verdict = Verdict::Fetch { with_live: true };
+
+    /// A gate that recorded `STATS` at time 0.
+    fn recorded() -> ChangeGate {
+        let mut gate = ChangeGate::default();
+        assert_eq!(gate.decide(&config(), 0, ok(STATS)).verdict, FETCH);
+        gate.refresh_succeeded();
+        gate
+    }
+
+    #[test]
+    fn first_poll_fetches_without_forcing_live() {
+        let d = ChangeGate::default().decide(&config(), 0, ok(STATS));
+        assert_eq!(
+            d,
+            Decision {
+                verdict: FETCH,
+                problem: None
+            }
+        );
+    }
+
+    #[test]
+    fn identical_body_skips() {
+        let mut gate = recorded();
+        assert_eq!(
+            gate.decide(&config(), 100, ok(STATS)).verdict,
+            Verdict::Skip
+        );
+        assert_eq!(
+            gate.decide(&config(), 9_999, ok(STATS)).verdict,
+            Verdict::Skip
+        );
+    }
+
+    #[test]
+    fn changed_body_fetches_with_live_health() {
+        let mut gate = recorded();
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, FETCH_LIVE);
+        gate.refresh_succeeded();
+        assert_eq!(
+            gate.decide(&config(), 200, ok(MOVED)).verdict,
+            Verdict::Skip
+        );
+        assert_eq!(gate.decide(&config(), 300, ok(STATS)).verdict, FETCH_LIVE);
+    }
+
+    #[test]
+    fn the_timer_forces_a_full_refresh_and_restarts() {
+        let mut gate = recorded();
+        assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, FETCH);
+        gate.refresh_succeeded();
+        assert_eq!(
+            gate.decide(&config(), 19_999, ok(STATS)).verdict,
+            Verdict::Skip
+        );
+        assert_eq!(gate.decide(&config(), 20_000, ok(STATS)).verdict, FETCH);
+    }
+
+    #[test]
+    fn a_failed_refresh_is_not_recorded() {
+        let mut gate = recorded();
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, FETCH_LIVE);
+        gate.refresh_failed();
+        // Still compared with the last success: the change is fetched again.
+        assert_eq!(gate.decide(&config(), 200, ok(MOVED)).verdict, FETCH_LIVE);
+        // A refresh that failed after the timer fired does not restart it.
+        let mut gate = recorded();
+        assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, FETCH);
+        gate.refresh_failed();
+        assert_eq!(gate.decide(&config(), 10_100, ok(STATS)).verdict, FETCH);
+    }
+
+    #[test]
+    fn a_decision_without_its_refresh_records_nothing() {
+        // A skip in between drops what a fetch read before it.
+        let mut gate = recorded();
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, FETCH_LIVE);
+        assert_eq!(
+            gate.decide(&config(), 200, ok(STATS)).verdict,
+            Verdict::Skip
+        );
+        gate.refresh_succeeded();
+        assert_eq!(gate.decide(&config(), 300, ok(MOVED)).verdict, FETCH_LIVE);
+    }
+
+    #[test]
+    fn problems_turn_the_gate_off_for_the_poll() {
+        let mut gate = recorded();
+        let cases: [(Result<Vec<u8>, String>, &str); 5] = [
+            (Err("stats: admin answered HTTP 500".into()), "HTTP 500"),
+            (ok(b""), "empty"),
+            (ok(b"<html><body>502</body></html>\n"), "not `name: value`"),
+            (
+                ok(b"{\"stats\":[{\"name\":\"a\",\"value\":1}]}"),
+                "not `name: value`",
+            ),
+            (ok(b"\xff\xfe: 1\n"), "UTF-8"),
+        ];
+        for (answer, expected) in cases {
+            let d = gate.decide(&config(), 100, answer);
+            assert_eq!(d.verdict, FETCH, "{expected}");
+            let problem = d.problem.unwrap_or_default();
+            assert!(problem.contains(expected), "{problem}");
+            // The full refresh that follows does not record anything.
+            gate.refresh_succeeded();
+            assert_eq!(
+                gate.decide(&config(), 200, ok(STATS)).verdict,
+                Verdict::Skip
+            );
+        }
+    }
+
+    #[test]
+    fn text_stats_with_text_readouts_are_accepted() {
+        let body =
+            b"cluster.backend.version_text: \"7\"\ncluster.a.b.c|80||x.svc.update_success: 3\n";
+        let d = ChangeGate::default().decide(&config(), 0, ok(body));
+        assert_eq!(d.problem, None);
+    }
+
+    #[test]
+    fn an_empty_path_disables_the_gate() {
+        assert!(ChangeGate::enabled(&PluginConfig::default()));
+        let off = PluginConfig {
+            admin_stats_path: String::new(),
+            ..PluginConfig::default()
+        };
+        assert!(!ChangeGate::enabled(&off));
+    }
+}
