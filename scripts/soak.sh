@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 make --no-print-directory build envoy >/dev/null
 export ENVOY_BIN="${ENVOY_BIN:-$PWD/.venv/bin/envoy}"
-export SERVING_PICKER_WASM="${SERVING_PICKER_WASM:-$PWD/target/wasm32-wasip1/release/serving_picker.wasm}"
+export SERVING_PICKER_WASM="${SERVING_PICKER_WASM:-$PWD/target/serving_picker.wasm}"
 out="$(mktemp -t serving-picker-soak.XXXXXX)"
 trap 'rm -f "$out"' EXIT
 status=0

@@ -12,9 +12,20 @@ use crate::config::PluginConfig;
 pub enum Verdict {
     /// Nothing changed since the last full refresh: no dump, no `/clusters`.
     Skip,
-    /// Do the full refresh. `with_live`: the stats moved, so fetch
-    /// `/clusters` too rather than trust the dump's coarse health.
-    Fetch { with_live: bool },
+    /// Do the full refresh, for this reason (logged at debug).
+    Fetch(Reason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Nothing recorded yet.
+    FirstPoll,
+    /// The stats differ from the recorded ones.
+    StatsMoved,
+    /// `full_refresh_interval_ms` passed since the recorded full refresh.
+    Periodic,
+    /// The stats could not be read or judged (see `Decision::problem`).
+    GateOff,
 }
 
 /// The verdict, and why the gate could not judge (to be logged once).
@@ -58,18 +69,18 @@ impl ChangeGate {
             Ok(body) => body,
             Err(why) => {
                 return Decision {
-                    verdict: Verdict::Fetch { with_live: false },
+                    verdict: Verdict::Fetch(Reason::GateOff),
                     problem: Some(why),
                 }
             }
         };
         let verdict = match &self.recorded {
-            None => Verdict::Fetch { with_live: false },
-            Some(last) if last.body != body => Verdict::Fetch { with_live: true },
+            None => Verdict::Fetch(Reason::FirstPoll),
+            Some(last) if last.body != body => Verdict::Fetch(Reason::StatsMoved),
             // The stats cannot see everything (e.g. two hosts swapping health
             // within one poll): a full refresh now and then, whatever they say.
             Some(last) if now_ms.saturating_sub(last.at_ms) >= config.full_refresh_interval_ms => {
-                Verdict::Fetch { with_live: false }
+                Verdict::Fetch(Reason::Periodic)
             }
             Some(_) => Verdict::Skip,
         };
@@ -149,24 +160,26 @@ mod tests {
         Ok(body.to_vec())
     }
 
-    const FETCH: Verdict = Verdict::Fetch { with_live: false };
-    const FETCH_LIVE: Verdict = Verdict::Fetch { with_live: true };
+    const FIRST: Verdict = Verdict::Fetch(Reason::FirstPoll);
+    const MOVED_FETCH: Verdict = Verdict::Fetch(Reason::StatsMoved);
+    const PERIODIC: Verdict = Verdict::Fetch(Reason::Periodic);
+    const GATE_OFF: Verdict = Verdict::Fetch(Reason::GateOff);
 
     /// A gate that recorded `STATS` at time 0.
     fn recorded() -> ChangeGate {
         let mut gate = ChangeGate::default();
-        assert_eq!(gate.decide(&config(), 0, ok(STATS)).verdict, FETCH);
+        assert_eq!(gate.decide(&config(), 0, ok(STATS)).verdict, FIRST);
         gate.refresh_succeeded();
         gate
     }
 
     #[test]
-    fn first_poll_fetches_without_forcing_live() {
+    fn first_poll_fetches() {
         let d = ChangeGate::default().decide(&config(), 0, ok(STATS));
         assert_eq!(
             d,
             Decision {
-                verdict: FETCH,
+                verdict: FIRST,
                 problem: None
             }
         );
@@ -186,54 +199,54 @@ mod tests {
     }
 
     #[test]
-    fn changed_body_fetches_with_live_health() {
+    fn changed_body_fetches() {
         let mut gate = recorded();
-        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, FETCH_LIVE);
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, MOVED_FETCH);
         gate.refresh_succeeded();
         assert_eq!(
             gate.decide(&config(), 200, ok(MOVED)).verdict,
             Verdict::Skip
         );
-        assert_eq!(gate.decide(&config(), 300, ok(STATS)).verdict, FETCH_LIVE);
+        assert_eq!(gate.decide(&config(), 300, ok(STATS)).verdict, MOVED_FETCH);
     }
 
     #[test]
     fn the_timer_forces_a_full_refresh_and_restarts() {
         let mut gate = recorded();
-        assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, FETCH);
+        assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, PERIODIC);
         gate.refresh_succeeded();
         assert_eq!(
             gate.decide(&config(), 19_999, ok(STATS)).verdict,
             Verdict::Skip
         );
-        assert_eq!(gate.decide(&config(), 20_000, ok(STATS)).verdict, FETCH);
+        assert_eq!(gate.decide(&config(), 20_000, ok(STATS)).verdict, PERIODIC);
     }
 
     #[test]
     fn a_failed_refresh_is_not_recorded() {
         let mut gate = recorded();
-        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, FETCH_LIVE);
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, MOVED_FETCH);
         gate.refresh_failed();
         // Still compared with the last success: the change is fetched again.
-        assert_eq!(gate.decide(&config(), 200, ok(MOVED)).verdict, FETCH_LIVE);
+        assert_eq!(gate.decide(&config(), 200, ok(MOVED)).verdict, MOVED_FETCH);
         // A refresh that failed after the timer fired does not restart it.
         let mut gate = recorded();
-        assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, FETCH);
+        assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, PERIODIC);
         gate.refresh_failed();
-        assert_eq!(gate.decide(&config(), 10_100, ok(STATS)).verdict, FETCH);
+        assert_eq!(gate.decide(&config(), 10_100, ok(STATS)).verdict, PERIODIC);
     }
 
     #[test]
     fn a_decision_without_its_refresh_records_nothing() {
         // A skip in between drops what a fetch read before it.
         let mut gate = recorded();
-        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, FETCH_LIVE);
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, MOVED_FETCH);
         assert_eq!(
             gate.decide(&config(), 200, ok(STATS)).verdict,
             Verdict::Skip
         );
         gate.refresh_succeeded();
-        assert_eq!(gate.decide(&config(), 300, ok(MOVED)).verdict, FETCH_LIVE);
+        assert_eq!(gate.decide(&config(), 300, ok(MOVED)).verdict, MOVED_FETCH);
     }
 
     #[test]
@@ -251,7 +264,7 @@ mod tests {
         ];
         for (answer, expected) in cases {
             let d = gate.decide(&config(), 100, answer);
-            assert_eq!(d.verdict, FETCH, "{expected}");
+            assert_eq!(d.verdict, GATE_OFF, "{expected}");
             let problem = d.problem.unwrap_or_default();
             assert!(problem.contains(expected), "{problem}");
             // The full refresh that follows does not record anything.

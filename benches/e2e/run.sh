@@ -16,7 +16,7 @@
 #
 # Environment (all optional):
 #   ENVOY_BIN            envoy binary                       (default .venv/bin/envoy)
-#   SERVING_PICKER_WASM  serving-picker module              (default target/wasm32-wasip1/release/serving_picker.wasm)
+#   SERVING_PICKER_WASM  serving-picker module              (default target/serving_picker.wasm)
 #   NOOP_WASM            no-op module                       (default benches/noop-filter/target/wasm32-wasip1/release/noop_filter.wasm)
 #   BENCH_DURATION       wrk duration of a measured run     (default 10s)
 #   BENCH_WARMUP         wrk warm-up before each run        (default 2s)
@@ -42,7 +42,7 @@ cd "$ROOT"
 abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$ROOT" "$1" ;; esac; }
 
 ENVOY_BIN="$(abspath "${ENVOY_BIN:-.venv/bin/envoy}")"
-SP_WASM="$(abspath "${SERVING_PICKER_WASM:-target/wasm32-wasip1/release/serving_picker.wasm}")"
+SP_WASM="$(abspath "${SERVING_PICKER_WASM:-target/serving_picker.wasm}")"
 NOOP_WASM="$(abspath "${NOOP_WASM:-benches/noop-filter/target/wasm32-wasip1/release/noop_filter.wasm}")"
 DURATION="${BENCH_DURATION:-10s}"
 WARMUP="${BENCH_WARMUP:-2s}"

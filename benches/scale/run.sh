@@ -16,7 +16,8 @@
 #      - start -> /ready, then /ready -> the first snapshot with every expected host
 #        (polling /stats snapshot.hosts), the debug log's figures of that refresh, the gauges;
 #      - a routing check: requests to the first EDS cluster must be overridden to a ready host;
-#      - ~10 unchanged refreshes: refresh_busy_us each time, CPU of Envoy's threads;
+#      - ~10 unchanged polls (mostly change-gate skips): refresh_busy_us each time (the last full
+#        refresh's), CPU of Envoy's threads;
 #      - the two admin URLs curled here (bytes, time_total: Envoy's own rendering on its main
 #        thread), 3 times each, median;
 #      - request latency during unchanged refreshes (paced keep-alive GETs to real_backend);
@@ -38,7 +39,7 @@ cd "$ROOT"
 abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$ROOT" "$1" ;; esac; }
 
 ENVOY_BIN="$(abspath "${ENVOY_BIN:-.venv/bin/envoy}")"
-SP_WASM="$(abspath "${SERVING_PICKER_WASM:-target/wasm32-wasip1/release/serving_picker.wasm}")"
+SP_WASM="$(abspath "${SERVING_PICKER_WASM:-target/serving_picker.wasm}")"
 SCENARIOS="${SCALE_SCENARIOS:-1x3 1x10000 100x100}"
 WORK="$(abspath "${SCALE_WORKDIR:-.run/bench-scale}")"
 FULL_TIMEOUT_S="${SCALE_FULL_TIMEOUT_S:-120}"
@@ -110,10 +111,10 @@ stats() { admin '/stats?filter=serving_picker' | sed -n 's/^wasmcustom\.serving_
 stat_of() { awk -v k="$2" '$1 == k { print $2; found = 1 } END { if (!found) print 0 }' <<<"$1"; }
 gauges_json() { # stats text -> JSON of the figures we report
   local s="$1"
-  printf '{"hosts":%s,"clusters":%s,"bytes":%s,"refresh_busy_us":%s,"admin_bytes":%s,"refresh_ok":%s,"refresh_error":%s,"published":%s}' \
+  printf '{"hosts":%s,"clusters":%s,"bytes":%s,"refresh_busy_us":%s,"admin_bytes":%s,"refresh_ok":%s,"skipped":%s,"refresh_error":%s,"published":%s}' \
     "$(stat_of "$s" snapshot.hosts)" "$(stat_of "$s" snapshot.clusters)" "$(stat_of "$s" snapshot.bytes)" \
     "$(stat_of "$s" snapshot.refresh_busy_us)" "$(stat_of "$s" snapshot.admin_bytes)" \
-    "$(stat_of "$s" snapshot.refresh_ok)" "$(stat_of "$s" snapshot.refresh_error)" "$(stat_of "$s" snapshot.published)"
+    "$(stat_of "$s" snapshot.refresh_ok)" "$(stat_of "$s" snapshot.refresh_skipped_unchanged)" "$(stat_of "$s" snapshot.refresh_error)" "$(stat_of "$s" snapshot.published)"
 }
 
 wait_ready() { # pid log

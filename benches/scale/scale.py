@@ -499,7 +499,7 @@ def cmd_table(argv):
     row("first load: the refresh that published it", lambda r: refresh(pub(r["first"]["refreshes"])[-1]))
     row("first load: gauges busy_us / admin_bytes", lambda r: "%s / %s" % (fmt_int(r["g_first"]["refresh_busy_us"]), fmt_int(r["g_first"]["admin_bytes"])))
     row("snapshot.bytes (encoded)", lambda r: fmt_int(r["g_first"]["bytes"]))
-    row("steady refreshes: busy_us median / max (n)", lambda r: "%s / %s (%d)" % (
+    row("steady polls: busy_us gauge (last full refresh) median / max (n)", lambda r: "%s / %s (%d)" % (
         fmt_int(statistics.median(r["steady_busy"])), fmt_int(max(r["steady_busy"])), len(r["steady_busy"])))
     row("steady refreshes: e2e ms median (debug log)", lambda r: fmt_int(statistics.median(x["e2e_ms"] for x in r["steady_log"]["refreshes"])))
     row("  of them logged as changed (dump re-parsed)", lambda r: "%d (published %d)" % (len(r["steady_log"]["refreshes"]), len(pub(r["steady_log"]["refreshes"]))))
@@ -526,8 +526,9 @@ def cmd_table(argv):
     row("routing check: picks in the right tier", lambda r: r["routing"])
     row("refresh_error at: steady / +admin curls / +change / +30", lambda r: " / ".join(
         fmt_int(r["errors"][k]) for k in ("steady", "curls", "change", "after")))
-    row("refresh_ok / refresh_error / published", lambda r: "%s / %s / %s" % (
-        fmt_int(r["g_end"]["refresh_ok"]), fmt_int(r["g_end"]["refresh_error"]), fmt_int(r["g_end"]["published"])))
+    row("polls ok (full refreshes + gate skips) / errors / published", lambda r: "%s (%s + %s) / %s / %s" % (
+        fmt_int(r["g_end"]["refresh_ok"]), fmt_int(r["g_end"]["refresh_ok"] - r["g_end"].get("skipped", 0)),
+        fmt_int(r["g_end"].get("skipped", 0)), fmt_int(r["g_end"]["refresh_error"]), fmt_int(r["g_end"]["published"])))
     row("filter warnings in the log", lambda r: len(r["warnings"]))
     row("leader thread", lambda r: r["leader"])
     row("machine CPU % (all cores) / others, steady", lambda r: "%.0f / %.0f" % (

@@ -21,8 +21,6 @@ enum Pending {
     },
     Dump {
         token: u32,
-        /// The stats moved: fetch `/clusters` whatever the dump says.
-        with_live: bool,
     },
     Health {
         token: u32,
@@ -124,7 +122,7 @@ impl Refresher {
             return Start::NotDue;
         }
         if !ChangeGate::enabled(config) {
-            return if self.start_full(config, now_ms, false) {
+            return if self.start_full(config, now_ms) {
                 Start::Started
             } else {
                 Start::Failed
@@ -140,11 +138,11 @@ impl Refresher {
     }
 
     /// Asks for the config dump; false when the call could not be made.
-    fn start_full(&mut self, config: &PluginConfig, now_ms: u64, with_live: bool) -> bool {
+    fn start_full(&mut self, config: &PluginConfig, now_ms: u64) -> bool {
         self.last_full_ms = now_ms;
         match self.dispatch(config, &config.admin_path) {
             Some(token) => {
-                self.pending = Some((Pending::Dump { token, with_live }, now_ms));
+                self.pending = Some((Pending::Dump { token }, now_ms));
                 true
             }
             None => false,
@@ -201,13 +199,17 @@ impl Refresher {
                 self.note_gate_problem(decision.problem);
                 match decision.verdict {
                     Verdict::Skip => Outcome::Skipped,
-                    Verdict::Fetch { with_live } if self.start_full(config, now_ms, with_live) => {
-                        Outcome::Nothing
+                    Verdict::Fetch(reason) => {
+                        log::debug!("serving_picker: full refresh ({reason:?})");
+                        if self.start_full(config, now_ms) {
+                            Outcome::Nothing
+                        } else {
+                            Outcome::Failed
+                        }
                     }
-                    Verdict::Fetch { .. } => Outcome::Failed,
                 }
             }
-            Pending::Dump { with_live, .. } => {
+            Pending::Dump { .. } => {
                 let dump = match self.read_dump(config, num_headers, body_size) {
                     Ok(dump) => dump,
                     Err(why) => return self.fail(why),
@@ -221,12 +223,10 @@ impl Refresher {
                     return self.finish(config, dump, None, work, clock, started, now_ms);
                 }
                 // `/clusters` is the larger answer (per-host stats): skip it while
-                // the dump settles every host's health, but not for long, and
-                // not when the stats just moved.
+                // the dump settles every host's health (its coarse verdict shows
+                // failed checks and ejections too), but not for long.
                 let known = self.known_live.as_ref();
-                if !with_live
-                    && self.since_live < MAX_REFRESHES_WITHOUT_LIVE
-                    && !needs_live_health(&dump, known)
+                if self.since_live < MAX_REFRESHES_WITHOUT_LIVE && !needs_live_health(&dump, known)
                 {
                     if let Some(known) = known {
                         let implied = implied_live_health(&dump, known);

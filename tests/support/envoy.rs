@@ -38,13 +38,12 @@ pub fn envoy_bin() -> PathBuf {
     p
 }
 
-/// `SERVING_PICKER_WASM`, or `<repo>/target/wasm32-wasip1/release/serving_picker.wasm`; panics if missing.
+/// `SERVING_PICKER_WASM`, or `<repo>/target/serving_picker.wasm`; panics if missing.
 pub fn wasm_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_WASM")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("target/wasm32-wasip1/release/serving_picker.wasm")
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/serving_picker.wasm")
         });
     if !p.is_file() {
         panic!(
