@@ -859,14 +859,11 @@ fn admin_traffic(envoy: &Envoy, window: Duration) -> (u64, u64, u64) {
     )
 }
 
-/// A: serving, B: not serving; then a metadata-only EDS change swaps them.
-/// Returns the Envoy's admin traffic at steady state before the change.
-fn gate_scenario(tag: &str, extra: Value) -> (Envoy, (u64, u64, u64)) {
+/// Envoy with `backend` = A serving, B not serving, routing to A.
+fn start_a_serving_b_not(builder: EnvoyBuilder) -> (Envoy, Backend, Backend) {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let envoy = EnvoyBuilder::new()
-        .tag(tag)
-        .with_filter(Some(&plugin_config(extra)))
+    let envoy = builder
         .eds_cluster(
             "backend",
             &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
@@ -879,11 +876,26 @@ fn gate_scenario(tag: &str, extra: Value) -> (Envoy, (u64, u64, u64)) {
         "A serving, B not -> A",
         picked(&a),
     );
-    let steady = admin_traffic(&envoy, Duration::from_secs(2));
+    (envoy, a, b)
+}
+
+/// A metadata-only EDS change: A no longer serving, B serving.
+fn swap_a_and_b(envoy: &Envoy, a: &Backend, b: &Backend) {
     envoy.set_endpoints(
         "backend",
         &[Endpoint::not_serving(a.addr()), Endpoint::serving(b.addr())],
     );
+}
+
+/// A: serving, B: not serving; then a metadata-only EDS change swaps them.
+/// Returns the Envoy's admin traffic at steady state before the change.
+fn gate_scenario(tag: &str, extra: Value) -> (Envoy, (u64, u64, u64)) {
+    let builder = EnvoyBuilder::new()
+        .tag(tag)
+        .with_filter(Some(&plugin_config(extra)));
+    let (envoy, a, b) = start_a_serving_b_not(builder);
+    let steady = admin_traffic(&envoy, Duration::from_secs(2));
+    swap_a_and_b(&envoy, &a, &b);
     // Promptly: well inside full_refresh_interval_ms (60 s below).
     settle_for(
         &envoy,
@@ -946,29 +958,13 @@ fn change_gate_skips_the_dump_at_steady_state_and_still_sees_changes() {
 /// refresh, said once in the log; routing follows EDS as usual.
 #[test]
 fn change_gate_without_stats_is_off_and_says_so_once() {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let envoy = EnvoyBuilder::new()
+    let builder = EnvoyBuilder::new()
         .tag("change-gate-no-stats")
         .bootstrap_hook(|bootstrap, _dir| {
             bootstrap["stats_config"] = json!({"stats_matcher": {"reject_all": true}});
-        })
-        .eds_cluster(
-            "backend",
-            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
-        )
-        .start();
-    expect_routing(
-        &envoy,
-        "/backend/x",
-        &[],
-        "A serving, B not -> A",
-        picked(&a),
-    );
-    envoy.set_endpoints(
-        "backend",
-        &[Endpoint::not_serving(a.addr()), Endpoint::serving(b.addr())],
-    );
+        });
+    let (envoy, a, b) = start_a_serving_b_not(builder);
+    swap_a_and_b(&envoy, &a, &b);
     expect_routing(
         &envoy,
         "/backend/x",
