@@ -6,6 +6,7 @@
 //! Envoy's main thread) is not asked for.
 
 use crate::config::PluginConfig;
+use crate::narrow::{moved_clusters, KnownClusters, Scope};
 
 /// What to do with this poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,10 +36,10 @@ pub struct Decision {
     pub problem: Option<String>,
 }
 
-/// A stats body and when it was read.
+/// A stats body, and when the last full refresh read its stats.
 struct Reading {
     body: Vec<u8>,
-    at_ms: u64,
+    full_at_ms: u64,
 }
 
 #[derive(Default)]
@@ -76,18 +77,20 @@ impl ChangeGate {
         };
         let verdict = match &self.recorded {
             None => Verdict::Fetch(Reason::FirstPoll),
-            Some(last) if last.body != body => Verdict::Fetch(Reason::StatsMoved),
             // The stats cannot see everything (e.g. two hosts swapping health
             // within one poll): a full refresh now and then, whatever they say.
-            Some(last) if now_ms.saturating_sub(last.at_ms) >= config.full_refresh_interval_ms => {
+            Some(last)
+                if now_ms.saturating_sub(last.full_at_ms) >= config.full_refresh_interval_ms =>
+            {
                 Verdict::Fetch(Reason::Periodic)
             }
+            Some(last) if last.body != body => Verdict::Fetch(Reason::StatsMoved),
             Some(_) => Verdict::Skip,
         };
         if verdict != Verdict::Skip {
             self.pending = Some(Reading {
                 body,
-                at_ms: now_ms,
+                full_at_ms: now_ms,
             });
         }
         Decision {
@@ -96,10 +99,23 @@ impl ChangeGate {
         }
     }
 
-    /// The full refresh that followed `decide` succeeded.
-    pub fn refresh_succeeded(&mut self) {
-        if let Some(reading) = self.pending.take() {
+    /// The refresh that followed `decide` succeeded: a full one restarts the
+    /// timer, a narrowed one (only the clusters whose stats moved) does not.
+    pub fn refresh_succeeded(&mut self, full: bool) {
+        if let Some(mut reading) = self.pending.take() {
+            if let (false, Some(last)) = (full, &self.recorded) {
+                reading.full_at_ms = last.full_at_ms;
+            }
             self.recorded = Some(reading);
+        }
+    }
+
+    /// After a `StatsMoved` verdict: which clusters' stats moved since the
+    /// last refresh.
+    pub fn moved(&self, known: &KnownClusters) -> Scope {
+        match (&self.recorded, &self.pending) {
+            (Some(last), Some(now)) => moved_clusters(&last.body, &now.body, known),
+            _ => Scope::All("no earlier stats to compare"),
         }
     }
 
@@ -169,7 +185,7 @@ mod tests {
     fn recorded() -> ChangeGate {
         let mut gate = ChangeGate::default();
         assert_eq!(gate.decide(&config(), 0, ok(STATS)).verdict, FIRST);
-        gate.refresh_succeeded();
+        gate.refresh_succeeded(true);
         gate
     }
 
@@ -202,7 +218,7 @@ mod tests {
     fn changed_body_fetches() {
         let mut gate = recorded();
         assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, MOVED_FETCH);
-        gate.refresh_succeeded();
+        gate.refresh_succeeded(true);
         assert_eq!(
             gate.decide(&config(), 200, ok(MOVED)).verdict,
             Verdict::Skip
@@ -214,12 +230,51 @@ mod tests {
     fn the_timer_forces_a_full_refresh_and_restarts() {
         let mut gate = recorded();
         assert_eq!(gate.decide(&config(), 10_000, ok(STATS)).verdict, PERIODIC);
-        gate.refresh_succeeded();
+        gate.refresh_succeeded(true);
         assert_eq!(
             gate.decide(&config(), 19_999, ok(STATS)).verdict,
             Verdict::Skip
         );
         assert_eq!(gate.decide(&config(), 20_000, ok(STATS)).verdict, PERIODIC);
+    }
+
+    #[test]
+    fn a_narrowed_refresh_records_the_stats_but_not_the_time() {
+        let mut gate = recorded();
+        assert_eq!(
+            gate.decide(&config(), 5_000, ok(MOVED)).verdict,
+            MOVED_FETCH
+        );
+        gate.refresh_succeeded(false);
+        assert_eq!(
+            gate.decide(&config(), 6_000, ok(MOVED)).verdict,
+            Verdict::Skip
+        );
+        // The timer still runs from the full refresh at 0.
+        assert_eq!(gate.decide(&config(), 10_000, ok(MOVED)).verdict, PERIODIC);
+    }
+
+    #[test]
+    fn the_timer_wins_over_moved_stats() {
+        let mut gate = recorded();
+        assert_eq!(gate.decide(&config(), 10_000, ok(MOVED)).verdict, PERIODIC);
+    }
+
+    #[test]
+    fn moved_names_the_clusters_between_the_recorded_and_the_new_stats() {
+        let lookup = |name: &str| (name == "backend").then(|| "svc".to_string());
+        let known = KnownClusters {
+            count: 2,
+            listed_as: &lookup,
+        };
+        let mut gate = recorded();
+        assert!(
+            matches!(gate.moved(&known), Scope::All(_)),
+            "nothing pending"
+        );
+        assert_eq!(gate.decide(&config(), 100, ok(MOVED)).verdict, MOVED_FETCH);
+        assert_eq!(gate.moved(&known), Scope::Only(vec!["svc".to_string()]));
+        assert!(matches!(ChangeGate::default().moved(&known), Scope::All(_)));
     }
 
     #[test]
@@ -245,7 +300,7 @@ mod tests {
             gate.decide(&config(), 200, ok(STATS)).verdict,
             Verdict::Skip
         );
-        gate.refresh_succeeded();
+        gate.refresh_succeeded(true);
         assert_eq!(gate.decide(&config(), 300, ok(MOVED)).verdict, MOVED_FETCH);
     }
 
@@ -268,7 +323,7 @@ mod tests {
             let problem = d.problem.unwrap_or_default();
             assert!(problem.contains(expected), "{problem}");
             // The full refresh that follows does not record anything.
-            gate.refresh_succeeded();
+            gate.refresh_succeeded(true);
             assert_eq!(
                 gate.decide(&config(), 200, ok(STATS)).verdict,
                 Verdict::Skip

@@ -23,6 +23,8 @@ pub struct PluginConfig {
     pub admin_stats_path: String,
     /// A full refresh at least this often, whatever the stats say.
     pub full_refresh_interval_ms: u64,
+    /// When the stats pin a change to a few clusters, fetch only theirs.
+    pub partial_refresh: bool,
     pub admin_timeout_ms: u64,
     pub max_admin_body_bytes: usize,
     pub metadata_namespace: String,
@@ -65,6 +67,7 @@ impl Default for PluginConfig {
             admin_health_path: DEFAULT_HEALTH_PATH.into(),
             admin_stats_path: DEFAULT_STATS_PATH.into(),
             full_refresh_interval_ms: DEFAULT_FULL_REFRESH_INTERVAL_MS,
+            partial_refresh: true,
             // 10,000 hosts take Envoy about a second to render: leave room.
             admin_timeout_ms: 5000,
             max_admin_body_bytes: 64 << 20,
@@ -179,6 +182,7 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
                 config.full_refresh_interval_ms =
                     bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 86_400_000)?
             }
+            "partial_refresh" => config.partial_refresh = typed(k, value)?,
             "admin_timeout_ms" => config.admin_timeout_ms = bounded_u64(k, value, 10, 60_000)?,
             "max_admin_body_bytes" => {
                 config.max_admin_body_bytes = bounded_u64(k, value, 1024, 1 << 30)? as usize
@@ -272,7 +276,7 @@ mod tests {
         let c = parse(
             r#"{"admin_cluster":"adm","admin_path":"/config_dump?include_eds",
                "admin_health_path":"","admin_stats_path":"","full_refresh_interval_ms":200,
-               "admin_timeout_ms":500,"max_admin_body_bytes":2048,
+               "partial_refresh":false,"admin_timeout_ms":500,"max_admin_body_bytes":2048,
                "metadata_namespace":"ns","override_header":"x-pick","refresh_interval_ms":100,
                "on_no_serving":"passthrough","clusters":["a","b"],"local_zone":"z1",
                "local_zone_min_share":0.5,"retry_alternates":0}"#,
@@ -283,6 +287,7 @@ mod tests {
         assert_eq!(c.admin_health_path, "");
         assert_eq!(c.admin_stats_path, "");
         assert_eq!(c.full_refresh_interval_ms, 200);
+        assert!(!c.partial_refresh);
         assert_eq!(c.admin_timeout_ms, 500);
         assert_eq!(c.max_admin_body_bytes, 2048);
         assert_eq!(c.metadata_namespace, "ns");
@@ -314,6 +319,7 @@ mod tests {
             "refresh_interval_ms"
         );
         assert_eq!(key_of(r#"{"on_no_serving":"drop"}"#), "on_no_serving");
+        assert_eq!(key_of(r#"{"partial_refresh":"yes"}"#), "partial_refresh");
         assert_eq!(
             key_of(r#"{"override_header":"X-Upper"}"#),
             "override_header"

@@ -9,6 +9,7 @@ pub mod conditions;
 pub mod config;
 mod de;
 pub mod election;
+pub mod narrow;
 pub mod picker;
 pub mod plan;
 pub mod snapshot;

@@ -6,8 +6,9 @@ use crate::admin_json::{
     check_admin_response, implied_live_health, needs_live_health, parse_clusters,
     parse_config_dump, EndpointsDump, LiveHealth,
 };
-use crate::change_gate::{ChangeGate, Verdict};
+use crate::change_gate::{ChangeGate, Reason, Verdict};
 use crate::config::PluginConfig;
+use crate::narrow::{merge, narrowed_path, KnownClusters, Scope};
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
 use proxy_wasm::hostcalls::dispatch_http_call;
@@ -19,8 +20,10 @@ enum Pending {
     Stats {
         token: u32,
     },
+    /// The config dump, narrowed to these clusters or (`None`) whole.
     Dump {
         token: u32,
+        only: Option<Vec<String>>,
     },
     Health {
         token: u32,
@@ -29,13 +32,19 @@ enum Pending {
     },
 }
 
-/// What one refresh cost inside the VM, for the debug log and gauges.
+/// What one refresh cost, for the debug log and gauges.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Work {
     pub admin_bytes: usize,
-    pub busy_us: u64,
-    /// The config dump differed from the last one and was parsed.
-    pub parsed_dump: bool,
+    /// VM time of the refresh's earlier callbacks (the dump's, when
+    /// `/clusters` followed); the caller adds the last one's.
+    pub earlier_busy_us: u64,
+    /// The endpoints differed from the last ones.
+    pub dump_changed: bool,
+    /// The dump was narrowed to this many clusters whose stats moved.
+    pub narrowed_to: Option<usize>,
+    /// From the first admin call of the refresh to its last answer.
+    pub took_ms: u64,
 }
 
 /// What a tick's poll did.
@@ -75,13 +84,12 @@ pub struct Refresher {
     last_dump: Option<EndpointsDump>,
     /// The last live view fetched from `/clusters` (cluster and service names).
     known_live: Option<LiveHealth>,
-    /// Refreshes since `/clusters` was last fetched.
+    /// Full refreshes since `/clusters` was last fetched.
     since_live: u32,
     last_error: Option<String>,
     logged_notes: HashSet<String>,
     /// The live health of the last refresh: equal dump and health, equal plans.
     last_live: Option<LiveHealth>,
-    dump_changed: bool,
     /// How long the last complete full refresh took end to end (admin rendering included).
     last_took_ms: u64,
 }
@@ -122,7 +130,7 @@ impl Refresher {
             return Start::NotDue;
         }
         if !ChangeGate::enabled(config) {
-            return if self.start_full(config, now_ms) {
+            return if self.start_dump(config, now_ms, None) {
                 Start::Started
             } else {
                 Start::Failed
@@ -137,15 +145,68 @@ impl Refresher {
         }
     }
 
-    /// Asks for the config dump; false when the call could not be made.
-    fn start_full(&mut self, config: &PluginConfig, now_ms: u64) -> bool {
-        self.last_full_ms = now_ms;
-        match self.dispatch(config, &config.admin_path) {
+    /// Asks for the config dump, narrowed to `only` or whole; false when the
+    /// call could not be made.
+    fn start_dump(
+        &mut self,
+        config: &PluginConfig,
+        now_ms: u64,
+        only: Option<(String, Vec<String>)>,
+    ) -> bool {
+        let (path, only) = match only {
+            Some((path, clusters)) => (path, Some(clusters)),
+            None => {
+                self.last_full_ms = now_ms;
+                (config.admin_path.clone(), None)
+            }
+        };
+        match self.dispatch(config, &path) {
             Some(token) => {
-                self.pending = Some((Pending::Dump { token }, now_ms));
+                self.pending = Some((Pending::Dump { token, only }, now_ms));
                 true
             }
             None => false,
+        }
+    }
+
+    /// After the stats moved: the narrowed dump path and its clusters, when
+    /// the move is pinned to a few known clusters.
+    fn narrowing(&self, config: &PluginConfig, reason: Reason) -> Option<(String, Vec<String>)> {
+        if reason != Reason::StatsMoved || !config.partial_refresh || self.last_dump.is_none() {
+            return None;
+        }
+        // A cluster's stats carry its Envoy name; the dump lists it under
+        // its EDS service name, which only `/clusters` tells.
+        let listed_as = |name: &str| match (&self.known_live, &self.last_dump) {
+            (Some(live), _) => live.clusters.get(name).map(|c| {
+                c.eds_service_name
+                    .clone()
+                    .unwrap_or_else(|| name.to_string())
+            }),
+            (None, Some(view)) => view
+                .clusters
+                .iter()
+                .any(|c| c.name == name)
+                .then(|| name.to_string()),
+            (None, None) => None,
+        };
+        let count = match &self.known_live {
+            Some(live) => live.clusters.len(),
+            None => self.last_dump.as_ref().map_or(0, |v| v.clusters.len()),
+        };
+        let known = KnownClusters {
+            count,
+            listed_as: &listed_as,
+        };
+        match self.gate.moved(&known) {
+            Scope::Only(clusters) => {
+                let path = narrowed_path(&config.admin_path, &clusters)?;
+                Some((path, clusters))
+            }
+            Scope::All(why) => {
+                log::debug!("serving_picker: refresh not narrowed: {why}");
+                None
+            }
         }
     }
 
@@ -178,6 +239,7 @@ impl Refresher {
         num_headers: usize,
         body_size: usize,
         now_ms: u64,
+        clock_us: u64,
     ) -> Outcome {
         let matches = match &self.pending {
             Some((Pending::Stats { token: t }, _))
@@ -191,7 +253,6 @@ impl Refresher {
         let Some((pending, started)) = self.pending.take() else {
             return Outcome::Nothing;
         };
-        let clock = super::now_us();
         match pending {
             Pending::Stats { .. } => {
                 let stats = read_body("stats", config, num_headers, body_size);
@@ -200,8 +261,15 @@ impl Refresher {
                 match decision.verdict {
                     Verdict::Skip => Outcome::Skipped,
                     Verdict::Fetch(reason) => {
-                        log::debug!("serving_picker: full refresh ({reason:?})");
-                        if self.start_full(config, now_ms) {
+                        let narrowed = self.narrowing(config, reason);
+                        log::debug!(
+                            "serving_picker: refresh ({reason:?}){}",
+                            narrowed.as_ref().map_or(String::new(), |(_, c)| format!(
+                                " of {} clusters",
+                                c.len()
+                            ))
+                        );
+                        if self.start_dump(config, now_ms, narrowed) {
                             Outcome::Nothing
                         } else {
                             Outcome::Failed
@@ -209,18 +277,30 @@ impl Refresher {
                     }
                 }
             }
-            Pending::Dump { .. } => {
-                let dump = match self.read_dump(config, num_headers, body_size) {
-                    Ok(dump) => dump,
-                    Err(why) => return self.fail(why),
-                };
+            Pending::Dump { only, .. } => {
+                let narrowed_to = only.as_ref().map(Vec::len);
+                let (dump, dump_changed) =
+                    match self.read_dump(config, num_headers, body_size, only) {
+                        Ok(Some(read)) => read,
+                        // The narrowed answer did not fit: ask for everything.
+                        Ok(None) => {
+                            return if self.start_dump(config, now_ms, None) {
+                                Outcome::Nothing
+                            } else {
+                                Outcome::Failed
+                            };
+                        }
+                        Err(why) => return self.fail(why),
+                    };
                 let work = Work {
                     admin_bytes: body_size,
-                    busy_us: super::now_us().saturating_sub(clock),
-                    parsed_dump: self.dump_changed,
+                    earlier_busy_us: 0,
+                    dump_changed,
+                    narrowed_to,
+                    took_ms: 0,
                 };
                 if config.admin_health_path.is_empty() {
-                    return self.finish(config, dump, None, work, clock, started, now_ms);
+                    return self.finish(dump, None, work, started, now_ms, config);
                 }
                 // `/clusters` is the larger answer (per-host stats): skip it while
                 // the dump settles every host's health (its coarse verdict shows
@@ -230,20 +310,18 @@ impl Refresher {
                 {
                     if let Some(known) = known {
                         let implied = implied_live_health(&dump, known);
-                        self.since_live += 1;
-                        return self.finish(
-                            config,
-                            dump,
-                            Some(implied),
-                            work,
-                            clock,
-                            started,
-                            now_ms,
-                        );
+                        if narrowed_to.is_none() {
+                            self.since_live += 1;
+                        }
+                        return self.finish(dump, Some(implied), work, started, now_ms, config);
                     }
                 }
                 match self.dispatch(config, &config.admin_health_path) {
                     Some(token) => {
+                        let work = Work {
+                            earlier_busy_us: super::now_us().saturating_sub(clock_us),
+                            ..work
+                        };
                         self.pending = Some((Pending::Health { token, dump, work }, started));
                         Outcome::Nothing
                     }
@@ -260,7 +338,7 @@ impl Refresher {
                     Ok(live) => {
                         self.known_live = Some(live.clone());
                         self.since_live = 0;
-                        self.finish(config, dump, Some(live), work, clock, started, now_ms)
+                        self.finish(dump, Some(live), work, started, now_ms, config)
                     }
                     Err(e) => self.fail(e.to_string()),
                 }
@@ -268,57 +346,62 @@ impl Refresher {
         }
     }
 
+    /// The endpoints after this answer and whether they changed; `None` when
+    /// a narrowed answer does not match what was asked.
     fn read_dump(
         &mut self,
         config: &PluginConfig,
         num_headers: usize,
         body_size: usize,
-    ) -> Result<EndpointsDump, String> {
+        only: Option<Vec<String>>,
+    ) -> Result<Option<(EndpointsDump, bool)>, String> {
         let body = read_body("config_dump", config, num_headers, body_size)?;
         let dump =
             parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
-        // Compared parsed: Envoy prints metadata keys in a different order on
-        // each dump, so equal content rarely means equal bytes.
-        self.dump_changed = self
-            .last_dump
-            .as_ref()
-            .is_none_or(|last| last.clusters != dump.clusters);
         self.log_notes(&dump.notes);
-        self.last_dump = Some(dump.clone());
-        Ok(dump)
+        let changed = match (only, self.last_dump.as_mut()) {
+            (Some(asked), Some(view)) => match merge(view, dump, &asked) {
+                Ok(changed) => changed,
+                Err(why) => {
+                    log::debug!("serving_picker: narrowed refresh refused ({why}); fetching all");
+                    return Ok(None);
+                }
+            },
+            (Some(_), None) => return Ok(None),
+            // Compared parsed: Envoy prints metadata keys in a different order
+            // on each dump, so equal content rarely means equal bytes.
+            (None, last) => {
+                let changed = last.is_none_or(|last| last.clusters != dump.clusters);
+                self.last_dump = Some(dump);
+                changed
+            }
+        };
+        Ok(self.last_dump.clone().map(|view| (view, changed)))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
-        config: &PluginConfig,
         dump: EndpointsDump,
         live: Option<LiveHealth>,
         mut work: Work,
-        clock: u64,
         started: u64,
         now_ms: u64,
+        config: &PluginConfig,
     ) -> Outcome {
         if self.last_error.take().is_some() {
             log::info!("serving_picker: admin refresh recovered");
         }
-        self.gate.refresh_succeeded();
-        self.last_took_ms = now_ms.saturating_sub(started);
-        let unchanged = !work.parsed_dump && self.last_live.is_some() && self.last_live == live;
+        self.gate.refresh_succeeded(work.narrowed_to.is_none());
+        work.took_ms = now_ms.saturating_sub(started);
+        if work.narrowed_to.is_none() {
+            self.last_took_ms = work.took_ms;
+        }
+        let unchanged = !work.dump_changed && self.last_live.is_some() && self.last_live == live;
         if unchanged {
-            work.busy_us += super::now_us().saturating_sub(clock);
             return Outcome::Unchanged(work);
         }
         let plans = build_plans(dump, live.as_ref(), config);
         self.last_live = live;
-        work.busy_us += super::now_us().saturating_sub(clock);
-        log::debug!(
-            "serving_picker: refresh: {} clusters, {} admin bytes, {} us in the VM, {} ms end to end",
-            plans.len(),
-            work.admin_bytes,
-            work.busy_us,
-            now_ms.saturating_sub(started)
-        );
         Outcome::Plans(plans, work)
     }
 

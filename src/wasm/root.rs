@@ -194,27 +194,50 @@ impl Context for PickerRoot {
         let Some(worker) = self.worker.clone() else {
             return;
         };
-        match self
-            .refresher
-            .on_response(&worker.config, token, num_headers, body_size, now_ms())
-        {
-            Outcome::Nothing => {}
-            Outcome::Failed => worker.metrics.refresh_error.inc(),
+        let clock_us = super::now_us();
+        let outcome = self.refresher.on_response(
+            &worker.config,
+            token,
+            num_headers,
+            body_size,
+            now_ms(),
+            clock_us,
+        );
+        let (work, clusters) = match outcome {
+            Outcome::Nothing => return,
+            Outcome::Failed => {
+                worker.metrics.refresh_error.inc();
+                return;
+            }
             Outcome::Skipped => {
                 // The snapshot is confirmed current: a successful poll too.
                 worker.metrics.refresh_ok.inc();
                 worker.metrics.refresh_skipped_unchanged.inc();
+                return;
             }
-            Outcome::Unchanged(work) => {
-                worker.metrics.refresh_ok.inc();
-                worker.metrics.refresh_busy_us.set(work.busy_us);
-            }
+            Outcome::Unchanged(work) => (work, None),
             Outcome::Plans(plans, work) => {
-                worker.metrics.refresh_ok.inc();
-                worker.metrics.refresh_busy_us.set(work.busy_us);
                 worker.metrics.admin_bytes.set(work.admin_bytes as u64);
+                let clusters = plans.len();
                 self.publish(plans);
+                (work, Some(clusters))
             }
+        };
+        worker.metrics.refresh_ok.inc();
+        if work.narrowed_to.is_some() {
+            worker.metrics.refresh_narrowed.inc();
+        }
+        // Everything this refresh did in the VM, publishing included.
+        let busy_us = work.earlier_busy_us + super::now_us().saturating_sub(clock_us);
+        worker.metrics.refresh_busy_us.set(busy_us);
+        if let Some(clusters) = clusters {
+            log::debug!(
+                "serving_picker: refresh: {clusters} clusters, {} admin bytes, {busy_us} us in the VM, {} ms end to end{}",
+                work.admin_bytes,
+                work.took_ms,
+                work.narrowed_to
+                    .map_or(String::new(), |n| format!(", narrowed to {n} changed clusters"))
+            );
         }
     }
 }

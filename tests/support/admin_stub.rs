@@ -35,6 +35,9 @@ pub enum Mode {
     /// Send the headers and half the real body at once, the rest after this
     /// long (a large dump streaming slower than admin_timeout_ms).
     SlowBody(Duration),
+    /// Relay, but without the query's `name_regex` (an admin API that
+    /// ignores it answers a narrowed question with every cluster).
+    IgnoresNameRegex,
 }
 
 impl Mode {
@@ -48,6 +51,7 @@ impl Mode {
             Mode::Huge(n) => format!("huge body ({n} bytes)"),
             Mode::CutMidBody => "connection cut mid-body".into(),
             Mode::SlowBody(d) => format!("slow body ({} ms)", d.as_millis()),
+            Mode::IgnoresNameRegex => "ignoring name_regex".into(),
         }
     }
 }
@@ -218,12 +222,18 @@ fn serve(stream: TcpStream, inner: &Inner) {
         }
         inner.requests.fetch_add(1, Ordering::SeqCst);
         let mode = inner.mode.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if mode != Mode::Healthy {
+        let narrowed = path.contains("&name_regex=");
+        if mode != Mode::Healthy && (mode != Mode::IgnoresNameRegex || narrowed) {
             inner.misbehaved.fetch_add(1, Ordering::SeqCst);
         }
         let ok = match mode {
             Mode::Healthy => {
                 let (status, body) = relay(inner, &path);
+                respond(&mut writer, status, "application/json", &body)
+            }
+            Mode::IgnoresNameRegex => {
+                let whole = path.split("&name_regex=").next().unwrap_or(&path);
+                let (status, body) = relay(inner, whole);
                 respond(&mut writer, status, "application/json", &body)
             }
             Mode::Slow(d) => {

@@ -69,7 +69,8 @@ pub fn fresh_dir(tag: &str) -> PathBuf {
 }
 
 enum ClusterKind {
-    Eds(Vec<Endpoint>),
+    /// Endpoints, and the EDS service name when it differs from the cluster's.
+    Eds(Vec<Endpoint>, Option<String>),
     Static(Vec<Endpoint>),
 }
 
@@ -133,7 +134,22 @@ impl EnvoyBuilder {
     pub fn eds_cluster(mut self, name: &str, endpoints: &[Endpoint]) -> Self {
         self.clusters.push(ClusterSpec {
             name: name.into(),
-            kind: ClusterKind::Eds(endpoints.to_vec()),
+            kind: ClusterKind::Eds(endpoints.to_vec(), None),
+        });
+        self
+    }
+
+    /// An EDS cluster whose endpoints come as EDS service `service_name`
+    /// (the name Envoy's config dump then lists them under).
+    pub fn eds_service_cluster(
+        mut self,
+        name: &str,
+        service_name: &str,
+        endpoints: &[Endpoint],
+    ) -> Self {
+        self.clusters.push(ClusterSpec {
+            name: name.into(),
+            kind: ClusterKind::Eds(endpoints.to_vec(), Some(service_name.into())),
         });
         self
     }
@@ -216,19 +232,20 @@ impl EnvoyBuilder {
             });
             let o = cl.as_object_mut().unwrap_or_else(|| unreachable!());
             match &c.kind {
-                ClusterKind::Eds(_) => {
+                ClusterKind::Eds(_, service_name) => {
                     let edir = eds_dir(dir, &c.name);
                     o.insert("type".into(), json!("EDS"));
-                    o.insert(
-                        "eds_cluster_config".into(),
-                        json!({"eds_config": {
-                            "resource_api_version": "V3",
-                            "path_config_source": {
-                                "path": edir.join("eds.json").to_string_lossy(),
-                                "watched_directory": {"path": edir.to_string_lossy()}
-                            }
-                        }}),
-                    );
+                    let mut eds = json!({"eds_config": {
+                        "resource_api_version": "V3",
+                        "path_config_source": {
+                            "path": edir.join("eds.json").to_string_lossy(),
+                            "watched_directory": {"path": edir.to_string_lossy()}
+                        }
+                    }});
+                    if let Some(service) = service_name {
+                        eds["service_name"] = json!(service);
+                    }
+                    o.insert("eds_cluster_config".into(), eds);
                 }
                 ClusterKind::Static(eps) => {
                     o.insert("type".into(), json!("STATIC"));
@@ -325,10 +342,11 @@ impl EnvoyBuilder {
         let dir = fresh_dir(&self.tag);
         let mut eds = BTreeMap::new();
         for c in &self.clusters {
-            if let ClusterKind::Eds(eps) = &c.kind {
+            if let ClusterKind::Eds(eps, service_name) = &c.kind {
+                let listed_as = service_name.as_deref().unwrap_or(&c.name);
                 eds.insert(
                     c.name.clone(),
-                    EdsFile::create(&c.name, &eds_dir(&dir, &c.name), eps),
+                    EdsFile::create(listed_as, &eds_dir(&dir, &c.name), eps),
                 );
             }
         }
