@@ -30,8 +30,9 @@ pub struct KnownClusters<'k> {
 }
 
 /// A narrowed dump is asked for only while it covers at most this share of
-/// the known clusters (beyond it Envoy renders about as much either way),
-/// and at most this many clusters (a rolling update moves a few at a time).
+/// the known clusters and of their hosts (beyond it Envoy renders about as
+/// much either way), and at most this many clusters (a rolling update moves a
+/// few at a time).
 const MAX_SHARE_DIVISOR: usize = 2;
 pub const MAX_NARROWED: usize = 64;
 /// Longest `name_regex` query value sent (percent-encoded), well inside
@@ -114,6 +115,20 @@ pub fn moved_clusters(before: &[u8], after: &[u8], known: &KnownClusters) -> Sco
         return Scope::All("most clusters moved");
     }
     Scope::Only(clusters)
+}
+
+/// Whether fetching only `asked` saves much: not when their hosts are most
+/// of the view's (one big cluster of 10,000 hosts costs the same either way,
+/// and only a full refresh restarts the periodic timer).
+pub fn worth_narrowing(view: &EndpointsDump, asked: &[String]) -> bool {
+    let (mut moved, mut total) = (0usize, 0usize);
+    for cluster in &view.clusters {
+        total += cluster.hosts.len();
+        if asked.contains(&cluster.name) {
+            moved += cluster.hosts.len();
+        }
+    }
+    moved * MAX_SHARE_DIVISOR <= total
 }
 
 /// The config dump path narrowed to `clusters`, when `admin_path` is a
@@ -379,6 +394,18 @@ cluster_manager.active_clusters: 6
 
     fn asked(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn narrowing_is_worth_it_only_for_a_minority_of_hosts() {
+        let view = dump_of(&[("a", 1), ("b", 2), ("c", 3)]);
+        assert!(worth_narrowing(&view, &asked(&["a"])));
+        assert!(!worth_narrowing(&view, &asked(&["a", "b"])));
+        let mut big = dump_of(&[("big", 1), ("small", 2)]);
+        let host = big.clusters[0].hosts[0].clone();
+        big.clusters[0].hosts = vec![host; 10];
+        assert!(!worth_narrowing(&big, &asked(&["big"])));
+        assert!(worth_narrowing(&big, &asked(&["small"])));
     }
 
     #[test]

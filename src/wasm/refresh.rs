@@ -8,7 +8,7 @@ use crate::admin_json::{
 };
 use crate::change_gate::{ChangeGate, Reason, Verdict};
 use crate::config::PluginConfig;
-use crate::narrow::{merge, narrowed_path, KnownClusters, Scope};
+use crate::narrow::{merge, narrowed_path, worth_narrowing, KnownClusters, Scope};
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
 use proxy_wasm::hostcalls::dispatch_http_call;
@@ -200,6 +200,11 @@ impl Refresher {
         };
         match self.gate.moved(&known) {
             Scope::Only(clusters) => {
+                let view = self.last_dump.as_ref()?;
+                if !worth_narrowing(view, &clusters) {
+                    log::debug!("serving_picker: refresh not narrowed: most hosts moved");
+                    return None;
+                }
                 let path = narrowed_path(&config.admin_path, &clusters)?;
                 Some((path, clusters))
             }
