@@ -5,8 +5,28 @@
 #   serving-picker  our module, refresh_interval_ms 1000, polling its own admin through envoy_admin
 # driven by wrk against a backend Envoy with three direct_response listeners.
 #
-# Rounds are interleaved (plain, noop, serving-picker, plain, ...), each round a fresh front
-# Envoy; the table shows the median of the rounds for each config.
+# It answers two questions:
+#   T1  does serving-picker keep at least 0.95 of the no-op filter's throughput?
+#   T2  does it add under 10 us at p50 over the no-op filter?
+#
+# Rounds are interleaved: each round runs the three configs, each on a fresh front Envoy. Odd
+# rounds go plain, noop, serving-picker; even rounds the other way round, so that a steady drift
+# of the machine's speed within a round favours neither side of a pair over the rounds.
+# Each front Envoy gets two measured phases, one after the other:
+#   throughput  wrk -c$BENCH_CONNECTIONS after a warm-up: req/s and CPU per request with the front
+#               saturated. Its p50 is mostly queueing (connections / throughput), not the filter's
+#               added latency.
+#   latency     wrk -t1 -c1 (closed loop, one request in flight): p50/p99 of one request's trip
+#               through the front, where the filter's added time shows up directly. wrk records
+#               latency per microsecond and prints two decimals ("85.00us", "1.23ms"), so below
+#               1 ms its percentiles are exact to 1 us: fine for a 10 us question.
+# The summary has, per phase, the median of each config's runs (as before); then figures paired
+# within a round (serving-picker / noop req/s, serving-picker - noop p50, ...), computed from runs
+# of the SAME round and only then summarised by median and min..max over the rounds. The VM's
+# speed drifts by more than the filter's cost between rounds, so a ratio of two medians of
+# independent runs mixes that drift in; a paired figure cancels most of it. A final "targets"
+# block prints T1 and T2 from the paired figures. They are figures, not asserts: a missed target
+# never changes the exit status.
 #
 # CPU layout on the 2-core machine (when taskset exists): the front Envoy, the thing measured,
 # has core 0 to itself; the backend Envoy and wrk share core 1. Both of those do less work per
@@ -18,10 +38,11 @@
 #   ENVOY_BIN            envoy binary                       (default .venv/bin/envoy)
 #   SERVING_PICKER_WASM  serving-picker module              (default target/serving_picker.wasm)
 #   NOOP_WASM            no-op module                       (default benches/noop-filter/target/wasm32-wasip1/release/noop_filter.wasm)
-#   BENCH_DURATION       wrk duration of a measured run     (default 10s)
+#   BENCH_DURATION       wrk duration of a throughput run   (default 10s)
 #   BENCH_WARMUP         wrk warm-up before each run        (default 2s)
-#   BENCH_CONNECTIONS    wrk connections                    (default 32)
-#   BENCH_THREADS        wrk threads                        (default 1)
+#   BENCH_CONNECTIONS    wrk connections, throughput phase  (default 32)
+#   BENCH_THREADS        wrk threads, throughput phase      (default 1)
+#   BENCH_LAT_DURATION   wrk -t1 -c1 duration, latency phase (default 5s)
 #   BENCH_ROUNDS         rounds of the three configs        (default 3)
 #   BENCH_WORKDIR        generated configs, logs, raw output (default .run/bench-e2e)
 #   BENCH_NOISY_PCT      "other" load (share of one core) above which a run is marked noisy (default 15)
@@ -29,9 +50,11 @@
 # Per run it prints req/s, p50/p99 latency, the front's CPU us per request and the CPU use of
 # front, backend, wrk and "other" (everything else on the machine, steal included) over the
 # measured window. The machine is shared: runs with other load are marked '*', and a second
-# table with the medians of the quiet runs only is printed when there are any.
-# Exit status: non-zero if a config fails validation, an Envoy fails, or the serving-picker
-# runs saw any non-2xx response or socket error.
+# table with the medians of the quiet runs only (quiet rounds only, for paired figures) is
+# printed when there are any.
+# Exit status: non-zero if a config fails validation, an Envoy fails, or any measured run (any
+# config, either phase) saw a non-2xx response or socket error: a baseline answering errors
+# would make the ratios meaningless. Never because a target is missed.
 # Ports: 127.0.0.1:21000 front listener, 21901 front admin, 21900 backend admin,
 #        21081-21083 backends.
 set -euo pipefail
@@ -48,6 +71,7 @@ DURATION="${BENCH_DURATION:-10s}"
 WARMUP="${BENCH_WARMUP:-2s}"
 CONNS="${BENCH_CONNECTIONS:-32}"
 THREADS="${BENCH_THREADS:-1}"
+LAT_DURATION="${BENCH_LAT_DURATION:-5s}"
 ROUNDS="${BENCH_ROUNDS:-3}"
 WORK="$(abspath "${BENCH_WORKDIR:-.run/bench-e2e}")"
 
@@ -56,8 +80,13 @@ FRONT_ADMIN=21901
 BACKEND_ADMIN=21900
 BACKEND_PORTS=(21081 21082 21083)
 CONFIGS=(plain noop serving-picker)
+# The targets (printed against the paired figures; never asserted).
+T1_MIN_RATIO=0.95 # serving-picker / noop req/s, throughput phase
+T2_MAX_US=10      # serving-picker - noop p50 us, latency phase
+STATS_SETTLE=0.5  # seconds; more than one serving-picker tick (see the run loop)
 
 die() { echo "bench-e2e: $*" >&2; exit 1; }
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS must be a positive integer, not '$ROUNDS'"
 
 # ---------------------------------------------------------------- prerequisites
 need_apt() { # command package
@@ -88,6 +117,14 @@ fi
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
+# Every front Envoy loads its module at start: copy both now so that a rebuild while the benchmark
+# runs (make build elsewhere) cannot put two different modules into one run's rounds.
+SP_WASM_SRC="$SP_WASM"
+NOOP_WASM_SRC="$NOOP_WASM"
+cp "$SP_WASM_SRC" "$WORK/serving_picker.wasm"
+cp "$NOOP_WASM_SRC" "$WORK/noop_filter.wasm"
+SP_WASM="$WORK/serving_picker.wasm"
+NOOP_WASM="$WORK/noop_filter.wasm"
 
 # ---------------------------------------------------------------- process handling
 PIDS=()
@@ -307,12 +344,13 @@ for f in backend.yaml front-plain.yaml front-noop.yaml front-serving-picker.yaml
 done
 
 # ---------------------------------------------------------------- wrk output parsing
-# to_us VALUE_WITH_UNIT -> microseconds
+# to_us VALUE_WITH_UNIT -> microseconds. wrk prints times as "%.2f" plus a unit (us below 1 ms,
+# then ms, s, m, h): "85.00us", "1.23ms". Anything else gives NaN rather than a wrong number.
 to_us() {
   awk -v v="$1" 'BEGIN {
     n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
     if (u == "us") f = 1; else if (u == "ms") f = 1000; else if (u == "s") f = 1000000;
-    else if (u == "m") f = 60000000; else f = -1
+    else if (u == "m") f = 60000000; else if (u == "h") f = 3600000000; else f = -1
     if (f < 0) { print "NaN" } else { printf "%.1f\n", n * f }
   }'
 }
@@ -345,16 +383,80 @@ done
 
 URL="http://127.0.0.1:$FRONT_PORT/"
 WRK=(wrk -t"$THREADS" -c"$CONNS" --latency)
-echo "== wrk -t$THREADS -c$CONNS -d$DURATION (warm-up $WARMUP), $ROUNDS rounds, interleaved"
-ROW='%-16s %5s %10s %9s %9s %11s %6s %8s %5s %6s %7s\n'
+# One connection, one request in flight: latency is the trip through the front, not a queue.
+WRK_LAT=(wrk -t1 -c1 --latency)
+LOAD="c$CONNS"
+echo "== $ROUNDS rounds, interleaved (order reversed in even rounds); per front Envoy:"
+echo "   throughput: wrk -t$THREADS -c$CONNS -d$DURATION after a warm-up of $WARMUP"
+echo "   latency:    wrk -t1 -c1 -d$LAT_DURATION, right after, on the same Envoy"
+ROW='%-16s %5s %4s %10s %9s %9s %11s %6s %8s %5s %6s %7s\n'
 # front/backend/wrk/other: CPU used over the measured window, 100% = one core; other = the rest
 # of the machine (other people's processes, steal), '*' when above BENCH_NOISY_PCT (default 15).
-printf "$ROW" config round "req/s" "p50 us" "p99 us" "cpu us/req" front backend wrk other non2xx
+printf "$ROW" config round load "req/s" "p50 us" "p99 us" "cpu us/req" front backend wrk other non2xx
 
-RAW="$WORK/raw.tsv"
+# One line per measured run, tab-separated: config round req/s p50 p99 cpu_us_req wrk_requests
+# wrk_non2xx3xx wrk_socket_errors envoy_rq_completed envoy_rq_2xx front% backend% wrk% other% noisy
+RAW="$WORK/raw.tsv"             # throughput phase
+RAW_LAT="$WORK/raw-latency.tsv" # latency phase
 : >"$RAW"
+: >"$RAW_LAT"
+
+# measure CONFIG ROUND LOAD FRONT_PID WRK_OUT RAW_FILE WRK_COMMAND...: one measured wrk run
+# against the running front Envoy; appends a line to RAW_FILE and prints a row.
+measure() {
+  local c="$1" round="$2" load="$3" fpid="$4" out="$5" raw="$6"
+  shift 6
+  local rq0 ok0 t0 b0 k0 m0 w0 rq1 ok1 t1 b1 k1 m1 w1 parsed rps p50 p99 reqs non2xx sockerr
+  local env_rq env_ok ns other_t front_cpu backend_cpu wrk_cpu other_cpu noisy cpu_us_req
+  rq0="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_completed)"
+  ok0="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_2xx)"
+  t0="$(cpu_ticks "$fpid")"
+  b0="$(cpu_ticks "$BACKEND_PID")"
+  children_ticks k0
+  m0="$(machine_busy_ticks)"
+  w0="$(date +%s%N)"
+  "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "$@" "$URL" >"$out" 2>&1
+  kill -0 "$fpid" 2>/dev/null || { tail -n 30 "$WORK/front-$c-r$round.log" >&2 || true; die "$c: front Envoy died during the $load run"; }
+  t1="$(cpu_ticks "$fpid")"
+  b1="$(cpu_ticks "$BACKEND_PID")"
+  children_ticks k1
+  m1="$(machine_busy_ticks)"
+  w1="$(date +%s%N)"
+  rq1="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_completed)"
+  ok1="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_2xx)"
+
+  parsed="$(parse_wrk "$out")"
+  read -r rps p50 p99 reqs non2xx sockerr <<<"$parsed"
+  # Envoy's own count over the measured window: requests completed and those answered 2xx.
+  env_rq=$(( ${rq1:-0} - ${rq0:-0} ))
+  env_ok=$(( ${ok1:-0} - ${ok0:-0} ))
+  # CPU utilisation over the measured window, 100% = one core.
+  ns=$((w1 - w0))
+  other_t=$(( (m1 - m0) - (t1 - t0) - (b1 - b0) - (k1 - k0) ))
+  (( other_t >= 0 )) || other_t=0
+  front_cpu="$(pct $((t1 - t0)) $ns)"
+  backend_cpu="$(pct $((b1 - b0)) $ns)"
+  wrk_cpu="$(pct $((k1 - k0)) $ns)"
+  other_cpu="$(pct $other_t $ns)"
+  noisy=0
+  [[ "${other_cpu%\%}" -le "$NOISY_PCT" ]] || { noisy=1; other_cpu="$other_cpu*"; }
+  cpu_us_req="$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f", (n > 0) ? t * 1e6 / hz / n : 0 }')"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$c" "$round" "$rps" "$p50" "$p99" "$cpu_us_req" "$reqs" "$non2xx" "$sockerr" "$env_rq" "$env_ok" \
+    "$front_cpu" "$backend_cpu" "$wrk_cpu" "${other_cpu%\*}" "$noisy" >>"$raw"
+  printf "$ROW" "$c" "$round" "$load" "$rps" "$p50" "$p99" "$cpu_us_req" "$front_cpu" "$backend_cpu" "$wrk_cpu" "$other_cpu" "$non2xx"
+}
+
 for round in $(seq 1 "$ROUNDS"); do
-  for c in "${CONFIGS[@]}"; do
+  # Odd rounds plain, noop, serving-picker; even rounds the reverse. noop stays in the middle, next
+  # to both configs it is paired with, and a drift within a round hits each side of a pair alike
+  # over two rounds instead of always favouring the config that runs first.
+  order=("${CONFIGS[@]}")
+  if (( round % 2 == 0 )); then
+    order=()
+    for (( i = ${#CONFIGS[@]} - 1; i >= 0; i-- )); do order+=("${CONFIGS[i]}"); done
+  fi
+  for c in "${order[@]}"; do
     name="front-$c-r$round"
     start_envoy "$name" "$WORK/front-$c.yaml" "${PIN_FRONT[@]+"${PIN_FRONT[@]}"}"
     fpid=$STARTED_PID
@@ -362,66 +464,41 @@ for round in $(seq 1 "$ROUNDS"); do
     [[ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$URL")" == 200 ]] \
       || die "$c: front Envoy does not proxy to the backend (see $WORK/$name.log)"
     "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "${WRK[@]}" -d"$WARMUP" "$URL" >"$WORK/$name.warmup.txt" 2>&1
+    # serving-picker hands its request counters to Envoy once per tick (250 ms at
+    # refresh_interval_ms 1000), so /stats lags by up to a tick of traffic: wait one out, idle,
+    # before each /stats snapshot so the window's counter deltas match its requests. Outside the
+    # measured windows, and the same for every config.
+    sleep "$STATS_SETTLE"
     curl -s --max-time 2 "http://127.0.0.1:$FRONT_ADMIN/stats" >"$WORK/$name.stats0.txt" || true
-    rq0="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_completed)"
-    ok0="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_2xx)"
-    t0="$(cpu_ticks "$fpid")"
-    b0="$(cpu_ticks "$BACKEND_PID")"
-    children_ticks k0
-    m0="$(machine_busy_ticks)"
-    w0="$(date +%s%N)"
-    "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "${WRK[@]}" -d"$DURATION" "$URL" >"$WORK/$name.wrk.txt" 2>&1
-    kill -0 "$fpid" 2>/dev/null || { tail -n 30 "$WORK/$name.log" >&2 || true; die "$c: front Envoy died during the run"; }
-    t1="$(cpu_ticks "$fpid")"
-    b1="$(cpu_ticks "$BACKEND_PID")"
-    children_ticks k1
-    m1="$(machine_busy_ticks)"
-    w1="$(date +%s%N)"
-    rq1="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_completed)"
-    ok1="$(stat_value "$FRONT_ADMIN" http.ingress.downstream_rq_2xx)"
+    measure "$c" "$round" "$LOAD" "$fpid" "$WORK/$name.wrk.txt" "$RAW" "${WRK[@]}" -d"$DURATION"
+    # The filter's stats over the throughput window (the checks in the summary read these).
+    sleep "$STATS_SETTLE"
     curl -s --max-time 2 "http://127.0.0.1:$FRONT_ADMIN/stats" >"$WORK/$name.stats.txt" || true
     curl -s --max-time 2 "http://127.0.0.1:$FRONT_ADMIN/clusters" >"$WORK/$name.clusters.txt" || true
+    # Latency phase on the same, already warm Envoy: it is paired with the other configs of this
+    # round like the throughput run, and needs no Envoy start or warm-up of its own.
+    measure "$c" "$round" c1 "$fpid" "$WORK/$name.lat.txt" "$RAW_LAT" "${WRK_LAT[@]}" -d"$LAT_DURATION"
     stop_envoy "$fpid"
-
-    parsed="$(parse_wrk "$WORK/$name.wrk.txt")"
-    read -r rps p50 p99 reqs non2xx sockerr <<<"$parsed"
-    # Envoy's own count over the measured window: requests completed and those answered 2xx.
-    env_rq=$(( ${rq1:-0} - ${rq0:-0} ))
-    env_ok=$(( ${ok1:-0} - ${ok0:-0} ))
-    # CPU utilisation over the measured window, 100% = one core.
-    ns=$((w1 - w0))
-    other_t=$(( (m1 - m0) - (t1 - t0) - (b1 - b0) - (k1 - k0) ))
-    (( other_t >= 0 )) || other_t=0
-    front_cpu="$(pct $((t1 - t0)) $ns)"
-    backend_cpu="$(pct $((b1 - b0)) $ns)"
-    wrk_cpu="$(pct $((k1 - k0)) $ns)"
-    other_cpu="$(pct $other_t $ns)"
-    noisy=0
-    [[ "${other_cpu%\%}" -le "$NOISY_PCT" ]] || { noisy=1; other_cpu="$other_cpu*"; }
-    cpu_us_req="$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f", (n > 0) ? t * 1e6 / hz / n : 0 }')"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-      "$c" "$round" "$rps" "$p50" "$p99" "$cpu_us_req" "$reqs" "$non2xx" "$sockerr" "$env_rq" "$env_ok" \
-      "$front_cpu" "$backend_cpu" "$wrk_cpu" "${other_cpu%\*}" "$noisy" >>"$RAW"
-    printf "$ROW" "$c" "$round" "$rps" "$p50" "$p99" "$cpu_us_req" "$front_cpu" "$backend_cpu" "$wrk_cpu" "$other_cpu" "$non2xx"
   done
 done
 
 # ---------------------------------------------------------------- summary
-median() { # column config quiet_only -> median of that column over the rounds
-  awk -F'\t' -v col="$1" -v c="$2" -v q="$3" '$1 == c && (q == 0 || $16 == 0) { print $col }' "$RAW" | sort -g \
+median() { # file column config quiet_only -> median of that column over the rounds
+  awk -F'\t' -v col="$2" -v c="$3" -v q="$4" '$1 == c && (q == 0 || $16 == 0) { print $col }' "$1" | sort -g \
     | awk '{ v[NR] = $1 } END { if (NR == 0) print "NaN"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-# results_table QUIET_ONLY TITLE
+# results_table FILE QUIET_ONLY TITLE: each config's medians, then ratios and differences of
+# those medians. Runs of different rounds meet here; the paired table below does not mix them.
 results_table() {
   local c
   declare -A RPS P50 P99 CPU
   for c in "${CONFIGS[@]}"; do
-    RPS[$c]="$(median 3 "$c" "$1")"
-    P50[$c]="$(median 4 "$c" "$1")"
-    P99[$c]="$(median 5 "$c" "$1")"
-    CPU[$c]="$(median 6 "$c" "$1")"
+    RPS[$c]="$(median "$1" 3 "$c" "$2")"
+    P50[$c]="$(median "$1" 4 "$c" "$2")"
+    P99[$c]="$(median "$1" 5 "$c" "$2")"
+    CPU[$c]="$(median "$1" 6 "$c" "$2")"
   done
-  echo "== $2"
+  echo "== $3"
   printf '%-16s %8s %9s %9s %9s %9s %12s %11s %12s\n' config "req/s" "p50 us" "p99 us" "vs plain" "vs noop" "p50-noop us" "cpu us/req" "cpu-noop us"
   for c in "${CONFIGS[@]}"; do
     awk -v c="$c" -v r="${RPS[$c]}" -v p50="${P50[$c]}" -v p99="${P99[$c]}" -v cpu="${CPU[$c]}" \
@@ -430,45 +507,165 @@ results_table() {
     }'
   done
 }
-
-size_of() { stat -c %s "$1"; }
-SUMMARY="$WORK/summary.txt"
-{
-  echo
-  results_table 0 "e2e results: median of $ROUNDS rounds, wrk -t$THREADS -c$CONNS -d$DURATION, $PINNING"
-  echo "(cpu us/req: the front Envoy's CPU time per request over the measured window; cpu-noop: the"
-  echo " filter's own cost above the no-op filter's, less sensitive to load on the machine than req/s)"
-  nn="$(awk -F'\t' '$16 == 1' "$RAW" | wc -l)"
+# phase_tables FILE TITLE: the medians table, and when some runs were noisy, a note and the same
+# table over the quiet runs only (if every config has one).
+phase_tables() {
+  local c nn quiet_all
+  results_table "$1" 0 "$2"
+  nn="$(awk -F'\t' '$16 == 1' "$1" | wc -l)"
   if [[ "$nn" -gt 0 ]]; then
     echo "NOTE: $nn of $((ROUNDS * ${#CONFIGS[@]})) runs had other load above ${NOISY_PCT}% of a core (marked '*' above):"
     echo "      the machine was busy; numbers are noisy. Rerun when it is quiet, or raise BENCH_ROUNDS."
     quiet_all=1
     for c in "${CONFIGS[@]}"; do
-      awk -F'\t' -v c="$c" '$1 == c && $16 == 0 { n++ } END { exit n == 0 }' "$RAW" || quiet_all=0
+      awk -F'\t' -v c="$c" '$1 == c && $16 == 0 { n++ } END { exit n == 0 }' "$1" || quiet_all=0
     done
     if [[ "$quiet_all" == 1 ]]; then
       echo
-      results_table 1 "the same, quiet runs only (median of the runs not marked '*')"
+      results_table "$1" 1 "the same, quiet runs only (median of the runs not marked '*')"
     else
       echo "      (some config has no quiet run, so there is no quiet-only table)"
     fi
   fi
+}
+
+# paired_values FILE COLUMN OP A B QUIET_ONLY -> one figure per round, in round order, from config
+# A's and config B's runs of that same round: OP "/" gives A/B, "-" gives A-B. QUIET_ONLY 1 keeps
+# only the rounds in which no run of FILE was noisy.
+paired_values() {
+  awk -F'\t' -v col="$2" -v op="$3" -v a="$4" -v b="$5" -v q="$6" '
+    { v[$1, $2] = $col; if ($16 == 1) noisy[$2] = 1; if ($2 + 0 > n) n = $2 + 0 }
+    END {
+      for (r = 1; r <= n; r++) {
+        if (!((a, r) in v) || !((b, r) in v) || (q == 1 && (r in noisy))) continue
+        x = v[a, r]; y = v[b, r]
+        if (x == "NaN" || y == "NaN" || (op == "/" && y + 0 == 0)) print "NaN"
+        else if (op == "/") print x / y
+        else print x - y
+      }
+    }' "$1"
+}
+# spread FORMAT -> "median min..max per-round" of the figures on stdin (in the order given), each
+# printed with FORMAT; NaN figures (an unparsable run) are shown as n/a and left out of the median.
+spread() {
+  awk -v fmt="$1" '
+    NF && $1 == "NaN" { all = all " n/a" }
+    NF && $1 != "NaN" { n++; v[n] = $1 + 0; all = all sprintf(" " fmt, $1) }
+    END {
+      if (n == 0) { print "n/a n/a"; exit }
+      for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      printf fmt " " fmt ".." fmt "%s\n", m, v[1], v[n], all
+    }'
+}
+# paired_row LABEL FORMAT FILE COLUMN OP A B QUIET_ONLY
+paired_row() {
+  local label="$1" fmt="$2" med range rest
+  shift 2
+  read -r med range rest <<<"$(paired_values "$@" | spread "$fmt")"
+  printf '%-44s %9s %20s   %s\n' "$label" "$med" "$range" "$rest"
+}
+# figure LOAD METRIC PAIR -> an aligned label for a paired figure
+figure() { printf '%-4s %-11s %s' "$1" "$2" "$3"; }
+# paired_table QUIET_ONLY TITLE
+paired_table() {
+  echo "== $2"
+  printf '%-44s %9s %20s   %s\n' figure median "min..max" "each round, in order"
+  paired_row "$(figure "$LOAD" req/s "serving-picker / noop")" %.3f "$RAW" 3 / serving-picker noop "$1"
+  paired_row "$(figure "$LOAD" req/s "noop / plain")" %.3f "$RAW" 3 / noop plain "$1"
+  paired_row "$(figure "$LOAD" "cpu us/req" "serving-picker - noop")" %+.2f "$RAW" 6 - serving-picker noop "$1"
+  paired_row "$(figure "$LOAD" "cpu us/req" "noop - plain")" %+.2f "$RAW" 6 - noop plain "$1"
+  paired_row "$(figure "$LOAD" "cpu ratio" "noop / serving-picker")" %.3f "$RAW" 6 / noop serving-picker "$1"
+  paired_row "$(figure c1 "p50 us" "serving-picker - noop")" %+.1f "$RAW_LAT" 4 - serving-picker noop "$1"
+  paired_row "$(figure c1 "p50 us" "noop - plain")" %+.1f "$RAW_LAT" 4 - noop plain "$1"
+  paired_row "$(figure c1 "p99 us" "serving-picker - noop")" %+.1f "$RAW_LAT" 5 - serving-picker noop "$1"
+  paired_row "$(figure c1 "cpu us/req" "serving-picker - noop")" %+.2f "$RAW_LAT" 6 - serving-picker noop "$1"
+}
+# quiet_rounds FILE -> how many rounds had no noisy run in FILE
+quiet_rounds() {
+  awk -F'\t' '{ r[$2] = 1; if ($16 == 1) noisy[$2] = 1 } END { n = 0; for (x in r) if (!(x in noisy)) n++; print n }' "$1"
+}
+# target_line LABEL UNIT VALUES_FORMAT CMP LIMIT FILE COLUMN OP A B QUIET_ONLY: the median of a
+# paired figure against its target, and in how many rounds the figure alone was on the right side.
+target_line() {
+  local label="$1" unit="$2" fmt="$3" cmp="$4" limit="$5" vals med range rest
+  shift 5
+  vals="$(paired_values "$@")"
+  read -r med range rest <<<"$(spread "$fmt" <<<"$vals")"
+  awk -v label="$label" -v unit="$unit" -v med="$med" -v range="$range" -v cmp="$cmp" -v lim="$limit" -v vals="${vals//$'\n'/ }" 'BEGIN {
+    n = split(vals, v, " "); k = 0; m = 0
+    for (i = 1; i <= n; i++) if (v[i] != "" && v[i] != "NaN") { m++; if ((cmp == ">=" && v[i] + 0 >= lim + 0) || (cmp == "<" && v[i] + 0 < lim + 0)) k++ }
+    if (med == "n/a") verdict = "n/a"
+    else verdict = ((cmp == ">=" && med + 0 >= lim + 0) || (cmp == "<" && med + 0 < lim + 0)) ? "met" : "MISSED"
+    printf "%-45s %12s [%s]  target %s %s%s: %s (%d of %d rounds)\n", label, med unit, range, cmp, lim, unit, verdict, k, m
+  }'
+}
+# targets_block QUIET_ONLY TITLE
+targets_block() {
+  echo "== $2"
+  target_line "T1 $(figure "$LOAD" req/s "serving-picker / noop")" "" %.3f ">=" "$T1_MIN_RATIO" "$RAW" 3 / serving-picker noop "$1"
+  target_line "T2 $(figure c1 "p50 us" "serving-picker - noop")" " us" %+.1f "<" "$T2_MAX_US" "$RAW_LAT" 4 - serving-picker noop "$1"
+  local med range rest
+  # The req/s ratio a front saturated on its own core would give (requests per CPU second): a
+  # cross-check of T1 that holds when other load kept the front below its core.
+  read -r med range rest <<<"$(paired_values "$RAW" 6 / noop serving-picker "$1" | spread %.3f)"
+  printf '%-45s %12s [%s]\n' "   $(figure "$LOAD" "cpu ratio" "noop / serving-picker")" "$med" "$range"
+  read -r med range rest <<<"$(paired_values "$RAW" 6 - serving-picker noop "$1" | spread %+.2f)"
+  printf '%-45s %12s [%s]\n' "   $(figure "$LOAD" "cpu us/req" "serving-picker - noop")" "$med us" "$range"
+}
+
+size_of() { stat -c %s "$1"; }
+SUMMARY="$WORK/summary.txt"
+{
   echo
-  echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes ($NOOP_WASM)"
-  echo "                   serving-picker $(size_of "$SP_WASM") bytes ($SP_WASM)"
+  phase_tables "$RAW" "throughput phase: median of $ROUNDS rounds, wrk -t$THREADS -c$CONNS -d$DURATION, $PINNING"
+  echo "(cpu us/req: the front Envoy's CPU time per request over the measured window; cpu-noop: the"
+  echo " filter's own cost above the no-op filter's, less sensitive to load on the machine than req/s."
+  echo " p50 here is mostly queueing at $CONNS connections; the latency phase below has the added latency)"
+  echo
+  phase_tables "$RAW_LAT" "latency phase: median of $ROUNDS rounds, wrk -t1 -c1 -d$LAT_DURATION (one request in flight), same Envoys"
+  echo
+  paired_table 0 "paired per round: figures from the runs of the same round, then their median and min..max over $ROUNDS rounds"
+  # A round counts as quiet only if none of its runs in that phase was noisy.
+  qt="$(quiet_rounds "$RAW")"
+  ql="$(quiet_rounds "$RAW_LAT")"
+  if [[ "$qt" -lt "$ROUNDS" || "$ql" -lt "$ROUNDS" ]]; then
+    echo "NOTE: quiet rounds: $qt of $ROUNDS (throughput), $ql of $ROUNDS (latency); rounds with a run marked '*' are noisy."
+    if [[ "$qt" -gt 0 || "$ql" -gt 0 ]]; then
+      echo
+      paired_table 1 "the same, quiet rounds only"
+    fi
+  fi
+  echo
+  targets_block 0 "targets: medians of the paired figures over $ROUNDS rounds [min..max]; figures, not asserts"
+  # req/s measures the front only while the front is the bottleneck: say so when it was not.
+  low="$(awk -F'\t' '{ v = $12; sub(/%$/, "", v); if (v + 0 < 90) n++ } END { print n + 0 }' "$RAW")"
+  if [[ "$low" -gt 0 ]]; then
+    echo "NOTE: in $low of $((ROUNDS * ${#CONFIGS[@]})) throughput runs the front Envoy used under 90% of its core: something else"
+    echo "      (other load, the backend or wrk) limited req/s there, so the T1 ratio is diluted; the cpu ratio is the cross-check."
+  fi
+  if [[ "$qt" -lt "$ROUNDS" || "$ql" -lt "$ROUNDS" ]] && [[ "$qt" -gt 0 || "$ql" -gt 0 ]]; then
+    targets_block 1 "targets, quiet rounds only ($qt throughput, $ql latency)"
+  fi
+  echo
+  echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes (copied at start from $NOOP_WASM_SRC)"
+  echo "                   serving-picker $(size_of "$SP_WASM") bytes (copied at start from $SP_WASM_SRC)"
   if cmp -s "$NOOP_WASM" "$SP_WASM"; then
     echo "NOTE: the serving-picker slot holds the same module as noop (harness test run)"
   fi
   echo
-  awk -F'\t' '$1 == "serving-picker" { reqs += $7; bad += $8; sock += $9; erq += $10; eok += $11 }
-    END {
-      printf "check serving-picker: wrk non-2xx/3xx %d of %d (fraction %.6f), socket errors %d; ", bad, reqs, (reqs ? bad / reqs : 0), sock
-      printf "envoy non-2xx %d of %d (fraction %.6f)\n", erq - eok, erq, (erq ? (erq - eok) / erq : 0)
-    }' "$RAW"
+  for f in "$RAW" "$RAW_LAT"; do
+    if [[ "$f" == "$RAW" ]]; then phase="$LOAD"; else phase=c1; fi
+    awk -F'\t' -v ph="$phase" '$1 == "serving-picker" { reqs += $7; bad += $8; sock += $9; erq += $10; eok += $11 }
+      END {
+        printf "check serving-picker %s: wrk non-2xx/3xx %d of %d (fraction %.6f), socket errors %d; ", ph, bad, reqs, (reqs ? bad / reqs : 0), sock
+        printf "envoy non-2xx %d of %d (fraction %.6f)\n", erq - eok, erq, (erq ? (erq - eok) / erq : 0)
+      }' "$f"
+  done
   last="$WORK/front-serving-picker-r$ROUNDS.stats.txt"
   if grep -q '^wasmcustom\.' "$last" 2>/dev/null; then
     awk -F'\t' -v r="$ROUNDS" '$1 == "serving-picker" && $2 == r { print $10 }' "$RAW" >"$WORK/last-rq.txt"
-    echo "check serving-picker: filter stats in the last round, over the measured window (and since start):"
+    echo "check serving-picker: filter stats in the last round, over the throughput window (and since start):"
     awk -F': ' -v rq="$(cat "$WORK/last-rq.txt")" '
       FNR == NR { if ($1 ~ /^wasmcustom\./) before[$1] = $2; next }
       $1 ~ /^wasmcustom\./ {
@@ -479,12 +676,16 @@ SUMMARY="$WORK/summary.txt"
   else
     echo "check serving-picker: no wasmcustom.* stats (wasmcustom.serving_picker.pick.ready absent)"
   fi
-  echo "check serving-picker: requests per backend host in the last round:"
+  echo "check serving-picker: requests per backend host in the last round (throughput phase):"
   grep -E '^backend::127\.0\.0\.1:[0-9]+::rq_total::' "$WORK/front-serving-picker-r$ROUNDS.clusters.txt" 2>/dev/null \
     | sed 's/^/    /' || echo "    (not available)"
   echo
-  echo "raw rounds: $RAW; configs, logs and wrk output: $WORK"
+  echo "raw rounds: $RAW (throughput), $RAW_LAT (latency); configs, logs and wrk output: $WORK"
 } | tee "$SUMMARY"
 
-awk -F'\t' '$1 == "serving-picker" { bad += $8 + $9 + ($10 - $11) } END { exit bad > 0 }' "$RAW" \
-  || die "serving-picker run had non-2xx responses or socket errors"
+# Any config, either phase: errors in a baseline run would make its figures, and the ratios
+# against it, meaningless, so they fail the benchmark as they do for serving-picker.
+for f in "$RAW" "$RAW_LAT"; do
+  bad="$(awk -F'\t' '{ n = $8 + $9 + ($10 - $11); if (n > 0) printf "%s%s round %s: %d", (s++ ? ", " : ""), $1, $2, n }' "$f")"
+  [[ -z "$bad" ]] || die "non-2xx responses or socket errors in $f: $bad"
+done

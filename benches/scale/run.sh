@@ -11,7 +11,8 @@
 #              override_host with round_robin fallback, outlier_detection as in envoy.yaml)
 #   routes     /c/<cluster>/ -> that cluster (routing check), / -> real_backend (latency)
 # Both are checked with `envoy --mode validate` first. Then:
-#   1. without the filter: RSS and request latency at steady state (the reference);
+#   1. without the filter: RSS and request latency at steady state, the repeated changes' reference
+#      (below);
 #   2. with the filter (-l info --component-log-level wasm:debug):
 #      - start -> /ready, then /ready -> the first snapshot with every expected host
 #        (polling /stats snapshot.hosts), the debug log's figures of that refresh, the gauges;
@@ -24,13 +25,40 @@
 #      - a 1% rolling-update step (per cluster: 1% of the ready pods become serving+terminating
 #        and as many new not-ready pods appear; every EDS file renamed into place), with requests
 #        running: rename -> snapshot with the new host count, the debug log's refresh figures;
-#      - ~10 more refreshes, RSS again (growth).
+#      - ~10 more refreshes, RSS again (growth);
+#      - repeated changes: the main thread's CPU per change-driven refresh (the figure of "a refresh
+#        of 10,000 hosts costs under 50 ms of the main thread"), per kind of change: "all clusters"
+#        (the 1% step above: every EDS file changes) and, with more than one cluster, "one
+#        cluster" (10% of one cluster's pods become serving+terminating and as many new not-ready
+#        ones appear, one EDS file: one Deployment's rolling update; the i-th change takes
+#        cluster i). Per kind, no requests running:
+#        . steady windows: after a (periodic) full refresh ends, [a, m] of min(K x GAP, PERIODIC-3)
+#          s holds change-gate polls only: the main thread's steady rate; then [m, b] holds the
+#          next periodic full refresh (nothing changed): its cost net of that rate;
+#        . the phase: K changes, each renamed into place no sooner than GAP s after the previous
+#          one and 0.3 s after the filter logged the refresh that saw it (the debug line
+#          "refresh: N clusters, B admin bytes, U us in the VM, M ms end to end", read from the
+#          log file: no admin call inside the windows, one /stats answer costs the main thread
+#          ~10 ms at 10,000 hosts); then snapshot.hosts must be the expected count;
+#        . main-thread CPU = utime+stime ticks (1/100 s; schedstat ns beside) of the thread
+#          named "envoy", sampled at the window edges: per change = (phase ticks - steady rate
+#          x phase seconds) / K; a full refresh in the phase that changed nothing (a periodic
+#          one: narrowed refreshes do not restart that timer) is shown, and taken out in a
+#          second figure. Also: rename -> published latency (the refresh line's timestamp),
+#          the refresh lines' VM us, admin bytes, narrowing, the other threads' CPU (a worker
+#          holding the lease does the VM work there), raw ticks and seconds;
+#        . the reference: the no-filter Envoy (step 1) gets the same changes (the 1% step, then
+#          each kind; the EDS files are put back afterwards): Envoy's own main-thread cost of
+#          taking the EDS files in, to set against the filter run's figure.
 # One table of figures, a column per scenario. Exit status non-zero when the filter never
-# reaches the expected host count (first load or after the change), or validation fails.
+# reaches the expected host count (first load, after the change or the repeated changes), or
+# validation fails.
 #
 # Environment (optional): ENVOY_BIN, SERVING_PICKER_WASM, SCALE_SCENARIOS ("1x3 1x10000 100x100"),
 # SCALE_WORKDIR (.run/bench-scale), SCALE_FULL_TIMEOUT_S (120), SCALE_LOAD_RATE (100 req/s),
-# SCALE_LOAD_SECONDS (5), SCALE_REFRESHES (10).
+# SCALE_LOAD_SECONDS (5), SCALE_REFRESHES (10), SCALE_CHANGES (K, 5 repeated changes per kind; 0
+# skips them), SCALE_CHANGE_GAP_S (GAP, 2 s at least between them), SCALE_PERIODIC_S (PERIODIC,
+# 10: the filter's full_refresh_interval_ms in s, which places the steady windows).
 # Ports: 127.0.0.1:22000 listener, 22001 admin, 22081 the direct_response backend listener.
 set -euo pipefail
 
@@ -46,6 +74,17 @@ FULL_TIMEOUT_S="${SCALE_FULL_TIMEOUT_S:-120}"
 LOAD_RATE="${SCALE_LOAD_RATE:-100}"
 LOAD_SECONDS="${SCALE_LOAD_SECONDS:-5}"
 REFRESHES="${SCALE_REFRESHES:-10}"
+CHANGES="${SCALE_CHANGES:-5}"
+GAP_S="${SCALE_CHANGE_GAP_S:-2}"
+PERIODIC_S="${SCALE_PERIODIC_S:-10}" # the filter's full_refresh_interval_ms (default 10000), in s
+[[ "$CHANGES" =~ ^[0-9]+$ && "$GAP_S" =~ ^[0-9]+$ && "$PERIODIC_S" =~ ^[0-9]+$ ]] ||
+  { echo "bench-scale: SCALE_CHANGES, SCALE_CHANGE_GAP_S, SCALE_PERIODIC_S must be whole numbers" >&2; exit 1; }
+GAP_MS=$(( GAP_S * 1000 ))
+SETTLE_MS=300 # after the refresh line of a change, before the next change / the end sample
+# the change-free windows: as long as the phase's planned K x GAP, but ending before the next
+# periodic full refresh (the window starts right after one)
+BASE_S=$(( CHANGES * GAP_S < PERIODIC_S - 3 ? CHANGES * GAP_S : PERIODIC_S - 3 ))
+(( BASE_S >= 2 )) || BASE_S=2
 PLUGIN_CONFIG='{"refresh_interval_ms": 1000}'
 PY="$ROOT/benches/scale/scale.py"
 
@@ -162,6 +201,126 @@ curl_time() { # path -> "bytes ms"
     awk '{ printf "%d %.1f\n", $1, $2 * 1000 }'
 }
 median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+sleep_until() { # epoch ms
+  local d=$(( $1 - $(now_ms) ))
+  (( d > 0 )) && sleep "$(( d / 1000 )).$(printf '%03d' $(( d % 1000 )))"
+  return 0
+}
+max() { (( $1 > $2 )) && echo "$1" || echo "$2"; }
+cpu_sample() { python3 "$PY" cpu "$ENVOY_PID" >"$1"; } # FILE
+cpuwin() { python3 "$PY" cpuwin "$1" "$2"; }            # A B -> the main thread's CPU between
+# full refreshes so far (polls that were not change-gate skips)
+fulls_of() { echo $(( $(stat_of "$1" snapshot.refresh_ok) - $(stat_of "$1" snapshot.refresh_skipped_unchanged) )); }
+# sum of update_success over the svc-* clusters: one per EDS file Envoy took in
+update_success_sum() {
+  admin '/stats?filter=%5Ecluster%5C.svc-%5B%5E.%5D%2A%5C.update_success%24' | awk -F': ' '{ s += $2 } END { print s + 0 }'
+}
+
+# The kinds of repeated change: "all" (a 1% rolling-update step in every cluster: every EDS file
+# changes), "one" (10% of one cluster's pods, one EDS file: one Deployment's rolling update; the
+# I-th change takes cluster I) when there is more than one cluster.
+kinds_of() { if (( $1 > 1 )); then echo "all one"; else echo "all"; fi; }
+change_args() { case "$1" in all) echo "0.01" ;; one) echo "0.1 --only $2" ;; esac; } # KIND I
+
+# ref_changes KIND (no filter, the reference): a change-free window, then CHANGES changes of KIND
+# GAP_S apart, the same as the filter run makes later (same state, same seeds): Envoy's own
+# main-thread cost of taking the EDS files in.
+ref_changes() {
+  local kind="$1" pre="$sd/ref-$1" i t_ren="" eh2 eps2 fl ad files nf=0 u0 u1
+  u0="$(update_success_sum)"
+  cpu_sample "$pre-a.json"
+  sleep "$BASE_S"
+  cpu_sample "$pre-m.json"
+  for (( i = 1; i <= CHANGES; i++ )); do
+    [[ -n "$t_ren" ]] && sleep_until $(( t_ren + GAP_MS ))
+    read -r eh2 eps2 fl ad files t_ren < <(python3 "$PY" change "$sd" $(change_args "$kind" "$i"))
+    [[ -n "${t_ren:-}" ]] || die "[$name] writing the changed EDS files failed"
+    nf=$(( nf + files ))
+  done
+  sleep_until $(( t_ren + GAP_MS ))
+  cpu_sample "$pre-b.json"
+  u1="$(update_success_sum)"
+  put "ref.$kind.idle" "$(cpuwin "$pre-a.json" "$pre-m.json")"
+  put "ref.$kind.phase" "$(cpuwin "$pre-m.json" "$pre-b.json")"
+  put "ref.$kind.files" "$nf"
+  put "ref.$kind.updates" "$(( u1 - u0 ))"
+  say "[$name] no filter, $CHANGES x '$kind': $nf EDS files, update_success +$(( u1 - u0 ))"
+}
+
+# rep_kind KIND (with the filter): the steady windows, then the phase of CHANGES changes.
+#   Steady: wait for a full refresh (a periodic one) to end, then [a, m] of BASE_S s holds gate
+#   polls only (the rate subtracted below), [m2, b] one periodic full refresh (no change) and gate
+#   polls. /stats is read only outside the windows (one answer costs the main thread ~10 ms at
+#   10,000 hosts).
+#   Phase [p0, p1]: change i renamed, wait for the filter's refresh line of it in the log (no admin
+#   call), next change no sooner than GAP_S after the rename and SETTLE_MS after that line;
+#   p1 likewise after the last. Then snapshot.hosts must be the expected count.
+rep_kind() {
+  local kind="$1" pre="$sd/rep-$1" s f0 deadline t_full_end="" i t_ren="" t_seen=0 eh2="" eps2 fl ad files
+  local trens=() fallback=0 off_rep off_phase nf=0 nfl=0 nad=0 s_a s_m s_b s_p0 s_p1 h
+  off_rep="$(stat -c %s "$log")"
+  s="$(stats)"
+  f0="$(fulls_of "$s")"
+  deadline=$(( $(now_ms) + (2 * PERIODIC_S + 10) * 1000 ))
+  while (( $(now_ms) < deadline )); do
+    sleep 0.2
+    s="$(stats)"
+    if (( $(fulls_of "$s") > f0 )); then t_full_end="$(now_ms)"; break; fi
+  done
+  if [[ -z "$t_full_end" ]]; then
+    say "[$name] '$kind': no full refresh within $(( 2 * PERIODIC_S + 10 )) s (SCALE_PERIODIC_S?); steady windows unchecked"
+    t_full_end="$(now_ms)"
+  fi
+  sleep 0.2
+  s_a="$(stats)"
+  cpu_sample "$pre-a.json"
+  sleep "$BASE_S"
+  cpu_sample "$pre-m.json"
+  s_m="$(stats)"
+  cpu_sample "$pre-m2.json"
+  sleep_until $(( t_full_end + PERIODIC_S * 1000 + 3500 ))
+  cpu_sample "$pre-b.json"
+  s_b="$(stats)"
+
+  off_phase="$(stat -c %s "$log")"
+  s_p0="$(stats)"
+  cpu_sample "$pre-p0.json"
+  for (( i = 1; i <= CHANGES; i++ )); do
+    [[ -n "$t_ren" ]] && sleep_until "$(max $(( t_ren + GAP_MS )) $(( t_seen + SETTLE_MS )))"
+    read -r eh2 eps2 fl ad files t_ren < <(python3 "$PY" change "$sd" $(change_args "$kind" "$i"))
+    [[ -n "${t_ren:-}" ]] || die "[$name] writing the changed EDS files failed"
+    trens+=("$t_ren")
+    nf=$(( nf + files )); nfl=$(( nfl + fl )); nad=$(( nad + ad ))
+    if python3 "$PY" waitlog "$log" "$off_phase" "$t_ren" "$FULL_TIMEOUT_S" >/dev/null; then
+      t_seen="$(now_ms)"
+    else # no refresh line: wait on the gauge instead (admin calls inside the phase: marked)
+      fallback=$(( fallback + 1 ))
+      wait_hosts "$eh2" "$FULL_TIMEOUT_S" || true
+      t_seen="$(now_ms)"
+    fi
+  done
+  sleep_until "$(max $(( t_ren + GAP_MS )) $(( t_seen + SETTLE_MS )))"
+  cpu_sample "$pre-p1.json"
+  s_p1="$(stats)"
+  h="$(stat_of "$s_p1" snapshot.hosts)"
+  if [[ "$h" != "$eh2" ]] && ! wait_hosts "$eh2" "$FULL_TIMEOUT_S"; then
+    FAILED=1
+    say "[$name] FAILED: after $CHANGES x '$kind' snapshot.hosts never reached $eh2 (now $(stat_of "$(stats)" snapshot.hosts))"
+  fi
+  sleep 0.3 # log flush
+  put "rep.$kind.k" "$CHANGES"
+  put "rep.$kind.files" "$nf"; put "rep.$kind.flipped" "$nfl"; put "rep.$kind.added" "$nad"
+  put "rep.$kind.expect_hosts" "$eh2"; put "rep.$kind.hosts_at_end" "${h:-0}"
+  put "rep.$kind.hosts_late" "$([[ "$h" == "$eh2" ]] && echo false || echo true)"
+  put "rep.$kind.fallback_waits" "$fallback"
+  put "rep.$kind.trens" "[$(IFS=,; echo "${trens[*]}")]"
+  put "rep.$kind.base" "$(cpuwin "$pre-a.json" "$pre-m.json")"
+  put "rep.$kind.periodic" "$(cpuwin "$pre-m2.json" "$pre-b.json")"
+  put "rep.$kind.phase" "$(cpuwin "$pre-p0.json" "$pre-p1.json")"
+  put "rep.$kind.stats" "{\"a\":$(gauges_json "$s_a"),\"m\":$(gauges_json "$s_m"),\"b\":$(gauges_json "$s_b"),\"p0\":$(gauges_json "$s_p0"),\"p1\":$(gauges_json "$s_p1")}"
+  put "rep.$kind.log" "$(python3 "$PY" logscan "$log" "$off_rep" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"refreshes": d["refreshes"], "fulls": d["fulls"]}))')"
+  say "[$name] $CHANGES x '$kind' ($nf EDS files): $(python3 "$PY" repsummary "$kv" "$kind")"
+}
 
 # admin_curls PREFIX: each admin URL 3 times; PREFIX.dump_bytes, PREFIX.dump_ms, ... into the results
 admin_curls() {
@@ -215,7 +374,21 @@ run_scenario() {
   admin_curls curl_nofilter
   python3 "$PY" load "$LISTEN" /lat "$LOAD_RATE" "$LOAD_SECONDS" 8 "$sd/lat-nofilter.json"
   put lat.nofilter "$(cat "$sd/lat-nofilter.json")"
+  local kind
+  if (( CHANGES > 0 )); then
+    # the same changes as the filter run below (the 1% step first), then the files put back
+    cp -a "$sd/eds" "$sd/eds.orig"
+    cp "$sd/state.json" "$sd/state.orig.json"
+    python3 "$PY" change "$sd" 0.01 >/dev/null
+    sleep "$GAP_S"
+    for kind in $(kinds_of "$nc"); do ref_changes "$kind"; done
+  fi
   stop_envoy "$ENVOY_PID"
+  if (( CHANGES > 0 )); then
+    rm -rf "$sd/eds"
+    mv "$sd/eds.orig" "$sd/eds"
+    mv "$sd/state.orig.json" "$sd/state.json"
+  fi
 
   # ---- with the filter
   local log="$sd/envoy-filter.log" t0 t_ready t_full s
@@ -306,6 +479,12 @@ run_scenario() {
   put rss.end "${rss_series[0]}"
   put rss.series "[$(IFS=,; echo "${rss_series[*]}")]"
   put errors.after "$(stat_of "$(stats)" snapshot.refresh_error)"
+
+  # ---- repeated changes, one phase per kind: the main thread's CPU per change-driven refresh
+  if (( CHANGES > 0 )); then
+    for kind in $(kinds_of "$nc"); do rep_kind "$kind"; done
+  fi
+  put errors.rep "$(stat_of "$(stats)" snapshot.refresh_error)"
 
   # ---- routing check, last: nothing listens on 127.1.x.y, so these end in 503 after the pick
   # (the access log shows the override and the host tried); the connect failures make outlier

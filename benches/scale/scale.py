@@ -2,11 +2,14 @@
 """Helpers of benches/scale/run.sh (stdlib only).
 
   gen     DIR CLUSTERS HOSTS --ports ... --wasm PATH   EDS files, bootstraps, expected counts
-  change  DIR FRACTION                                 a rolling-update step, renamed into place
+  change  DIR FRACTION [--only N]                      a rolling-update step, renamed into place
   load    PORT PATH RATE SECONDS CONNS OUT             paced keep-alive GETs, latency summary
   cpu     PID                                          per-thread and machine CPU ticks (JSON)
   cpudiff A B                                          CPU shares between two `cpu` samples
+  cpuwin  A B                                          main thread's CPU between two `cpu` samples
+  waitlog LOG OFFSET SINCE_MS TIMEOUT_S                waits for a refresh line logged at/after SINCE_MS
   logscan LOG [OFFSET]                                 the filter's log lines from OFFSET on
+  repsummary KV KIND                                   one line of a repeated-change phase's figures
   routecheck DIR PREFIX                                picks of the check requests (access log)
   assemble KV                                          KEY<TAB>JSON lines -> one result object
   table   RESULTS...                                   the final table
@@ -249,8 +252,16 @@ def cmd_gen(argv):
 def cmd_change(argv):
     """A rolling-update step on FRACTION of every cluster's endpoints (at least one each): that many
     ready pods become serving+terminating and as many new, not yet ready pods appear. Every file is
-    written first, then all are renamed into place back to back. Prints the expected host count."""
-    d, fraction = argv[0], float(argv[1])
+    written first, then all are renamed into place back to back. With --only N, only cluster N
+    (index, modulo the cluster count) changes: one Deployment's rolling update, one EDS file.
+    Prints the expected host count."""
+    args = list(argv)
+    only = None
+    if "--only" in args:
+        i = args.index("--only")
+        only = int(args[i + 1])
+        del args[i:i + 2]
+    d, fraction = args[0], float(args[1])
     with open(os.path.join(d, "state.json")) as f:
         state = json.load(f)
     rnd = random.Random(7)
@@ -258,7 +269,10 @@ def cmd_change(argv):
     g = state["next_g"]
     flipped = added = 0
     renames = []
-    for c in state["clusters"]:
+    clusters = state["clusters"]
+    if only is not None:
+        clusters = [clusters[only % len(clusters)]]
+    for c in clusters:
         k = max(1, round(len(c["hosts"]) * fraction))
         ready = [h for h in c["hosts"] if h["state"] == "ready"]
         for h in rnd.sample(ready, min(k, len(ready))):
@@ -329,6 +343,7 @@ def cmd_load(argv):
 
 
 def cmd_cpu(argv):
+    """Per thread: [name, utime+stime ticks, on-CPU ns from schedstat (None without it)]."""
     pid = argv[0]
     threads = {}
     base = "/proc/%s/task" % pid
@@ -338,7 +353,13 @@ def cmd_cpu(argv):
                 st = f.read()
             name = st[st.index("(") + 1:st.rindex(")")]
             fields = st[st.rindex(")") + 2:].split()
-            threads[tid] = [name, int(fields[11]) + int(fields[12])]
+            ns = None
+            try:
+                with open("%s/%s/schedstat" % (base, tid)) as f:
+                    ns = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+            threads[tid] = [name, int(fields[11]) + int(fields[12]), ns]
         except (OSError, ValueError):
             pass
     with open("/proc/stat") as f:
@@ -356,7 +377,8 @@ def cmd_cpudiff(argv):
     share = lambda ticks: 100.0 * ticks / hz / secs
     by = {"main": 0, "workers": 0, "other_threads": 0}
     worst_worker = 0
-    for tid, (name, ticks) in b["threads"].items():
+    for tid, th in b["threads"].items():
+        name, ticks = th[0], th[1]
         d = ticks - a["threads"].get(tid, [name, 0])[1]
         if name.startswith("wrk:"):
             by["workers"] += d
@@ -373,37 +395,109 @@ def cmd_cpudiff(argv):
                       "other_pct": share(machine - envoy), "ncpu": a["ncpu"]}))
 
 
+def cmd_cpuwin(argv):
+    """The main thread's (the one named "envoy") CPU between two `cpu` samples: ticks (utime+stime,
+    1/hz s each) and schedstat ns; every thread name's beside it."""
+    a, b = (json.load(open(p)) for p in argv[:2])
+
+    def pick(sample, pred):
+        return {tid: th for tid, th in sample["threads"].items() if pred(th[0])}
+
+    main_a, main_b = (pick(x, lambda n: n == "envoy") for x in (a, b))
+    ticks = sum(th[1] - main_a.get(tid, [None, 0, 0])[1] for tid, th in main_b.items())
+    ns = None
+    if all(th[2] is not None for th in list(main_a.values()) + list(main_b.values())):
+        ns = sum(th[2] - (main_a.get(tid, [None, 0, 0])[2] or 0) for tid, th in main_b.items())
+    by_name = {}  # every thread name: [ticks, ns] in the window
+    for tid, th in b["threads"].items():
+        old = a["threads"].get(tid) or [th[0], 0, 0]
+        acc = by_name.setdefault(th[0], [0, 0])
+        acc[0] += th[1] - old[1]
+        acc[1] += (th[2] or 0) - (old[2] or 0)
+    print(json.dumps({"t0": a["t"], "t1": b["t"], "secs": b["t"] - a["t"], "hz": a["hz"], "ticks": ticks,
+                      "ns": ns, "main_threads": len(main_b), "by_name": by_name}))
+
+
 # ------------------------------------------------------------------ log
 
 
 REFRESH = re.compile(r"^\[([^\]]+)\]\[(\d+)\].*serving_picker: refresh: (\d+) clusters, (\d+) admin bytes, "
-                     r"(\d+) us in the VM, (\d+) ms end to end")
+                     r"(\d+) us in the VM, (\d+) ms end to end(?:, narrowed to (\d+) changed clusters)?")
 LEADER = re.compile(r"^\[[^\]]+\]\[(\d+)\].*serving_picker: context (\w+) is now the admin poller")
+# the start of a refresh and the change gate's reason ("full refresh (X)" in earlier builds)
+FULL = re.compile(r"^\[([^\]]+)\].*serving_picker: (?:full )?refresh \((\w+)\)")
+PUBLISHED = "serving_picker: published snapshot"
+
+
+def log_ms(ts):
+    """Envoy's log timestamp ("2026-12-03 08:17:34.329", local time) -> epoch ms."""
+    return int(time.mktime(time.strptime(ts[:19], "%Y-%m-%d %H:%M:%S")) * 1000) + int(ts[20:23] or 0)
+
+
+def cmd_waitlog(argv):
+    """Waits for a refresh line (the filter's debug line of a refresh that saw a change) logged at or
+    after SINCE_MS, from byte OFFSET on. Reads Envoy's log file only: no admin call, so no work for
+    Envoy's main thread. Prints its epoch ms; exit status 1 after TIMEOUT_S without one."""
+    path, offset, since, timeout = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
+    deadline = time.monotonic() + timeout
+    buf = b""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read()
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    m = REFRESH.search(raw.decode("utf-8", "replace"))
+                    if m and log_ms(m.group(1)) >= since:
+                        print(log_ms(m.group(1)))
+                        return
+            elif time.monotonic() > deadline:
+                sys.exit(1)
+            else:
+                time.sleep(0.05)
 
 
 def cmd_logscan(argv):
     """Refresh lines, leader changes and warnings from byte OFFSET on."""
     path, offset = argv[0], int(argv[1]) if len(argv) > 1 else 0
-    refreshes, leaders, warnings = [], [], []
+    refreshes, leaders, warnings, fulls = [], [], [], []
+    pub_ms = None  # a publish line not yet paired with its refresh line
     with open(path, "rb") as f:
         f.seek(offset)
         for raw in f:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             m = REFRESH.search(line)
             if m:
-                refreshes.append({"ts": m.group(1), "tid": m.group(2), "clusters": int(m.group(3)),
+                ms = log_ms(m.group(1))
+                refreshes.append({"ts": m.group(1), "ms": ms, "tid": m.group(2), "clusters": int(m.group(3)),
                                   "admin_bytes": int(m.group(4)), "vm_us": int(m.group(5)),
-                                  "e2e_ms": int(m.group(6)), "published": False})
+                                  "e2e_ms": int(m.group(6)),
+                                  "narrowed_to": None if m.group(7) is None else int(m.group(7)),
+                                  # the publish line comes just before the refresh line (or, in
+                                  # earlier builds, just after): the same callback
+                                  "published": pub_ms is not None and 0 <= ms - pub_ms <= 100})
+                pub_ms = None
                 continue
-            if "serving_picker: published snapshot" in line and refreshes:
-                refreshes[-1]["published"] = True
+            if PUBLISHED in line and line.startswith("["):
+                ms = log_ms(line[1:line.index("]")])
+                last = refreshes[-1] if refreshes else None
+                if last and not last["published"] and 0 <= ms - last["ms"] <= 100:
+                    last["published"] = True
+                else:
+                    pub_ms = ms
+                continue
+            m = FULL.search(line)
+            if m:
+                fulls.append({"ms": log_ms(m.group(1)), "reason": m.group(2)})
                 continue
             m = LEADER.search(line)
             if m:
                 leaders.append({"tid": m.group(1), "context": m.group(2)})
             if ("][warning]" in line or "][error]" in line or "][critical]" in line) and "serving_picker" in line:
                 warnings.append(line[:400])
-    print(json.dumps({"refreshes": refreshes, "leaders": leaders, "warnings": warnings}))
+    print(json.dumps({"refreshes": refreshes, "leaders": leaders, "warnings": warnings, "fulls": fulls}))
 
 
 # ------------------------------------------------------------------ routing, results
@@ -448,6 +542,112 @@ def cmd_assemble(argv):
                 node = node.setdefault(p, {})
             node[parts[-1]] = json.loads(val)
     print(json.dumps(out))
+
+
+# ------------------------------------------------------------------ repeated changes
+
+
+KINDS = (("all", "all clusters, 1% each"), ("one", "one cluster, 10%"))
+
+
+def win_ms(w, rate_win=None):
+    """The main thread's CPU in window W in ms, as (from ticks, from schedstat ns); minus the rate
+    of RATE_WIN times W's length when given. ns is None without schedstat."""
+    hz = w["hz"]
+    t = w["ticks"] - (rate_win["ticks"] / rate_win["secs"] * w["secs"] if rate_win else 0)
+    n = None
+    if w.get("ns") is not None and (rate_win is None or rate_win.get("ns") is not None):
+        n = w["ns"] - (rate_win["ns"] / rate_win["secs"] * w["secs"] if rate_win else 0)
+    return t * 1000.0 / hz, (None if n is None else n / 1e6)
+
+
+def rep_figures(r, kind):
+    """The figures of one kind's repeated-change phase (see run.sh's header)."""
+    rep = r["rep"][kind]
+    k = rep["k"]
+    base, per, ph, st = rep["base"], rep["periodic"], rep["phase"], rep["stats"]
+    fulls = lambda g: g["refresh_ok"] - g["skipped"]
+    f = {"k": k, "files": rep["files"], "flipped": rep["flipped"], "added": rep["added"]}
+    # phase minus the steady rate (gate polls only) over its length, per change
+    t, n = win_ms(ph, base)
+    f["ms"], f["ms_ns"] = t / k, (None if n is None else n / k)
+    # one periodic full refresh that finds nothing changed, net of the same rate
+    f["periodic_ms"], f["periodic_ms_ns"] = win_ms(per, base)
+    f["base_rate_ms_s"] = win_ms(base)[0] / base["secs"]
+    f["base_ok"] = fulls(st["m"]) == fulls(st["a"])
+    f["periodic_ok"] = fulls(st["b"]) - fulls(st["m"]) == 1
+    lo, hi = ph["t0"] * 1000, ph["t1"] * 1000
+    lines = [x for x in rep["log"]["refreshes"] if lo <= x["ms"] <= hi]
+    f["lines"], f["published"] = len(lines), sum(1 for x in lines if x.get("published"))
+    f["narrowed"] = sum(1 for x in lines if x.get("narrowed_to") is not None)
+    # the other threads (a worker holding the lease does the VM work there), net of their rates
+    f["others"] = {}
+    for tname, (pt, pn) in (ph.get("by_name") or {}).items():
+        if tname == "envoy":
+            continue
+        bt, bn = (base.get("by_name") or {}).get(tname, [0, 0])
+        f["others"][tname] = (pn - bn / base["secs"] * ph["secs"]) / 1e6 / k
+    f["fulls"] = fulls(st["p1"]) - fulls(st["p0"])
+    f["reasons"] = {}
+    for x in rep["log"]["fulls"]:
+        if lo <= x["ms"] <= hi:
+            f["reasons"][x["reason"]] = f["reasons"].get(x["reason"], 0) + 1
+    # full refreshes that found no change (periodic ones): their share, taken out
+    f["unchanged"] = max(0, f["fulls"] - f["lines"])
+    f["ms_wo_unchanged"] = f["ms"] - f["unchanged"] * f["periodic_ms"] / k
+    f["ms_ns_wo_unchanged"] = (None if f["ms_ns"] is None or f["periodic_ms_ns"] is None
+                               else f["ms_ns"] - f["unchanged"] * f["periodic_ms_ns"] / k)
+    f["flags"] = (["%d change(s) waited by polling /stats (admin calls in the phase)" % rep["fallback_waits"]]
+                  if rep.get("fallback_waits") else []) + (
+                  ["snapshot.hosts reached the expected count only after the phase"] if rep.get("hosts_late") else [])
+    f["skips_phase"] = st["p1"]["skipped"] - st["p0"]["skipped"]
+    f["skips_base"] = st["m"]["skipped"] - st["a"]["skipped"]
+    # rename -> the last refresh line before the next rename
+    trens = rep["trens"]
+    lat = []
+    for i, t0 in enumerate(trens):
+        nxt = trens[i + 1] if i + 1 < len(trens) else hi
+        seen = [x["ms"] for x in lines if t0 <= x["ms"] < nxt]
+        if seen:
+            lat.append(max(seen) - t0)
+    f["latency"] = lat
+    f["vm_us"] = [x["vm_us"] for x in lines]
+    f["admin_bytes"] = [x["admin_bytes"] for x in lines]
+    f["e2e_ms"] = [x["e2e_ms"] for x in lines]
+    f["raw"] = {"phase_s": ph["secs"], "phase_ticks": ph["ticks"], "phase_ns": ph.get("ns"),
+                "base_s": base["secs"], "base_ticks": base["ticks"], "base_ns": base.get("ns"),
+                "periodic_s": per["secs"], "periodic_ticks": per["ticks"]}
+    ref = (r.get("ref") or {}).get(kind)
+    if ref:
+        rt, rn = win_ms(ref["phase"], ref["idle"])
+        f["ref_ms"], f["ref_ms_ns"] = rt / k, (None if rn is None else rn / k)
+        f["ref_updates_ok"] = ref["updates"] == ref["files"]
+        f["ref_raw"] = {"phase_s": ref["phase"]["secs"], "phase_ticks": ref["phase"]["ticks"],
+                        "idle_s": ref["idle"]["secs"], "idle_ticks": ref["idle"]["ticks"],
+                        "updates": ref["updates"], "files": ref["files"]}
+    return f
+
+
+def cmd_repsummary(argv):
+    """One line of a kind's figures from a scenario's results.kv (progress output)."""
+    out = {}
+    with open(argv[0]) as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            key, val = line.rstrip("\n").split("\t", 1)
+            node = out
+            parts = key.split(".")
+            for q in parts[:-1]:
+                node = node.setdefault(q, {})
+            node[parts[-1]] = json.loads(val)
+    f = rep_figures(out, argv[1])
+    print("main thread %.0f ms per change (schedstat %s)%s, Envoy alone %s; rename -> refreshed median %s ms; "
+          "%d full refreshes, %d refresh lines" % (
+              f["ms"], "-" if f["ms_ns"] is None else "%.0f" % f["ms_ns"],
+              "" if f["base_ok"] else " (steady window held a full refresh!)",
+              "%.0f ms" % f["ref_ms"] if "ref_ms" in f else "-",
+              "%.0f" % statistics.median(f["latency"]) if f["latency"] else "-", f["fulls"], f["lines"]))
 
 
 # ------------------------------------------------------------------ table
@@ -523,9 +723,51 @@ def cmd_table(argv):
     row("latency ms p50/p99/max: no filter", lambda r: lat(r["lat"]["nofilter"]))
     row("latency ms: filter, steady refreshes", lambda r: lat(r["lat"]["steady"]))
     row("latency ms: filter, during the 1% change", lambda r: lat(r["lat"]["change"]))
+    def both(t, n, nd=0):
+        return "%.*f (schedstat %s)" % (nd, t, "-" if n is None else "%.*f" % (nd, n))
+
+    def rep_rows(kind, label):
+        F = lambda r: rep_figures(r, kind)
+        row("repeated change, %s: n, flipped + added, EDS files" % label, lambda r: (lambda f: "%d, %d + %d, %d" % (
+            f["k"], f["flipped"], f["added"], f["files"]))(F(r)))
+        row("  rename -> published (refresh line), ms median / max", lambda r: (lambda f: "%.0f / %.0f (n=%d)" % (
+            statistics.median(f["latency"]), max(f["latency"]), len(f["latency"])))(F(r)))
+        row("  MAIN THREAD ms per change (minus steady rate)", lambda r: (lambda f: both(f["ms"], f["ms_ns"]) + (
+            "" if f["base_ok"] else " STEADY WINDOW HELD A FULL REFRESH") + (
+            "" if not f["unchanged"] else "; w/o %d unchanged full: %.0f (%s)" % (
+                f["unchanged"], f["ms_wo_unchanged"],
+                "-" if f["ms_ns_wo_unchanged"] is None else "%.0f" % f["ms_ns_wo_unchanged"])) + "".join(
+            "; " + x for x in f["flags"]))(F(r)))
+        row("    Envoy alone, no filter (taking the EDS in)", lambda r: (lambda f: both(f["ref_ms"], f["ref_ms_ns"]) + (
+            "" if f["ref_updates_ok"] else " (update_success %d of %d)" % (
+                f["ref_raw"]["updates"], f["ref_raw"]["files"])))(F(r)))
+        row("    difference: the filter's (w/o unchanged full refr.)", lambda r: (lambda f: both(
+            f["ms_wo_unchanged"] - f["ref_ms"],
+            None if f["ms_ns_wo_unchanged"] is None or f["ref_ms_ns"] is None else f["ms_ns_wo_unchanged"] - f["ref_ms_ns"]))(F(r)))
+        row("  VM us median / max; admin bytes median; e2e ms median", lambda r: (lambda f: "%s / %s; %s; %s" % (
+            fmt_int(statistics.median(f["vm_us"])), fmt_int(max(f["vm_us"])), fmt_int(statistics.median(f["admin_bytes"])),
+            fmt_int(statistics.median(f["e2e_ms"]))))(F(r)))
+        row("    other threads, ms per change (net, >= 2 ms)", lambda r: (lambda f: ", ".join(
+            "%s %.0f" % (n, v) for n, v in sorted(f["others"].items()) if abs(v) >= 2) or "none")(F(r)))
+        row("  refreshes (stats) / refresh lines (narrowed) / published", lambda r: (lambda f: "%d / %d (%d) / %d; %s" % (
+            f["fulls"], f["lines"], f["narrowed"], f["published"],
+            ", ".join("%s %d" % kv for kv in sorted(f["reasons"].items())) or "no reason lines"))(F(r)))
+        row("  raw: phase s, main ticks | steady s, ticks | polls skipped", lambda r: (lambda f: "%.1f, %d | %.1f, %d | %d / %d" % (
+            f["raw"]["phase_s"], f["raw"]["phase_ticks"], f["raw"]["base_s"], f["raw"]["base_ticks"],
+            f["skips_phase"], f["skips_base"]))(F(r)))
+        row("  raw, no filter: phase s, ticks | idle s, ticks", lambda r: (lambda f: "%.1f, %d | %.1f, %d" % (
+            f["ref_raw"]["phase_s"], f["ref_raw"]["phase_ticks"], f["ref_raw"]["idle_s"], f["ref_raw"]["idle_ticks"]))(F(r)))
+
+    for kind, label in KINDS:
+        rep_rows(kind, label)
+    row("steady: main thread ms/s between full refreshes", lambda r: " / ".join(
+        "%.1f" % rep_figures(r, k)["base_rate_ms_s"] for k, _ in KINDS if k in r["rep"]))
+    row("steady: periodic full refresh (no change), main ms", lambda r: " / ".join(
+        both(f["periodic_ms"], f["periodic_ms_ns"]) + ("" if f["periodic_ok"] else " (not 1 full refresh in it)")
+        for f in (rep_figures(r, k) for k, _ in KINDS if k in r["rep"])))
     row("routing check: picks in the right tier", lambda r: r["routing"])
-    row("refresh_error at: steady / +admin curls / +change / +30", lambda r: " / ".join(
-        fmt_int(r["errors"][k]) for k in ("steady", "curls", "change", "after")))
+    row("refresh_error at: steady / +admin curls / +change / +30 / +repeat", lambda r: " / ".join(
+        fmt_int(r["errors"].get(k)) for k in ("steady", "curls", "change", "after", "rep")))
     row("polls ok (full refreshes + gate skips) / errors / published", lambda r: "%s (%s + %s) / %s / %s" % (
         fmt_int(r["g_end"]["refresh_ok"]), fmt_int(r["g_end"]["refresh_ok"] - r["g_end"].get("skipped", 0)),
         fmt_int(r["g_end"].get("skipped", 0)), fmt_int(r["g_end"]["refresh_error"]), fmt_int(r["g_end"]["published"])))
@@ -547,6 +789,7 @@ def cmd_table(argv):
 
 def main():
     cmds = {"gen": cmd_gen, "change": cmd_change, "load": cmd_load, "cpu": cmd_cpu, "cpudiff": cmd_cpudiff,
+            "cpuwin": cmd_cpuwin, "waitlog": cmd_waitlog, "repsummary": cmd_repsummary,
             "logscan": cmd_logscan, "table": cmd_table, "routecheck": cmd_routecheck,
             "assemble": cmd_assemble}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
