@@ -5,8 +5,11 @@
 //! both bodies, parses the dump, compares it with the last one and keeps a
 //! clone for the next refresh, parses /clusters, joins and plans
 //! (build_plans), encodes the snapshot. (It does not fingerprint the dump:
-//! equal content rarely means equal bytes.) Every worker, on a new version: decodes it, builds its routing
-//! table (lending the old one's sequences) and drops the old table.
+//! equal content rarely means equal bytes.) Every worker, on a new version:
+//! splits it into clusters' sections and rebuilds the routes of the sections
+//! that changed (`RoutingTable::update`); shown for every cluster new (a
+//! fresh table), one cluster changed (a rolling update of one service) and
+//! nothing changed.
 //!
 //! Times are the median (and min..max) of RUNS runs each, inputs prepared
 //! outside the timed region. Heap figures come from a counting global
@@ -210,10 +213,11 @@ const LEADER: [&str; 7] = [
 /// The stages of a refresh whose dump and live health equal the last ones
 /// in content: no plans, nothing published.
 const UNCHANGED: usize = 5;
-const WORKER: [&str; 3] = [
-    "codec::decode",
-    "RoutingTable::build (with previous)",
-    "drop previous table",
+const WORKER: [&str; 4] = [
+    "worker update: every cluster new",
+    "worker update: one cluster changed",
+    "worker update: nothing changed",
+    "drop a table",
 ];
 
 fn run_scenario(tag: char, clusters: usize, hosts_per_cluster: usize, runs: usize) -> Scenario {
@@ -232,11 +236,23 @@ fn run_scenario(tag: char, clusters: usize, hosts_per_cluster: usize, runs: usiz
     assert_eq!(plans.len(), clusters);
     let planned_hosts: usize = plans.iter().map(|p| p.hosts.len()).sum();
     assert!(planned_hosts > admin.hosts / 2, "{planned_hosts}");
-    let table = RoutingTable::build(plans.clone(), None, config.retry_alternates);
+    let alternates = config.retry_alternates;
+    let fresh_table = || RoutingTable::new(alternates);
+    let table_of = |snapshot: &[u8]| {
+        let mut t = fresh_table();
+        t.update(snapshot).unwrap();
+        t
+    };
+    let table = table_of(&bytes);
     assert!(matches!(
         table.decide(&plans[0].cluster),
         Decision::Pick { .. }
     ));
+    // The same snapshot after a rolling-update step in one cluster: its
+    // first host stops serving (gone from the plan).
+    let mut stepped = plans.clone();
+    stepped[0].hosts.remove(0);
+    let one_changed = codec::encode(&stepped);
 
     // The last refresh's results, as the leader keeps them (equal content,
     // separate allocations: the comparisons walk everything).
@@ -270,19 +286,29 @@ fn run_scenario(tag: char, clusters: usize, hosts_per_cluster: usize, runs: usiz
             |d| build_plans(d, Some(&live), &config),
         ),
         stage(LEADER[6], runs, || (), |()| codec::encode(&plans)),
-        stage(WORKER[0], runs, || (), |()| codec::decode(&bytes).unwrap()),
+        stage(WORKER[0], runs, fresh_table, |mut t| {
+            t.update(&bytes).unwrap();
+            t
+        }),
         stage(
             WORKER[1],
             runs,
-            || plans.clone(),
-            |p| RoutingTable::build(p, Some(&table), config.retry_alternates),
+            || table_of(&bytes),
+            |mut t| {
+                assert_eq!(t.update(&one_changed).unwrap().built, 1);
+                t
+            },
         ),
         stage(
             WORKER[2],
             runs,
-            || RoutingTable::build(plans.clone(), None, config.retry_alternates),
-            drop,
+            || table_of(&bytes),
+            |mut t| {
+                assert_eq!(t.update(&bytes).unwrap().built, 0);
+                t
+            },
         ),
+        stage(WORKER[3], runs, || table_of(&bytes), drop),
     ];
     // Floors for comparison: scanning the same JSON without keeping anything.
     stages.push(stage(
@@ -318,7 +344,7 @@ fn run_scenario(tag: char, clusters: usize, hosts_per_cluster: usize, runs: usiz
     // What the leader keeps between refreshes: the dump cache, the last live
     // health and the published bytes (its own routing table comes on top).
     let kept = heap_of(|| (dump.clone(), live.clone(), bytes.clone())).retained;
-    let worker = heap_of(|| RoutingTable::build(codec::decode(&bytes).unwrap(), None, 2));
+    let worker = heap_of(|| table_of(&bytes));
 
     Scenario {
         tag,
@@ -454,8 +480,11 @@ fn print(scenarios: &[Scenario], runs: usize, measured: bool) {
     for name in WORKER {
         stage_row(name);
     }
-    row("= worker on a new version, ms", &|s| {
-        format!("{:.3} ms (decode + build + drop)", sum(s, &WORKER))
+    row("= worker, new version after one cluster's step, ms", &|s| {
+        format!(
+            "{:.3} ms (update + drop of the old route)",
+            sum(s, &WORKER[1..2])
+        )
     });
     row("  worker: routing table kept", &|s| mb(s.worker_table));
     for st in scenarios[0]

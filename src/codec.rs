@@ -85,33 +85,73 @@ impl<'a> Reader<'a> {
     }
 }
 
-pub fn decode(bytes: &[u8]) -> Result<Vec<ClusterPlan>, DecodeError> {
+/// One cluster's part of a snapshot: its name and its encoded bytes. Equal
+/// bytes mean an equal plan, so a worker keeps that cluster's route as it is.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Section<'a> {
+    pub cluster: &'a str,
+    pub bytes: &'a [u8],
+}
+
+/// Splits a snapshot into its clusters' sections, checking the framing but
+/// building nothing.
+pub fn sections(bytes: &[u8]) -> Result<Vec<Section<'_>>, DecodeError> {
     let mut r = Reader { rest: bytes };
     if r.take(4)? != MAGIC {
         return Err(DecodeError("bad magic"));
     }
     let clusters = r.count(7)?;
-    let mut plans = Vec::with_capacity(clusters);
+    let mut out = Vec::with_capacity(clusters);
     for _ in 0..clusters {
-        let cluster = r.string()?;
-        let tier = Tier::from_code(r.u8()?).ok_or(DecodeError("bad tier"))?;
+        let start = r.rest;
+        let name_len = r.u16()? as usize;
+        let cluster = std::str::from_utf8(r.take(name_len)?)
+            .map_err(|_| DecodeError("string is not UTF-8"))?;
+        r.u8()?;
         let n = r.count(6)?;
-        let mut hosts = Vec::with_capacity(n);
         for _ in 0..n {
-            let address = r.string()?;
-            let weight = r.u32()?;
-            hosts.push(PlannedHost { address, weight });
+            let len = r.u16()? as usize;
+            r.take(len + 4)?;
         }
-        plans.push(ClusterPlan {
+        let used = start.len() - r.rest.len();
+        out.push(Section {
             cluster,
-            tier,
-            hosts,
+            bytes: &start[..used],
         });
     }
     if !r.rest.is_empty() {
         return Err(DecodeError("trailing bytes"));
     }
-    Ok(plans)
+    Ok(out)
+}
+
+/// One section's plan.
+pub fn decode_section(section: &[u8]) -> Result<ClusterPlan, DecodeError> {
+    let mut r = Reader { rest: section };
+    let cluster = r.string()?;
+    let tier = Tier::from_code(r.u8()?).ok_or(DecodeError("bad tier"))?;
+    let n = r.count(6)?;
+    let mut hosts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let address = r.string()?;
+        let weight = r.u32()?;
+        hosts.push(PlannedHost { address, weight });
+    }
+    if !r.rest.is_empty() {
+        return Err(DecodeError("trailing bytes"));
+    }
+    Ok(ClusterPlan {
+        cluster,
+        tier,
+        hosts,
+    })
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Vec<ClusterPlan>, DecodeError> {
+    sections(bytes)?
+        .iter()
+        .map(|s| decode_section(s.bytes))
+        .collect()
 }
 
 #[cfg(test)]
@@ -150,15 +190,39 @@ mod tests {
     }
 
     #[test]
+    fn sections_split_by_cluster_and_decode_alone() {
+        let plans = sample();
+        let bytes = encode(&plans);
+        let parts = sections(&bytes).unwrap();
+        let names: Vec<_> = parts.iter().map(|s| s.cluster).collect();
+        assert_eq!(names, ["backend", "empty"]);
+        for (part, plan) in parts.iter().zip(&plans) {
+            assert_eq!(&decode_section(part.bytes).unwrap(), plan);
+            // A section is exactly that plan's encoding, without the header.
+            assert_eq!(part.bytes, &encode(std::slice::from_ref(plan))[8..]);
+        }
+        let mut changed = plans.clone();
+        changed[0].hosts[1].weight = 2;
+        let again = encode(&changed);
+        let parts2 = sections(&again).unwrap();
+        assert_ne!(parts[0].bytes, parts2[0].bytes);
+        assert_eq!(parts[1].bytes, parts2[1].bytes);
+    }
+
+    #[test]
     fn every_truncation_and_corruption_is_an_error_not_a_panic() {
         let bytes = encode(&sample());
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(sections(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0xff;
             let _ = decode(&bad);
+            for part in sections(&bad).unwrap_or_default() {
+                let _ = decode_section(part.bytes);
+            }
         }
         let mut trailing = bytes.clone();
         trailing.push(0);

@@ -1,10 +1,38 @@
 //! The per-worker routing table built from a snapshot: the hot path is one
-//! hash lookup and one O(1) pick.
+//! hash lookup and one O(1) pick. A new snapshot rebuilds only the clusters
+//! whose part of it changed.
 
+use crate::codec::{self, DecodeError};
 use crate::picker::Picker;
 use crate::plan::{ClusterPlan, Tier};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FNV-1a over the cluster name. The keys come from Envoy's configuration,
+/// not from clients, so a keyed hash (SipHash, most of a pick's time)
+/// protects nothing here.
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Routes = HashMap<String, Route, BuildHasherDefault<Fnv>>;
 
 struct Route {
     tier: Tier,
@@ -14,6 +42,35 @@ struct Route {
     picker: Option<Picker>,
     /// This worker's pick sequence for the cluster (carried across rebuilds).
     next: Cell<u64>,
+    /// The snapshot section it was built from: an equal one keeps the route.
+    section: Vec<u8>,
+}
+
+impl Route {
+    fn new(plan: ClusterPlan, next: u64, alternates: usize, section: &[u8]) -> Route {
+        let weights: Vec<u32> = plan.hosts.iter().map(|h| h.weight).collect();
+        let picker = Picker::new(&weights);
+        let tier = if picker.is_none() {
+            Tier::NoServing
+        } else {
+            plan.tier
+        };
+        let addresses: Vec<String> = plan.hosts.into_iter().map(|h| h.address).collect();
+        Route {
+            tier,
+            values: header_values(&addresses, alternates),
+            picker,
+            next: Cell::new(next),
+            section: section.to_vec(),
+        }
+    }
+}
+
+/// What an update did: routes kept as they were, routes built anew.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rebuild {
+    pub kept: usize,
+    pub built: usize,
 }
 
 /// What a request to a cluster gets.
@@ -29,42 +86,62 @@ pub enum Decision<'a> {
 
 #[derive(Default)]
 pub struct RoutingTable {
-    routes: HashMap<String, Route>,
+    routes: Routes,
+    /// Retry alternates in each header value (fixed for a table's life, so a
+    /// kept route's values stay right).
+    alternates: usize,
 }
 
 impl RoutingTable {
-    /// Builds the table; `previous` lends its pick sequences so a rebuild does
-    /// not send the next burst of every cluster to its first host.
-    pub fn build(
-        plans: Vec<ClusterPlan>,
-        previous: Option<&RoutingTable>,
-        alternates: usize,
-    ) -> RoutingTable {
-        let mut routes = HashMap::with_capacity(plans.len());
-        for plan in plans {
-            let weights: Vec<u32> = plan.hosts.iter().map(|h| h.weight).collect();
-            let picker = Picker::new(&weights);
-            let tier = if picker.is_none() {
-                Tier::NoServing
-            } else {
-                plan.tier
-            };
-            let next = previous
-                .and_then(|p| p.routes.get(&plan.cluster))
-                .map_or(0, |r| r.next.get());
-            let addresses: Vec<String> = plan.hosts.into_iter().map(|h| h.address).collect();
-            let values = header_values(&addresses, alternates);
-            routes.insert(
-                plan.cluster,
-                Route {
-                    tier,
-                    values,
-                    picker,
-                    next: Cell::new(next),
-                },
-            );
+    pub fn new(alternates: usize) -> RoutingTable {
+        RoutingTable {
+            routes: Routes::default(),
+            alternates,
         }
-        RoutingTable { routes }
+    }
+
+    /// Takes in a published snapshot. A cluster whose section is byte-equal
+    /// to the one its route was built from keeps the route; a changed one is
+    /// rebuilt and carries the pick sequence on, so that a rebuild does not
+    /// send the next burst to its first host. A bad snapshot changes nothing.
+    pub fn update(&mut self, snapshot: &[u8]) -> Result<Rebuild, DecodeError> {
+        let sections = codec::sections(snapshot)?;
+        // Decode what changed before touching a route.
+        let mut fresh = Vec::with_capacity(sections.len());
+        for section in &sections {
+            let same = self
+                .routes
+                .get(section.cluster)
+                .is_some_and(|r| r.section == section.bytes);
+            fresh.push(match same {
+                true => None,
+                false => Some(codec::decode_section(section.bytes)?),
+            });
+        }
+        let mut old = std::mem::take(&mut self.routes);
+        self.routes.reserve(sections.len());
+        let mut rebuild = Rebuild::default();
+        for (section, plan) in sections.iter().zip(fresh) {
+            // A name listed twice: the first wins, as in `build_plans`.
+            if self.routes.contains_key(section.cluster) {
+                continue;
+            }
+            let route = match (plan, old.remove(section.cluster)) {
+                (None, Some(kept)) => {
+                    rebuild.kept += 1;
+                    kept
+                }
+                (Some(plan), previous) => {
+                    rebuild.built += 1;
+                    let next = previous.map_or(0, |r| r.next.get());
+                    Route::new(plan, next, self.alternates, section.bytes)
+                }
+                // Not reached: an equal section means there was a route.
+                (None, None) => continue,
+            };
+            self.routes.insert(section.cluster.to_string(), route);
+        }
+        Ok(rebuild)
     }
 
     pub fn decide(&self, cluster: &str) -> Decision<'_> {
@@ -141,9 +218,15 @@ mod tests {
         ]
     }
 
+    fn table(plans: &[ClusterPlan], alternates: usize) -> RoutingTable {
+        let mut t = RoutingTable::new(alternates);
+        t.update(&codec::encode(plans)).unwrap();
+        t
+    }
+
     #[test]
     fn decisions() {
-        let t = RoutingTable::build(plans(), None, 0);
+        let t = table(&plans(), 0);
         assert_eq!(
             t.decide("a"),
             Decision::Pick {
@@ -172,7 +255,7 @@ mod tests {
 
     #[test]
     fn clusters_have_their_own_sequence_and_keep_it_across_rebuilds() {
-        let t = RoutingTable::build(plans(), None, 0);
+        let mut t = table(&plans(), 0);
         // Interleaving clusters must not starve a host of either.
         let mut seen = Vec::new();
         for _ in 0..2 {
@@ -185,13 +268,53 @@ mod tests {
             other => format!("{other:?}"),
         };
         let _ = t.decide("a");
-        let rebuilt = RoutingTable::build(plans(), Some(&t), 0);
-        assert_eq!(first_after_rebuild(&rebuilt), "2.2.2.2:2");
+        // "a" changed (its second host), so its route is rebuilt; the
+        // sequence goes on (3 picks made: the next is its second host, where
+        // a fresh sequence would start at the first).
+        let mut changed = plans();
+        changed[0].hosts[1].address = "9.9.9.9:9".into();
+        let rebuild = t.update(&codec::encode(&changed)).unwrap();
+        assert_eq!(rebuild, Rebuild { kept: 2, built: 1 });
+        assert_eq!(first_after_rebuild(&t), "9.9.9.9:9");
+    }
+
+    #[test]
+    fn an_update_rebuilds_only_changed_clusters_and_drops_gone_ones() {
+        let mut t = table(&plans(), 0);
+        let again = t.update(&codec::encode(&plans())).unwrap();
+        assert_eq!(again, Rebuild { kept: 3, built: 0 });
+        let mut changed = plans();
+        changed[1].tier = Tier::Ready;
+        changed.remove(2);
+        let rebuild = t.update(&codec::encode(&changed)).unwrap();
+        assert_eq!(rebuild, Rebuild { kept: 1, built: 1 });
+        assert_eq!(t.decide("none"), Decision::Unknown);
+        assert_eq!(
+            t.decide("b"),
+            Decision::Pick {
+                host: "3.3.3.3:3",
+                tier: Tier::Ready
+            }
+        );
+        assert_eq!((t.cluster_count(), t.host_count()), (2, 3));
+    }
+
+    #[test]
+    fn a_bad_snapshot_changes_nothing() {
+        let mut t = table(&plans(), 0);
+        let mut bytes = codec::encode(&plans());
+        // The last cluster's tier byte: framing intact, content bad.
+        let tier_at = bytes.len() - 4 - 1;
+        bytes[tier_at] = 0xee;
+        assert!(t.update(&bytes).is_err());
+        assert!(t.update(b"garbage").is_err());
+        assert_eq!((t.cluster_count(), t.host_count()), (3, 3));
+        assert_eq!(t.decide("none"), Decision::NoServing);
     }
 
     #[test]
     fn retry_alternates_follow_the_pick() {
-        let t = RoutingTable::build(plans(), None, 2);
+        let t = table(&plans(), 2);
         // Two hosts: one alternate at most, never the picked host twice.
         assert_eq!(
             t.decide("a"),

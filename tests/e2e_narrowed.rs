@@ -1,9 +1,9 @@
 //! Narrowed refreshes: when the change gate's stats pin a change to a few
 //! clusters, the leader asks the config dump for those clusters only
-//! (`name_regex`) and merges them into its last full view. Checked here in
-//! real Envoy: each cluster's change (one of them fed under an EDS service
-//! name) reaches routing through a narrowed refresh, the other clusters keep
-//! theirs, an admin API that ignores `name_regex` gets a full refresh
+//! (`name_regex`) and merges them into its last full view; every VM then
+//! rebuilds only that cluster's route. Checked here in real Envoy: each
+//! cluster's change (one of them fed under an EDS service name) reaches
+//! routing through a narrowed refresh, the other clusters keep theirs, an admin API that ignores `name_regex` gets a full refresh
 //! instead, and `partial_refresh: false` turns it off.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -117,6 +117,15 @@ fn a_change_in_one_cluster_is_fetched_alone_and_the_rest_stays() {
             mesh.expect(other, which, "after another cluster's change");
         }
     }
+    // Every VM rebuilt only the changed cluster's route.
+    let rebuilt = mesh
+        .envoy
+        .log_lines("routing table: 1 clusters rebuilt, 2 kept");
+    assert!(
+        rebuilt.len() >= 3,
+        "routing tables rebuilt one cluster per change:\n{}",
+        mesh.envoy.log_lines("routing table:").join("\n")
+    );
     let lines = mesh.envoy.log_lines("narrowed to 1 changed clusters");
     assert!(
         lines.len() >= 3,

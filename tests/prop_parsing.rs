@@ -602,16 +602,34 @@ fn check_plans(joined: &[ClusterHosts], plans: &[ClusterPlan], config: &PluginCo
     }
 }
 
+/// A table as a worker has it after taking in `plans` (into `previous`, when
+/// it had one).
+fn table_of(
+    plans: &[ClusterPlan],
+    alternates: usize,
+    previous: Option<RoutingTable>,
+) -> RoutingTable {
+    let mut table = previous.unwrap_or_else(|| RoutingTable::new(alternates));
+    table.update(&codec::encode(plans)).unwrap();
+    table
+}
+
 /// `decide` only ever names hosts of the plan: the picked one first, then
-/// distinct alternates of the same plan.
-fn check_table(plans: &[ClusterPlan], alternates: usize, previous: Option<&RoutingTable>) {
-    let table = RoutingTable::build(plans.to_vec(), previous, alternates);
+/// distinct alternates of the same plan; an updated table holds what a fresh
+/// one would.
+fn check_table(plans: &[ClusterPlan], alternates: usize, previous: Option<RoutingTable>) {
+    let table = table_of(plans, alternates, previous);
+    let fresh = table_of(plans, alternates, None);
+    assert_eq!(
+        (table.cluster_count(), table.host_count()),
+        (fresh.cluster_count(), fresh.host_count())
+    );
     let names: HashSet<&str> = plans.iter().map(|p| p.cluster.as_str()).collect();
     assert_eq!(table.cluster_count(), names.len());
-    // Later plans of the same name replace earlier ones.
+    // The first plan of a name wins (as build_plans keeps the first).
     let mut last: HashMap<&str, &ClusterPlan> = HashMap::new();
     for p in plans {
-        last.insert(p.cluster.as_str(), p);
+        last.entry(p.cluster.as_str()).or_insert(p);
     }
     for (name, plan) in &last {
         let hosts: HashSet<&str> = plan.hosts.iter().map(|h| h.address.as_str()).collect();
@@ -1662,14 +1680,15 @@ proptest! {
         alternates in 0usize..=8,
     ) {
         check_table(&plans, alternates, None);
-        // Sequences lent by a previous table (any state) change nothing.
-        let previous = RoutingTable::build(before.clone(), None, alternates);
+        // An update of a previous table (any state, some clusters equal,
+        // some changed, some gone) names the same hosts.
+        let previous = table_of(&before, alternates, None);
         for p in &before {
             for _ in 0..warm {
                 let _ = previous.decide(&p.cluster);
             }
         }
-        check_table(&plans, alternates, Some(&previous));
+        check_table(&plans, alternates, Some(previous));
     }
 
     /// Equal weights: exact round robin, every host equally often.
@@ -1682,7 +1701,7 @@ proptest! {
                 .map(|i| PlannedHost { address: format!("10.0.0.{i}:80"), weight })
                 .collect(),
         };
-        let table = RoutingTable::build(vec![plan], None, 0);
+        let table = table_of(&[plan], 0, None);
         let mut counts: HashMap<String, usize> = HashMap::new();
         for _ in 0..n * rounds {
             match table.decide("c") {

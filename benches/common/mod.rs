@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+use serving_picker::codec;
 use serving_picker::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker::table::RoutingTable;
 
@@ -120,7 +121,9 @@ pub fn plans(
 pub fn table_with(clusters: usize, hosts: usize, weighted: bool) -> (RoutingTable, String) {
     let target = clusters / 2;
     let plans = plans(clusters, target, hosts, weighted, 10);
-    (RoutingTable::build(plans, None, 2), cluster_name(target))
+    let mut table = RoutingTable::new(2);
+    table.update(&codec::encode(&plans)).unwrap();
+    (table, cluster_name(target))
 }
 
 // ---------------------------------------------------------------- admin JSON

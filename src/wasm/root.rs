@@ -4,7 +4,7 @@ use super::http::PickerHttp;
 use super::metrics::{Metrics, RequestCounters};
 use super::refresh::{Outcome, Refresher, Start};
 use super::shared::SharedKeys;
-use crate::codec;
+use crate::codec::{self, DecodeError};
 use crate::config::{fingerprint, parse_config, PluginConfig};
 use crate::table::RoutingTable;
 use proxy_wasm::hostcalls;
@@ -77,17 +77,27 @@ impl PickerRoot {
         }
     }
 
-    fn install(&mut self, plans: Vec<crate::plan::ClusterPlan>) {
-        let Some(worker) = &self.worker else { return };
-        let previous = worker.table.borrow_mut().take();
-        let table = RoutingTable::build(plans, previous.as_ref(), worker.config.retry_alternates);
+    /// Takes a published snapshot into this worker's routing table,
+    /// rebuilding only the clusters whose part of it changed.
+    fn install(&self, snapshot: &[u8]) -> Result<(), DecodeError> {
+        let Some(worker) = &self.worker else {
+            return Ok(());
+        };
+        let mut slot = worker.table.borrow_mut();
+        let table = slot.get_or_insert_with(|| RoutingTable::new(worker.config.retry_alternates));
+        let rebuild = table.update(snapshot)?;
+        log::debug!(
+            "serving_picker: routing table: {} clusters rebuilt, {} kept",
+            rebuild.built,
+            rebuild.kept
+        );
         worker
             .metrics
             .snapshot_clusters
             .set(table.cluster_count() as u64);
         worker.metrics.snapshot_hosts.set(table.host_count() as u64);
-        *worker.table.borrow_mut() = Some(table);
         worker.logged_unknown.borrow_mut().clear();
+        Ok(())
     }
 
     /// Followers (and a new leader) pick up a newer published snapshot.
@@ -98,11 +108,8 @@ impl PickerRoot {
             return;
         }
         let Some(bytes) = keys.snapshot() else { return };
-        match codec::decode(&bytes) {
-            Ok(plans) => {
-                self.seen_version = version;
-                self.install(plans);
-            }
+        match self.install(&bytes) {
+            Ok(()) => self.seen_version = version,
             Err(e) => {
                 log::error!("serving_picker: published snapshot unreadable, keeping ours: {e}")
             }
@@ -120,7 +127,7 @@ impl PickerRoot {
         };
         if unchanged {
             if worker.table.borrow().is_none() {
-                self.install(plans);
+                self.install_own(&bytes);
             }
             self.published = Some(bytes);
             return;
@@ -140,8 +147,15 @@ impl PickerRoot {
             summary(&plans)
         );
         self.seen_version = Some(version);
+        self.install_own(&bytes);
         self.published = Some(bytes);
-        self.install(plans);
+    }
+
+    /// The leader's own snapshot, just encoded: it always reads back.
+    fn install_own(&self, snapshot: &[u8]) {
+        if let Err(e) = self.install(snapshot) {
+            log::error!("serving_picker: own snapshot unreadable: {e}");
+        }
     }
 }
 
