@@ -24,21 +24,60 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&s.as_bytes()[..end]);
 }
 
+/// One plan's section: name, tier, hosts.
+fn put_plan(out: &mut Vec<u8>, plan: &ClusterPlan) {
+    put_str(out, &plan.cluster);
+    out.push(plan.tier as u8);
+    out.extend_from_slice(&(plan.hosts.len() as u32).to_le_bytes());
+    for host in &plan.hosts {
+        put_str(out, &host.address);
+        out.extend_from_slice(&host.weight.to_le_bytes());
+    }
+}
+
+fn header(out: &mut Vec<u8>, clusters: usize) {
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(clusters as u32).to_le_bytes());
+}
+
 pub fn encode(plans: &[ClusterPlan]) -> Vec<u8> {
     let hosts: usize = plans.iter().map(|p| p.hosts.len()).sum();
     let mut out = Vec::with_capacity(16 + plans.len() * 32 + hosts * 28);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(plans.len() as u32).to_le_bytes());
+    header(&mut out, plans.len());
     for plan in plans {
-        put_str(&mut out, &plan.cluster);
-        out.push(plan.tier as u8);
-        out.extend_from_slice(&(plan.hosts.len() as u32).to_le_bytes());
-        for host in &plan.hosts {
-            put_str(&mut out, &host.address);
-            out.extend_from_slice(&host.weight.to_le_bytes());
-        }
+        put_plan(&mut out, plan);
     }
     out
+}
+
+/// A published snapshot with some clusters' plans put in place of theirs
+/// (or added): what a narrowed refresh publishes, without planning the
+/// clusters that did not change. Both must be sorted by name, as
+/// `build_plans` and this function leave them.
+pub fn splice(snapshot: &[u8], plans: &[ClusterPlan]) -> Result<Vec<u8>, DecodeError> {
+    let old = sections(snapshot)?;
+    let mut body = Vec::with_capacity(snapshot.len() + plans.len() * 64);
+    let mut count = 0;
+    let mut fresh = plans.iter().peekable();
+    for section in &old {
+        while let Some(plan) = fresh.next_if(|p| p.cluster.as_str() < section.cluster) {
+            put_plan(&mut body, plan);
+            count += 1;
+        }
+        match fresh.next_if(|p| p.cluster == section.cluster) {
+            Some(plan) => put_plan(&mut body, plan),
+            None => body.extend_from_slice(section.bytes),
+        }
+        count += 1;
+    }
+    for plan in fresh {
+        put_plan(&mut body, plan);
+        count += 1;
+    }
+    let mut out = Vec::with_capacity(8 + body.len());
+    header(&mut out, count);
+    out.append(&mut body);
+    Ok(out)
 }
 
 struct Reader<'a> {
@@ -207,6 +246,34 @@ mod tests {
         let parts2 = sections(&again).unwrap();
         assert_ne!(parts[0].bytes, parts2[0].bytes);
         assert_eq!(parts[1].bytes, parts2[1].bytes);
+    }
+
+    #[test]
+    fn splice_replaces_and_adds_in_name_order() {
+        let plans = sample();
+        let bytes = encode(&plans);
+        let mut backend = plans[0].clone();
+        backend.hosts.pop();
+        let added = |name: &str| ClusterPlan {
+            cluster: name.into(),
+            tier: Tier::Ready,
+            hosts: vec![PlannedHost {
+                address: "10.9.9.9:9".into(),
+                weight: 1,
+            }],
+        };
+        let patch = vec![added("a"), backend.clone(), added("c"), added("z")];
+        let spliced = splice(&bytes, &patch).unwrap();
+        let expected = vec![
+            added("a"),
+            backend,
+            added("c"),
+            plans[1].clone(),
+            added("z"),
+        ];
+        assert_eq!(spliced, encode(&expected));
+        assert_eq!(splice(&bytes, &[]).unwrap(), bytes);
+        assert!(splice(b"junk", &patch).is_err());
     }
 
     #[test]

@@ -176,7 +176,7 @@ fn percent_encode(text: &str) -> String {
 /// the caller then asks for everything.
 pub fn merge(
     view: &mut EndpointsDump,
-    part: EndpointsDump,
+    part: &EndpointsDump,
     asked: &[String],
 ) -> Result<bool, String> {
     if let Some(extra) = part.clusters.iter().find(|c| !asked.contains(&c.name)) {
@@ -218,7 +218,7 @@ pub fn merge(
         clusters.extend(entries(&part.clusters, name));
     }
     view.clusters = clusters;
-    view.notes = part.notes;
+    view.notes.clone_from(&part.notes);
     Ok(changed)
 }
 
@@ -413,20 +413,20 @@ cluster_manager.active_clusters: 6
         let last = dump_of(&[("a", 1), ("b", 2), ("c", 3)]);
         let mut view = last.clone();
         assert_eq!(
-            merge(&mut view, dump_of(&[("b", 20)]), &asked(&["b"])),
+            merge(&mut view, &dump_of(&[("b", 20)]), &asked(&["b"])),
             Ok(true)
         );
         assert_eq!(view, dump_of(&[("a", 1), ("b", 20), ("c", 3)]));
         let mut view = last.clone();
         assert_eq!(
-            merge(&mut view, dump_of(&[("c", 3)]), &asked(&["c"])),
+            merge(&mut view, &dump_of(&[("c", 3)]), &asked(&["c"])),
             Ok(false)
         );
         assert_eq!(view, last);
         // A cluster the view did not have yet comes last.
         let mut view = last.clone();
         assert_eq!(
-            merge(&mut view, dump_of(&[("n", 9)]), &asked(&["n"])),
+            merge(&mut view, &dump_of(&[("n", 9)]), &asked(&["n"])),
             Ok(true)
         );
         assert_eq!(view, dump_of(&[("a", 1), ("b", 2), ("c", 3), ("n", 9)]));
@@ -437,19 +437,19 @@ cluster_manager.active_clusters: 6
         // Two Envoy clusters sharing one EDS service name list it twice.
         let mut view = dump_of(&[("a", 1), ("s", 2), ("b", 7), ("s", 3)]);
         let part = dump_of(&[("s", 4), ("s", 5)]);
-        assert_eq!(merge(&mut view, part, &asked(&["s"])), Ok(true));
+        assert_eq!(merge(&mut view, &part, &asked(&["s"])), Ok(true));
         assert_eq!(view, dump_of(&[("a", 1), ("s", 4), ("s", 5), ("b", 7)]));
         let part = dump_of(&[("s", 4), ("s", 5)]);
-        assert_eq!(merge(&mut view, part, &asked(&["s"])), Ok(false));
+        assert_eq!(merge(&mut view, &part, &asked(&["s"])), Ok(false));
     }
 
     #[test]
     fn merge_refuses_answers_that_do_not_match_the_question() {
         let last = dump_of(&[("a", 1), ("b", 2)]);
         let mut view = last.clone();
-        let missing = merge(&mut view, dump_of(&[]), &asked(&["b"])).unwrap_err();
+        let missing = merge(&mut view, &dump_of(&[]), &asked(&["b"])).unwrap_err();
         assert!(missing.contains("lacks cluster \"b\""), "{missing}");
-        let extra = merge(&mut view, dump_of(&[("a", 1), ("b", 2)]), &asked(&["b"])).unwrap_err();
+        let extra = merge(&mut view, &dump_of(&[("a", 1), ("b", 2)]), &asked(&["b"])).unwrap_err();
         assert!(extra.contains("brought cluster \"a\""), "{extra}");
         assert_eq!(view, last, "a refused answer leaves the view as it was");
     }

@@ -173,3 +173,35 @@ fn an_answer_that_ignores_the_narrowing_falls_back_to_a_full_refresh() {
     );
     assert!(mesh.envoy.log_lines("admin refresh failed").is_empty());
 }
+
+/// A change only `/clusters` shows: one cluster's hosts swap EDS statuses
+/// UNHEALTHY and DRAINING (the config dump reads both UNHEALTHY, so the
+/// narrowed dump is the same as before). The narrowed refresh reads live
+/// health and the DRAINING host gets the traffic each time.
+#[test]
+fn a_health_only_change_in_one_cluster_is_read_from_live_health() {
+    let mesh = Mesh::start("narrowed-live", json!({}));
+    let (name, one, two) = &mesh.backends[1];
+    let statuses = |drains_one: bool| {
+        let (a, b) = if drains_one {
+            ("DRAINING", "UNHEALTHY")
+        } else {
+            ("UNHEALTHY", "DRAINING")
+        };
+        [
+            Endpoint::health(one.addr(), a),
+            Endpoint::health(two.addr(), b),
+        ]
+    };
+    for (round, drains_one) in [false, true, false].into_iter().enumerate() {
+        let before = mesh.narrowed();
+        mesh.envoy.set_endpoints(name, &statuses(drains_one));
+        mesh.expect(1, if drains_one { 1 } else { 2 }, &format!("swap {round}"));
+        wait_until(
+            &format!("a narrowed refresh after swap {round}"),
+            Duration::from_secs(5),
+            || mesh.narrowed() > before,
+        );
+        mesh.expect(0, 1, "after another cluster's change");
+    }
+}

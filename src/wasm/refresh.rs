@@ -43,6 +43,8 @@ pub struct Work {
     pub dump_changed: bool,
     /// The dump was narrowed to this many clusters whose stats moved.
     pub narrowed_to: Option<usize>,
+    /// `/clusters` was read (else the dump settled every host's health).
+    pub live_read: bool,
     /// From the first admin call of the refresh to its last answer.
     pub took_ms: u64,
 }
@@ -62,6 +64,9 @@ pub enum Outcome {
     Nothing,
     /// A complete refresh: the plans to publish.
     Plans(Vec<ClusterPlan>, Work),
+    /// A narrowed refresh: the plans of the clusters it read, to put in
+    /// place of theirs in the published snapshot.
+    Patch(Vec<ClusterPlan>, Work),
     /// A complete refresh that found nothing changed.
     Unchanged(Work),
     /// The change gate saw the same stats: no refresh was needed.
@@ -302,6 +307,7 @@ impl Refresher {
                     earlier_busy_us: 0,
                     dump_changed,
                     narrowed_to,
+                    live_read: false,
                     took_ms: 0,
                 };
                 if config.admin_health_path.is_empty() {
@@ -339,6 +345,7 @@ impl Refresher {
                     Err(why) => return self.fail(why),
                 };
                 work.admin_bytes += body.len();
+                work.live_read = true;
                 match parse_clusters(&body) {
                     Ok(live) => {
                         self.known_live = Some(live.clone());
@@ -351,8 +358,9 @@ impl Refresher {
         }
     }
 
-    /// The endpoints after this answer and whether they changed; `None` when
-    /// a narrowed answer does not match what was asked.
+    /// The endpoints this answer brought (the whole view, or the narrowed
+    /// clusters only) and whether they changed; `None` when a narrowed answer
+    /// does not match what was asked.
     fn read_dump(
         &mut self,
         config: &PluginConfig,
@@ -364,24 +372,23 @@ impl Refresher {
         let dump =
             parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
         self.log_notes(&dump.notes);
-        let changed = match (only, self.last_dump.as_mut()) {
-            (Some(asked), Some(view)) => match merge(view, dump, &asked) {
-                Ok(changed) => changed,
+        match (only, self.last_dump.as_mut()) {
+            (Some(asked), Some(view)) => match merge(view, &dump, &asked) {
+                Ok(changed) => Ok(Some((dump, changed))),
                 Err(why) => {
                     log::debug!("serving_picker: narrowed refresh refused ({why}); fetching all");
-                    return Ok(None);
+                    Ok(None)
                 }
             },
-            (Some(_), None) => return Ok(None),
+            (Some(_), None) => Ok(None),
             // Compared parsed: Envoy prints metadata keys in a different order
             // on each dump, so equal content rarely means equal bytes.
             (None, last) => {
                 let changed = last.is_none_or(|last| last.clusters != dump.clusters);
-                self.last_dump = Some(dump);
-                changed
+                self.last_dump = Some(dump.clone());
+                Ok(Some((dump, changed)))
             }
-        };
-        Ok(self.last_dump.clone().map(|view| (view, changed)))
+        }
     }
 
     fn finish(
@@ -401,6 +408,19 @@ impl Refresher {
         if work.narrowed_to.is_none() {
             self.last_took_ms = work.took_ms;
         }
+        if work.narrowed_to.is_some() {
+            // Plans for the narrowed clusters only. Their health comes from
+            // the dump alone unless `/clusters` was read, which may differ
+            // even where the dump does not (EDS DRAINING and UNHEALTHY read
+            // the same there): then the patch is built, and the caller
+            // publishes it only if the snapshot's bytes change.
+            if !work.dump_changed && !work.live_read {
+                return Outcome::Unchanged(work);
+            }
+            // The full refresh after a patch compares against nothing.
+            self.last_live = None;
+            return Outcome::Patch(build_plans(dump, live.as_ref(), config), work);
+        }
         let unchanged = !work.dump_changed && self.last_live.is_some() && self.last_live == live;
         if unchanged {
             return Outcome::Unchanged(work);
@@ -408,6 +428,13 @@ impl Refresher {
         let plans = build_plans(dump, live.as_ref(), config);
         self.last_live = live;
         Outcome::Plans(plans, work)
+    }
+
+    /// The next poll reads everything (a patch could not be applied).
+    pub fn forget_view(&mut self) {
+        self.last_dump = None;
+        self.last_live = None;
+        self.gate = ChangeGate::default();
     }
 
     /// Logs a refresh failure once until it changes or recovers.

@@ -116,11 +116,12 @@ impl PickerRoot {
         }
     }
 
-    fn publish(&mut self, plans: Vec<crate::plan::ClusterPlan>) {
+    /// Publishes `bytes` unless they are what is published already; `plans`
+    /// (all of them, or a patch's) name what changed in the log.
+    fn publish(&mut self, bytes: Vec<u8>, plans: &[crate::plan::ClusterPlan]) {
         let Some(worker) = self.worker.clone() else {
             return;
         };
-        let bytes = codec::encode(&plans);
         let unchanged = match &self.published {
             Some(last) => *last == bytes,
             None => self.keys.as_ref().and_then(|k| k.snapshot()).as_ref() == Some(&bytes),
@@ -144,7 +145,7 @@ impl PickerRoot {
         log::info!(
             "serving_picker: published snapshot {}: {}",
             String::from_utf8_lossy(&version),
-            summary(&plans)
+            summary(plans)
         );
         self.seen_version = Some(version);
         self.install_own(&bytes);
@@ -232,9 +233,24 @@ impl Context for PickerRoot {
             Outcome::Unchanged(work) => (work, None),
             Outcome::Plans(plans, work) => {
                 worker.metrics.admin_bytes.set(work.admin_bytes as u64);
-                let clusters = plans.len();
-                self.publish(plans);
-                (work, Some(clusters))
+                self.publish(codec::encode(&plans), &plans);
+                (work, Some(plans.len()))
+            }
+            Outcome::Patch(plans, work) => {
+                worker.metrics.admin_bytes.set(work.admin_bytes as u64);
+                let spliced = self.published.as_deref().map(|p| codec::splice(p, &plans));
+                match spliced {
+                    Some(Ok(bytes)) => self.publish(bytes, &plans),
+                    // Not expected: a narrowed refresh follows a full one of
+                    // this term, whose snapshot is the one kept.
+                    _ => {
+                        log::error!("serving_picker: cannot patch the published snapshot; the next refresh reads everything");
+                        self.refresher.forget_view();
+                        worker.metrics.refresh_error.inc();
+                        return;
+                    }
+                }
+                (work, Some(plans.len()))
             }
         };
         worker.metrics.refresh_ok.inc();
