@@ -10,7 +10,7 @@ use crate::table::RoutingTable;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
@@ -29,6 +29,8 @@ pub struct Worker {
 
 pub struct PickerRoot {
     id: u32,
+    /// Made an HTTP context: this is a worker's VM (the main thread's never does).
+    served: Cell<bool>,
     worker: Option<Rc<Worker>>,
     keys: Option<SharedKeys>,
     refresher: Refresher,
@@ -51,7 +53,8 @@ fn tick_period(refresh_interval_ms: u64) -> Duration {
 fn random_id() -> u32 {
     let mut h = RandomState::new().build_hasher();
     h.write_u64(now_ms());
-    h.finish() as u32
+    // Never 0: that is the released lease's holder.
+    (h.finish() as u32).max(1)
 }
 
 pub fn now_ms() -> u64 {
@@ -65,6 +68,7 @@ impl PickerRoot {
     pub fn new() -> PickerRoot {
         PickerRoot {
             id: random_id(),
+            served: Cell::new(false),
             worker: None,
             keys: None,
             refresher: Refresher::default(),
@@ -316,12 +320,27 @@ impl RootContext for PickerRoot {
         let config = &worker.config;
         let now = now_ms();
         let ttl = config.refresh_interval_ms * 3 + config.admin_timeout_ms;
-        let leader = keys.hold_lease(self.id, now, ttl);
+        // Refreshing on a worker would hold up its requests: while an idle
+        // context (the main thread's) is alive, workers leave the lease to it.
+        let serving = self.served.get();
+        let idle_alive = if serving {
+            let fresh = tick_period(config.refresh_interval_ms).as_millis() as u64 * 4;
+            keys.idle_alive(now, fresh)
+        } else {
+            keys.idle_heartbeat(now);
+            false
+        };
+        let leader = keys.hold_lease(self.id, now, ttl, serving, idle_alive);
         if leader != self.leader {
             log::info!(
-                "serving_picker: context {:08x} {} the admin poller",
+                "serving_picker: context {:08x} {} the admin poller{}",
                 self.id,
-                if leader { "is now" } else { "is no longer" }
+                if leader { "is now" } else { "is no longer" },
+                if !leader && serving && idle_alive {
+                    " (it serves requests; an idle context takes over)"
+                } else {
+                    ""
+                }
             );
             self.leader = leader;
             self.published = None;
@@ -346,6 +365,7 @@ impl RootContext for PickerRoot {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        self.served.set(true);
         let worker = self.worker.clone()?;
         Some(Box::new(PickerHttp::new(worker)))
     }

@@ -583,6 +583,14 @@ impl Envoy {
             .collect()
     }
 
+    /// The name of this Envoy's thread `tid` (as Envoy's log prints it):
+    /// "envoy" for the main thread, "wrk:worker_N" for workers.
+    pub fn thread_name(&self, tid: &str) -> Option<String> {
+        let pid = self.child.as_ref()?.id();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+        Some(comm.trim().to_string())
+    }
+
     /// Is the process still running?
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
