@@ -82,15 +82,17 @@ clean:
 	rm -rf benches/noop-filter/target
 
 # End-to-end benchmark: front Envoy plain vs with the no-op wasm filter vs with serving-picker,
+# a throughput phase (wrk -c32) and a latency phase (wrk -c1), figures paired per round,
 # wrk on loopback (ports 21000-21999). Knobs (environment): BENCH_DURATION, BENCH_WARMUP,
-# BENCH_CONNECTIONS, BENCH_THREADS, BENCH_ROUNDS; see benches/e2e/README.md.
+# BENCH_CONNECTIONS, BENCH_THREADS, BENCH_LAT_DURATION, BENCH_ROUNDS; see benches/e2e/README.md.
 bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
 	bash benches/e2e/run.sh
 
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
-# files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency.
+# files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency, and
+# the main-thread CPU of one change-driven refresh (every cluster changing, or one).
 # Loopback ports 22000-22999; knobs and details in benches/scale/run.sh.
 .PHONY: bench-scale
 bench-scale: build envoy
