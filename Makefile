@@ -1,12 +1,19 @@
 # serving-picker: build, run the demo, test, benchmark.
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-# cargo's module, and the shipped one: that after `wasm-opt -Oz` (binaryen).
+# cargo's module, and the shipped one: that after `wasm-metadce` and `wasm-opt -Oz` (binaryen).
 CARGO_WASM := target/wasm32-wasip1/release/serving_picker.wasm
 WASM := target/serving_picker.wasm
-# The features rustc's wasm32-wasip1 output uses; wasm-opt must not add others.
-WASM_OPT_FLAGS := -Oz --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
-  --enable-nontrapping-float-to-int --strip-debug --strip-producers
+# The features rustc's wasm32-wasip1 output uses; binaryen must not add others.
+WASM_FEATURES := --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
+  --enable-nontrapping-float-to-int
+WASM_OPT_FLAGS := -Oz --converge $(WASM_FEATURES) --strip-debug --strip-producers
+# The exports this filter needs. The SDK exports every callback; Envoy enters the VM only for
+# those a module exports, so cutting the rest (response headers and bodies, trailers, request
+# bodies, access log, network, gRPC, queues) saves VM entries on every request, and their code.
+KEEP_EXPORTS := memory _initialize proxy_abi_version_0_2_1 proxy_on_vm_start proxy_on_configure \
+  proxy_on_tick proxy_on_context_create proxy_on_request_headers proxy_on_http_call_response \
+  proxy_on_done proxy_on_delete proxy_on_memory_allocate
 VENV := .venv
 ENVOY_VERSION := 1.40.0
 # Tests and scripts find Envoy and the module through these.
@@ -22,7 +29,10 @@ FUZZ_CASES ?= 20000
 
 build: wasm-target wasm-opt
 	cargo build --release --target wasm32-wasip1 --lib
-	@[ $(WASM) -nt $(CARGO_WASM) ] || { wasm-opt $(WASM_OPT_FLAGS) $(CARGO_WASM) -o $(WASM).tmp && mv $(WASM).tmp $(WASM); }
+	@[ $(WASM) -nt $(CARGO_WASM) ] && [ $(WASM) -nt Makefile ] || { \
+	  scripts/exports-graph.sh $(KEEP_EXPORTS) >target/keep-exports.json && \
+	  wasm-metadce $(WASM_FEATURES) --graph-file=target/keep-exports.json $(CARGO_WASM) -o $(WASM).dce >/dev/null && \
+	  wasm-opt $(WASM_OPT_FLAGS) $(WASM).dce -o $(WASM).tmp && mv $(WASM).tmp $(WASM) && rm -f $(WASM).dce; }
 	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes (cargo's $(CARGO_WASM): $$(stat -c %s $(CARGO_WASM)))"
 
 wasm-target:
