@@ -44,6 +44,9 @@ struct Reading {
 
 #[derive(Default)]
 pub struct ChangeGate {
+    /// The periodic full refresh comes no sooner than this either (see
+    /// `space_periodic`).
+    periodic_floor_ms: u64,
     /// Read before the last successful full refresh.
     recorded: Option<Reading>,
     /// Read before the full refresh under way: recorded only if it succeeds,
@@ -80,7 +83,8 @@ impl ChangeGate {
             // The stats cannot see everything (e.g. two hosts swapping health
             // within one poll): a full refresh now and then, whatever they say.
             Some(last)
-                if now_ms.saturating_sub(last.full_at_ms) >= config.full_refresh_interval_ms =>
+                if now_ms.saturating_sub(last.full_at_ms)
+                    >= config.full_refresh_interval_ms.max(self.periodic_floor_ms) =>
             {
                 Verdict::Fetch(Reason::Periodic)
             }
@@ -108,6 +112,14 @@ impl ChangeGate {
             }
             self.recorded = Some(reading);
         }
+    }
+
+    /// The periodic full refresh is a safety net for what the stats cannot
+    /// see; at scale it is the costly part of steady state (Envoy renders
+    /// the whole dump on its main thread), so it comes at most once per
+    /// `floor_ms` however short `full_refresh_interval_ms` is.
+    pub fn space_periodic(&mut self, floor_ms: u64) {
+        self.periodic_floor_ms = floor_ms;
     }
 
     /// After a `StatsMoved` verdict: which clusters' stats moved since the
@@ -252,6 +264,25 @@ mod tests {
         );
         // The timer still runs from the full refresh at 0.
         assert_eq!(gate.decide(&config(), 10_000, ok(MOVED)).verdict, PERIODIC);
+    }
+
+    #[test]
+    fn a_costly_full_refresh_spaces_the_timer_out() {
+        let mut gate = recorded();
+        gate.space_periodic(25_000);
+        assert_eq!(
+            gate.decide(&config(), 24_999, ok(STATS)).verdict,
+            Verdict::Skip
+        );
+        assert_eq!(gate.decide(&config(), 25_000, ok(STATS)).verdict, PERIODIC);
+        // A short floor leaves the configured interval in charge.
+        gate.space_periodic(1);
+        gate.refresh_succeeded(true);
+        assert_eq!(
+            gate.decide(&config(), 34_999, ok(STATS)).verdict,
+            Verdict::Skip
+        );
+        assert_eq!(gate.decide(&config(), 35_000, ok(STATS)).verdict, PERIODIC);
     }
 
     #[test]

@@ -436,9 +436,12 @@ def log_ms(ts):
 
 def cmd_waitlog(argv):
     """Waits for a refresh line (the filter's debug line of a refresh that saw a change) logged at or
-    after SINCE_MS, from byte OFFSET on. Reads Envoy's log file only: no admin call, so no work for
-    Envoy's main thread. Prints its epoch ms; exit status 1 after TIMEOUT_S without one."""
+    after SINCE_MS, from byte OFFSET on; with --periodic, for the start of a periodic full refresh
+    instead. Reads Envoy's log file only: no admin call, so no work for Envoy's main thread. Prints
+    its epoch ms; exit status 1 after TIMEOUT_S without one."""
     path, offset, since, timeout = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
+    periodic = "--periodic" in argv[4:]
+    pattern = FULL if periodic else REFRESH
     deadline = time.monotonic() + timeout
     buf = b""
     with open(path, "rb") as f:
@@ -449,8 +452,8 @@ def cmd_waitlog(argv):
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for raw in lines:
-                    m = REFRESH.search(raw.decode("utf-8", "replace"))
-                    if m and log_ms(m.group(1)) >= since:
+                    m = pattern.search(raw.decode("utf-8", "replace"))
+                    if m and (not periodic or m.group(2) == "Periodic") and log_ms(m.group(1)) >= since:
                         print(log_ms(m.group(1)))
                         return
             elif time.monotonic() > deadline:
@@ -592,8 +595,10 @@ def rep_figures(r, kind):
     for x in rep["log"]["fulls"]:
         if lo <= x["ms"] <= hi:
             f["reasons"][x["reason"]] = f["reasons"].get(x["reason"], 0) + 1
-    # full refreshes that found no change (periodic ones): their share, taken out
-    f["unchanged"] = max(0, f["fulls"] - f["lines"])
+    # full refreshes that found no change (periodic ones): their share, taken out. Such a refresh
+    # logs no refresh line, or (when it re-plans after a narrowed one) a line that published nothing.
+    replanned = sum(1 for x in lines if not x.get("published") and x.get("narrowed_to") is None)
+    f["unchanged"] = max(0, f["fulls"] - f["lines"]) + replanned
     f["ms_wo_unchanged"] = f["ms"] - f["unchanged"] * f["periodic_ms"] / k
     f["ms_ns_wo_unchanged"] = (None if f["ms_ns"] is None or f["periodic_ms_ns"] is None
                                else f["ms_ns"] - f["unchanged"] * f["periodic_ms_ns"] / k)

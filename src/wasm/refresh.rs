@@ -100,6 +100,9 @@ pub struct Refresher {
 }
 
 const MAX_LOGGED_NOTES: usize = 10_000;
+/// The periodic full refresh takes at most 1/50 of the time (of Envoy's
+/// main thread, which renders the dump): spaced by 50 times its duration.
+const PERIODIC_SHARE_DIVISOR: u64 = 50;
 /// `/clusters` is fetched at least every this many refreshes.
 const MAX_REFRESHES_WITHOUT_LIVE: u32 = 10;
 
@@ -407,6 +410,8 @@ impl Refresher {
         work.took_ms = now_ms.saturating_sub(started);
         if work.narrowed_to.is_none() {
             self.last_took_ms = work.took_ms;
+            self.gate
+                .space_periodic(work.took_ms.saturating_mul(PERIODIC_SHARE_DIVISOR));
         }
         if work.narrowed_to.is_some() {
             // Plans for the narrowed clusters only. Their health comes from
