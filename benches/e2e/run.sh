@@ -72,6 +72,7 @@ WARMUP="${BENCH_WARMUP:-2s}"
 CONNS="${BENCH_CONNECTIONS:-32}"
 THREADS="${BENCH_THREADS:-1}"
 LAT_DURATION="${BENCH_LAT_DURATION:-5s}"
+SP_CONFIG="${BENCH_SP_CONFIG:-{\"refresh_interval_ms\": 1000\}}"
 ROUNDS="${BENCH_ROUNDS:-3}"
 WORK="$(abspath "${BENCH_WORKDIR:-.run/bench-e2e}")"
 
@@ -80,6 +81,12 @@ FRONT_ADMIN=21901
 BACKEND_ADMIN=21900
 BACKEND_PORTS=(21081 21082 21083)
 CONFIGS=(plain noop serving-picker)
+# The host-call probe (BENCH_PROBE=N, off by default): two more configs, the no-op filter making N
+# `xds.cluster_name` reads or N header replaces per request (serving-picker makes one of each), so
+# that the cost of one call stands out of the noise: (cpu us/req - noop's) / N, paired per round.
+PROBE="${BENCH_PROBE:-0}"
+[[ "$PROBE" =~ ^[0-9]+$ ]] || { echo "bench-e2e: BENCH_PROBE must be a whole number" >&2; exit 1; }
+(( PROBE == 0 )) || CONFIGS+=(probe-property probe-replace)
 # The targets (printed against the paired figures; never asserted).
 T1_MIN_RATIO=0.95 # serving-picker / noop req/s, throughput phase
 T2_MAX_US=10      # serving-picker - noop p50 us, latency phase
@@ -255,7 +262,9 @@ front_config() {
   case "$1" in
     plain) ;;
     noop) filters="$(wasm_filter noop_filter "$NOOP_WASM" "")" ;;
-    serving-picker) filters="$(wasm_filter serving_picker "$SP_WASM" '{"refresh_interval_ms": 1000}')" ;;
+    serving-picker) filters="$(wasm_filter serving_picker "$SP_WASM" "$SP_CONFIG")" ;;
+    probe-property) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_property\": $PROBE}")" ;;
+    probe-replace) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_replace\": $PROBE}")" ;;
     *) die "unknown config $1" ;;
   esac
   cat <<EOF
@@ -335,7 +344,8 @@ for c in "${CONFIGS[@]}"; do
 done
 
 echo "== validating configs"
-for f in backend.yaml front-plain.yaml front-noop.yaml front-serving-picker.yaml; do
+for f in backend.yaml "${CONFIGS[@]/#/front-}"; do
+  f="${f%.yaml}.yaml"
   if ! "$ENVOY_BIN" --mode validate -c "$WORK/$f" --disable-hot-restart -l warn >"$WORK/validate-$f.out" 2>&1; then
     cat "$WORK/validate-$f.out" >&2
     die "$f failed validation"
@@ -614,6 +624,22 @@ targets_block() {
   printf '%-45s %12s [%s]\n' "   $(figure "$LOAD" "cpu us/req" "serving-picker - noop")" "$med us" "$range"
 }
 
+# probe_block: the per-call cost of the two host calls serving-picker makes on every request.
+probe_block() {
+  echo "== host-call probe: the no-op filter making $PROBE calls per request; cost of one call ="
+  echo "   (its cpu us/req - the plain no-op's) / $PROBE, paired per round [min..max]"
+  local p label med range rest
+  for p in property replace; do
+    case "$p" in
+      property) label="get_property xds.cluster_name" ;;
+      replace) label="replace_header_map_value" ;;
+    esac
+    read -r med range rest <<<"$(paired_values "$RAW" 6 - "probe-$p" noop 0 \
+      | awk -v n="$PROBE" '$1 == "NaN" { print; next } { print $1 / n }' | spread %.3f)"
+    printf '%-45s %12s [%s]\n' "   $(figure "$LOAD" "us/call" "$label")" "$med us" "$range"
+  done
+}
+
 size_of() { stat -c %s "$1"; }
 SUMMARY="$WORK/summary.txt"
 {
@@ -647,6 +673,7 @@ SUMMARY="$WORK/summary.txt"
   if [[ "$qt" -lt "$ROUNDS" || "$ql" -lt "$ROUNDS" ]] && [[ "$qt" -gt 0 || "$ql" -gt 0 ]]; then
     targets_block 1 "targets, quiet rounds only ($qt throughput, $ql latency)"
   fi
+  (( PROBE == 0 )) || { echo; probe_block; }
   echo
   echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes (copied at start from $NOOP_WASM_SRC)"
   echo "                   serving-picker $(size_of "$SP_WASM") bytes (copied at start from $SP_WASM_SRC)"

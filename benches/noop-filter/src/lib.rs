@@ -1,22 +1,57 @@
 //! A proxy-wasm HTTP filter that does nothing: every HTTP context returns
-//! `Action::Continue` (the trait defaults). Used by `benches/e2e/run.sh` to
-//! measure the fixed cost of running any wasm filter in Envoy, so that the
-//! serving-picker module can be compared against it rather than only
-//! against a plain Envoy. The root context ignores its configuration.
+//! `Action::Continue`. Used by `benches/e2e/run.sh` to measure the fixed cost
+//! of running any wasm filter in Envoy, so that the serving-picker module can
+//! be compared against it rather than only against a plain Envoy.
+//!
+//! The host-call probe (`BENCH_PROBE=N` in run.sh): with the configuration
+//! `{"probe_property": N}` each request reads `xds.cluster_name` N times, with
+//! `{"probe_replace": N}` it replaces a request header N times. The two host
+//! calls serving-picker makes per request then cost N times over, which
+//! stands out of this VM's noise: their per-call cost is the CPU per request
+//! over the plain no-op's, divided by N. Without a configuration (the floor)
+//! nothing of this runs.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(NoopRoot) });
 }}
 
+/// Host calls per request (0: none, the plain no-op). Statics, so that the
+/// HTTP context stays zero-sized and its Box allocates nothing, as before.
+static PROBE_PROPERTY: AtomicU32 = AtomicU32::new(0);
+static PROBE_REPLACE: AtomicU32 = AtomicU32::new(0);
+
+/// The number after `"key":` in a flat JSON object, if any.
+fn number_after(text: &str, key: &str) -> u32 {
+    let Some(at) = text.find(&format!("\"{key}\"")) else {
+        return 0;
+    };
+    let rest = &text[at + key.len() + 2..];
+    let digits: String = rest
+        .trim_start_matches([':', ' '])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
+}
+
 struct NoopRoot;
 
 impl Context for NoopRoot {}
 
 impl RootContext for NoopRoot {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let config = self.get_plugin_configuration().unwrap_or_default();
+        let text = String::from_utf8_lossy(&config);
+        PROBE_PROPERTY.store(number_after(&text, "probe_property"), Relaxed);
+        PROBE_REPLACE.store(number_after(&text, "probe_replace"), Relaxed);
+        true
+    }
+
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
@@ -30,4 +65,14 @@ struct NoopHttp;
 
 impl Context for NoopHttp {}
 
-impl HttpContext for NoopHttp {}
+impl HttpContext for NoopHttp {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        for _ in 0..PROBE_PROPERTY.load(Relaxed) {
+            let _ = self.get_property(vec!["xds", "cluster_name"]);
+        }
+        for _ in 0..PROBE_REPLACE.load(Relaxed) {
+            self.set_http_request_header("x-sp-probe", Some("127.0.0.1:21081"));
+        }
+        Action::Continue
+    }
+}
