@@ -531,10 +531,10 @@ def cmd_routecheck(argv):
     print(json.dumps("%d/%d%s" % (good, total, (" BAD: " + bad[0]) if bad else "")))
 
 
-def cmd_assemble(argv):
-    """KEY<TAB>JSON lines (dotted keys nest) -> one JSON object."""
+def load_kv(path):
+    """KEY<TAB>JSON lines (dotted keys nest) -> one object."""
     out = {}
-    with open(argv[0]) as f:
+    with open(path) as f:
         for line in f:
             if not line.strip():
                 continue
@@ -544,7 +544,12 @@ def cmd_assemble(argv):
             for p in parts[:-1]:
                 node = node.setdefault(p, {})
             node[parts[-1]] = json.loads(val)
-    print(json.dumps(out))
+    return out
+
+
+def cmd_assemble(argv):
+    """KEY<TAB>JSON lines (dotted keys nest) -> one JSON object."""
+    print(json.dumps(load_kv(argv[0])))
 
 
 # ------------------------------------------------------------------ repeated changes
@@ -635,18 +640,7 @@ def rep_figures(r, kind):
 
 def cmd_repsummary(argv):
     """One line of a kind's figures from a scenario's results.kv (progress output)."""
-    out = {}
-    with open(argv[0]) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            key, val = line.rstrip("\n").split("\t", 1)
-            node = out
-            parts = key.split(".")
-            for q in parts[:-1]:
-                node = node.setdefault(q, {})
-            node[parts[-1]] = json.loads(val)
-    f = rep_figures(out, argv[1])
+    f = rep_figures(load_kv(argv[0]), argv[1])
     print("main thread %.0f ms per change (schedstat %s)%s, Envoy alone %s; rename -> refreshed median %s ms; "
           "%d full refreshes, %d refresh lines" % (
               f["ms"], "-" if f["ms_ns"] is None else "%.0f" % f["ms_ns"],
