@@ -85,6 +85,11 @@ CONFIGS=(plain noop serving-picker)
 # `xds.cluster_name` reads or N header replaces per request (serving-picker makes one of each), so
 # that the cost of one call stands out of the noise: (cpu us/req - noop's) / N, paired per round.
 PROBE="${BENCH_PROBE:-0}"
+# The filter-stack probe (BENCH_STACK=N, default 1): N copies of each wasm filter in the chain, so
+# that the per-request cost of one copy, (cpu us/req - plain's) / N, stands out of the noise. The
+# override LB policy still acts once per request: this costs the filter itself, not Envoy's part.
+STACK="${BENCH_STACK:-1}"
+[[ "$STACK" =~ ^[1-9][0-9]*$ ]] || { echo "bench-e2e: BENCH_STACK must be a positive number" >&2; exit 1; }
 [[ "$PROBE" =~ ^[0-9]+$ ]] || { echo "bench-e2e: BENCH_PROBE must be a whole number" >&2; exit 1; }
 (( PROBE == 0 )) || CONFIGS+=(probe-property probe-replace)
 # The targets (printed against the paired figures; never asserted).
@@ -234,25 +239,30 @@ for p in "${BACKEND_PORTS[@]}"; do
 EOF
 done
 
-# wasm_filter NAME MODULE CONFIG_JSON  (empty CONFIG_JSON: no configuration)
+# wasm_filter NAME MODULE CONFIG_JSON  (empty CONFIG_JSON: no configuration): BENCH_STACK copies
+# of the filter in the chain, each its own plugin (root_id) on the one VM.
 wasm_filter() {
-  cat <<EOF
+  local i
+  for (( i = 1; i <= STACK; i++ )); do
+    cat <<EOF
           - name: envoy.filters.http.wasm
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
               config:
                 name: $1
+                root_id: "copy$i"
                 vm_config:
                   runtime: envoy.wasm.runtime.v8
                   code: {local: {filename: "$2"}}
 EOF
-  if [[ -n "$3" ]]; then
-    cat <<EOF
+    if [[ -n "$3" ]]; then
+      cat <<EOF
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
                   value: '$3'
 EOF
-  fi
+    fi
+  done
 }
 
 # front_config CONFIG -> yaml on stdout. Only the http_filters differ between the three; the
@@ -640,6 +650,19 @@ probe_block() {
   done
 }
 
+# stack_block: with BENCH_STACK copies of each filter, the per-request cost of one copy.
+stack_block() {
+  echo "== filter-stack probe: $STACK copies of each wasm filter in the chain; cost of one copy ="
+  echo "   (cpu us/req difference) / $STACK, paired per round [min..max]"
+  local a b med range rest
+  for pair in "serving-picker noop" "noop plain"; do
+    read -r a b <<<"$pair"
+    read -r med range rest <<<"$(paired_values "$RAW" 6 - "$a" "$b" 0 \
+      | awk -v n="$STACK" '$1 == "NaN" { print; next } { print $1 / n }' | spread %+.2f)"
+    printf '%-45s %12s [%s]\n' "   $(figure "$LOAD" "us/copy" "$a - $b")" "$med us" "$range"
+  done
+}
+
 size_of() { stat -c %s "$1"; }
 SUMMARY="$WORK/summary.txt"
 {
@@ -674,6 +697,7 @@ SUMMARY="$WORK/summary.txt"
     targets_block 1 "targets, quiet rounds only ($qt throughput, $ql latency)"
   fi
   (( PROBE == 0 )) || { echo; probe_block; }
+  (( STACK == 1 )) || { echo; stack_block; }
   echo
   echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes (copied at start from $NOOP_WASM_SRC)"
   echo "                   serving-picker $(size_of "$SP_WASM") bytes (copied at start from $SP_WASM_SRC)"
