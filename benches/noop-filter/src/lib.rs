@@ -68,7 +68,11 @@ impl Context for NoopHttp {}
 impl HttpContext for NoopHttp {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         for _ in 0..PROBE_PROPERTY.load(Relaxed) {
-            let _ = self.get_property(vec!["xds", "cluster_name"]);
+            // A property Envoy does not have returns at once: that would cost nothing.
+            if self.get_property(vec!["xds", "cluster_name"]).is_none() {
+                proxy_wasm::hostcalls::log(LogLevel::Critical, "probe: no xds.cluster_name").ok();
+                break;
+            }
         }
         for _ in 0..PROBE_REPLACE.load(Relaxed) {
             self.set_http_request_header("x-sp-probe", Some("127.0.0.1:21081"));
