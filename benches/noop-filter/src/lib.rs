@@ -13,7 +13,7 @@
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
@@ -24,6 +24,7 @@ proxy_wasm::main! {{
 /// HTTP context stays zero-sized and its Box allocates nothing, as before.
 static PROBE_PROPERTY: AtomicU32 = AtomicU32::new(0);
 static PROBE_REPLACE: AtomicU32 = AtomicU32::new(0);
+static PROBE_MISSED: AtomicBool = AtomicBool::new(false);
 
 /// The number after `"key":` in a flat JSON object, if any.
 fn number_after(text: &str, key: &str) -> u32 {
@@ -70,7 +71,12 @@ impl HttpContext for NoopHttp {
         for _ in 0..PROBE_PROPERTY.load(Relaxed) {
             // A property Envoy does not have returns at once: that would cost nothing.
             if self.get_property(vec!["xds", "cluster_name"]).is_none() {
-                proxy_wasm::hostcalls::log(LogLevel::Critical, "probe: no xds.cluster_name").ok();
+                if !PROBE_MISSED.swap(true, Relaxed) {
+                    let _ = proxy_wasm::hostcalls::log(
+                        LogLevel::Critical,
+                        "probe: no xds.cluster_name",
+                    );
+                }
                 break;
             }
         }
