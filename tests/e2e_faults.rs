@@ -61,7 +61,9 @@ fn no_panic_or_critical_except(envoy: &Envoy, expected: &[&str]) {
 /// the filter fails open (no snapshot: every request goes to Envoy's own
 /// round robin, no 5xx from the filter, the client's override header still
 /// stripped), `serving_picker.snapshot.refresh_error` keeps growing (one per
-/// refresh), and the refresh-failed warning is logged once, not per refresh.
+/// refresh), and the refresh-failed warning is logged once per poller (a
+/// worker that won the lease hands it to the main thread's context), not per
+/// refresh.
 #[test]
 fn admin_unreachable_fails_open_and_warns_once() {
     let a = Backend::start("A");
@@ -109,16 +111,18 @@ fn admin_unreachable_fails_open_and_warns_once() {
         "refresh_error should grow by about one per 100 ms refresh over 3 s: {errors_early} -> {errors}"
     );
     assert_eq!(stat(&envoy, "serving_picker.snapshot.refresh_ok"), 0);
+    // Once per poller: a worker that won the lease at start-up hands it to the
+    // main thread's context once it serves requests, and that one says it too.
     let warned = flushed_log_lines(&envoy, REFRESH_FAILED);
-    assert_eq!(
-        warned.len(),
-        1,
-        "the refresh failure should be logged once, not per refresh ({errors} failures):\n{}",
+    assert!(
+        once_per_poller(&envoy, &warned),
+        "the refresh failure should be logged once per poller, not per refresh \
+         ({errors} failures):\n{}",
         warned.join("\n")
     );
     println!(
-        "admin unreachable: {errors} failed refreshes, warning logged once: {}",
-        warned[0]
+        "admin unreachable: {errors} failed refreshes, warning logged once per poller: {}",
+        warned.join(" | ")
     );
     no_panic_or_critical(&envoy);
 }

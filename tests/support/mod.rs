@@ -41,6 +41,18 @@ pub const CONSECUTIVE: usize = 10;
 /// Size of the batch asserted once the routing has settled.
 pub const BATCH: usize = 40;
 
+/// Whether `lines` (a warning a poller logs once: a refresh failure, the
+/// gate going off) came at most once from each thread, and from no more
+/// threads than there were pollers: the first, plus one per handover from a
+/// worker that won the lease at start-up to the main thread's context.
+pub fn once_per_poller(envoy: &Envoy, lines: &[String]) -> bool {
+    // `[time][thread id][level]...`
+    let thread = |line: &String| line.split('[').nth(2).map(str::to_string);
+    let threads: std::collections::BTreeSet<String> = lines.iter().filter_map(thread).collect();
+    let handovers = envoy.log_lines("an idle context takes over").len();
+    !lines.is_empty() && lines.len() == threads.len() && threads.len() <= 1 + handovers
+}
+
 /// The plugin configuration tests use, with `extra` keys merged in
 /// (`extra` must be a JSON object or null).
 pub fn plugin_config(extra: serde_json::Value) -> String {
