@@ -98,6 +98,7 @@ clean:
 bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
+	cargo build --release --manifest-path benches/latency-client/Cargo.toml
 	bash benches/e2e/run.sh
 
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS

@@ -46,6 +46,8 @@
 #   BENCH_ROUNDS         rounds of the three configs        (default 3)
 #   BENCH_WORKDIR        generated configs, logs, raw output (default .run/bench-e2e)
 #   BENCH_NOISY_PCT      "other" load (share of one core) above which a run is marked noisy (default 15)
+#   BENCH_PROBE, BENCH_STACK, BENCH_DECOMPOSE  diagnostic configs, described below
+#   BENCH_IL_LAPS, BENCH_IL_WARMUP, BENCH_IL_CONFIGS, LATENCY_CLIENT  the interleaved c1 phase
 #
 # Per run it prints req/s, p50/p99 latency, the front's CPU us per request and the CPU use of
 # front, backend, wrk and "other" (everything else on the machine, steal included) over the
@@ -56,7 +58,7 @@
 # config, either phase) saw a non-2xx response or socket error: a baseline answering errors
 # would make the ratios meaningless. Never because a target is missed.
 # Ports: 127.0.0.1:21000 front listener, 21901 front admin, 21900 backend admin,
-#        21081-21083 backends.
+#        21081-21083 backends, 21010+ / 21910+ the interleaved phase's fronts / their admins.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -92,6 +94,30 @@ STACK="${BENCH_STACK:-1}"
 [[ "$STACK" =~ ^[1-9][0-9]*$ ]] || { echo "bench-e2e: BENCH_STACK must be a positive number" >&2; exit 1; }
 [[ "$PROBE" =~ ^[0-9]+$ ]] || { echo "bench-e2e: BENCH_PROBE must be a whole number" >&2; exit 1; }
 (( PROBE == 0 )) || CONFIGS+=(probe-property probe-replace)
+# The override decomposition (BENCH_DECOMPOSE=1, off by default): where serving-picker's cost over
+# the no-op goes. Two more configs, both sending a 3-address override list like serving-picker's,
+# rotated per request (OVERRIDE_ROTATIONS):
+#   override-client  plain Envoy (no wasm), the client sends the header: Envoy's own part, the
+#                    override LB policy reading the list and the longer request upstream
+#   override-header  the no-op filter sets the header once per request: that, plus the header
+#                    write and the route match Envoy repeats after a wasm filter changes headers
+# serving-picker - override-header is then the filter's own decision (cluster name read, lookup).
+DECOMPOSE="${BENCH_DECOMPOSE:-0}"
+# The interleaved c1 phase (after the rounds): one front Envoy per config, all up at once on core
+# 0, and benches/latency-client sending one request at a time to each in turn, BENCH_IL_LAPS laps
+# after BENCH_IL_WARMUP. Drift between separate runs is larger than the filter's cost; here it
+# hits every config alike, so the paired per-lap difference to noop measures the added latency.
+IL_LAPS="${BENCH_IL_LAPS:-20000}"
+IL_WARMUP="${BENCH_IL_WARMUP:-2000}"
+LATENCY_CLIENT="$(abspath "${LATENCY_CLIENT:-benches/latency-client/target/release/latency_client}")"
+[[ "$IL_LAPS" =~ ^[0-9]+$ && "$IL_WARMUP" =~ ^[0-9]+$ ]] || { echo "bench-e2e: BENCH_IL_LAPS and BENCH_IL_WARMUP must be whole numbers" >&2; exit 1; }
+[[ "$DECOMPOSE" =~ ^[01]$ ]] || { echo "bench-e2e: BENCH_DECOMPOSE must be 0 or 1" >&2; exit 1; }
+OVERRIDE_HEADER=x-gateway-destination-endpoint
+OVERRIDE_VALUE="127.0.0.1:21081,127.0.0.1:21082,127.0.0.1:21083"
+# The list rotated by one address per request, as serving-picker rotates its picks, so that every
+# config spreads its requests over the same three backends.
+OVERRIDE_ROTATIONS=("$OVERRIDE_VALUE" "127.0.0.1:21082,127.0.0.1:21083,127.0.0.1:21081" "127.0.0.1:21083,127.0.0.1:21081,127.0.0.1:21082")
+(( DECOMPOSE == 0 )) || CONFIGS+=(override-client override-header)
 # The targets (printed against the paired figures; never asserted).
 T1_MIN_RATIO=0.95 # serving-picker / noop req/s, throughput phase
 T2_MAX_US=10      # serving-picker - noop p50 us, latency phase
@@ -109,6 +135,7 @@ need_apt wrk wrk
 need_apt curl curl
 [[ -x "$ENVOY_BIN" ]] || die "envoy not found at $ENVOY_BIN (run 'make envoy' or set ENVOY_BIN)"
 [[ -f "$NOOP_WASM" ]] || die "no-op module not found at $NOOP_WASM (cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml)"
+(( IL_LAPS == 0 )) || [[ -x "$LATENCY_CLIENT" ]] || die "latency client not found at $LATENCY_CLIENT (cargo build --release --manifest-path benches/latency-client/Cargo.toml, or BENCH_IL_LAPS=0)"
 [[ -f "$SP_WASM" ]] || die "serving-picker module not found at $SP_WASM (run 'make build' or set SERVING_PICKER_WASM)"
 
 for p in "$FRONT_PORT" "$FRONT_ADMIN" "$BACKEND_ADMIN" "${BACKEND_PORTS[@]}"; do
@@ -265,26 +292,28 @@ EOF
   done
 }
 
-# front_config CONFIG -> yaml on stdout. Only the http_filters differ between the three; the
+# front_config CONFIG [PORT ADMIN_PORT] -> yaml on stdout. Only the http_filters differ between the three; the
 # clusters (backend with override_host + round_robin fallback, envoy_admin) are the same.
 front_config() {
-  local filters=""
+  local filters="" port="${2:-$FRONT_PORT}" admin="${3:-$FRONT_ADMIN}"
   case "$1" in
     plain) ;;
     noop) filters="$(wasm_filter noop_filter "$NOOP_WASM" "")" ;;
     serving-picker) filters="$(wasm_filter serving_picker "$SP_WASM" "$SP_CONFIG")" ;;
     probe-property) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_property\": $PROBE}")" ;;
     probe-replace) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_replace\": $PROBE}")" ;;
+    override-client) ;;
+    override-header) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_override\": \"$OVERRIDE_VALUE\"}")" ;;
     *) die "unknown config $1" ;;
   esac
   cat <<EOF
 # Front Envoy, config "$1" (generated by benches/e2e/run.sh).
 admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: $FRONT_ADMIN}}
+  address: {socket_address: {address: 127.0.0.1, port_value: $admin}}
 static_resources:
   listeners:
   - name: main
-    address: {socket_address: {address: 127.0.0.1, port_value: $FRONT_PORT}}
+    address: {socket_address: {address: 127.0.0.1, port_value: $port}}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -345,12 +374,34 @@ EOF
       cluster_name: envoy_admin
       endpoints:
       - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $FRONT_ADMIN}}}
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $admin}}}
 EOF
 }
 
 for c in "${CONFIGS[@]}"; do
   front_config "$c" >"$WORK/front-$c.yaml"
+done
+# wrk sends override-client's header from a script, a different rotation on each request.
+# The requests are built in init(), once wrk knows the Host header.
+{
+  echo "local requests = {}"
+  echo "function init(args)"
+  for v in "${OVERRIDE_ROTATIONS[@]}"; do
+    echo "  table.insert(requests, wrk.format(nil, nil, {[\"$OVERRIDE_HEADER\"] = \"$v\"}))"
+  done
+  echo "end"
+  echo "local n = 0"
+  echo "request = function() n = n % #requests + 1; return requests[n] end"
+} >"$WORK/override-client.lua"
+# The interleaved phase's fronts, side by side: noop first (the baseline), then the others
+# (BENCH_IL_CONFIGS: a subset, e.g. "serving-picker" for the two of T2 alone).
+IL_CONFIGS=(noop)
+for c in ${BENCH_IL_CONFIGS:-${CONFIGS[*]}}; do
+  [[ " ${CONFIGS[*]} " == *" $c "* ]] || die "BENCH_IL_CONFIGS: unknown config $c (have: ${CONFIGS[*]})"
+  [[ "$c" == noop ]] || IL_CONFIGS+=("$c")
+done
+for i in "${!IL_CONFIGS[@]}"; do
+  front_config "${IL_CONFIGS[i]}" $((21010 + i)) $((21910 + i)) >"$WORK/front-il-${IL_CONFIGS[i]}.yaml"
 done
 
 echo "== validating configs"
@@ -478,29 +529,79 @@ for round in $(seq 1 "$ROUNDS"); do
   fi
   for c in "${order[@]}"; do
     name="front-$c-r$round"
+    # Only override-client sends the override header itself.
+    client_header=()
+    [[ "$c" != override-client ]] || client_header=(-s "$WORK/override-client.lua")
     start_envoy "$name" "$WORK/front-$c.yaml" "${PIN_FRONT[@]+"${PIN_FRONT[@]}"}"
     fpid=$STARTED_PID
     wait_ready "$FRONT_ADMIN" "$fpid" "$name"
     [[ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$URL")" == 200 ]] \
       || die "$c: front Envoy does not proxy to the backend (see $WORK/$name.log)"
-    "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "${WRK[@]}" -d"$WARMUP" "$URL" >"$WORK/$name.warmup.txt" 2>&1
+    "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "${WRK[@]}" "${client_header[@]+"${client_header[@]}"}" -d"$WARMUP" "$URL" >"$WORK/$name.warmup.txt" 2>&1
     # serving-picker hands its request counters to Envoy once per tick (250 ms at
     # refresh_interval_ms 1000), so /stats lags by up to a tick of traffic: wait one out, idle,
     # before each /stats snapshot so the window's counter deltas match its requests. Outside the
     # measured windows, and the same for every config.
     sleep "$STATS_SETTLE"
     curl -s --max-time 2 "http://127.0.0.1:$FRONT_ADMIN/stats" >"$WORK/$name.stats0.txt" || true
-    measure "$c" "$round" "$LOAD" "$fpid" "$WORK/$name.wrk.txt" "$RAW" "${WRK[@]}" -d"$DURATION"
+    measure "$c" "$round" "$LOAD" "$fpid" "$WORK/$name.wrk.txt" "$RAW" "${WRK[@]}" "${client_header[@]+"${client_header[@]}"}" -d"$DURATION"
     # The filter's stats over the throughput window (the checks in the summary read these).
     sleep "$STATS_SETTLE"
     curl -s --max-time 2 "http://127.0.0.1:$FRONT_ADMIN/stats" >"$WORK/$name.stats.txt" || true
     curl -s --max-time 2 "http://127.0.0.1:$FRONT_ADMIN/clusters" >"$WORK/$name.clusters.txt" || true
     # Latency phase on the same, already warm Envoy: it is paired with the other configs of this
     # round like the throughput run, and needs no Envoy start or warm-up of its own.
-    measure "$c" "$round" c1 "$fpid" "$WORK/$name.lat.txt" "$RAW_LAT" "${WRK_LAT[@]}" -d"$LAT_DURATION"
+    measure "$c" "$round" c1 "$fpid" "$WORK/$name.lat.txt" "$RAW_LAT" "${WRK_LAT[@]}" "${client_header[@]+"${client_header[@]}"}" -d"$LAT_DURATION"
     stop_envoy "$fpid"
   done
 done
+
+# ---------------------------------------------------------------- interleaved c1
+RAW_IL="$WORK/raw-interleaved.tsv"
+: >"$RAW_IL"
+if (( IL_LAPS > 0 )); then
+  echo "== interleaved c1: ${IL_CONFIGS[*]} side by side (front Envoys on core 0), $IL_LAPS laps after $IL_WARMUP"
+  IL_PIDS=()
+  IL_TARGETS=()
+  for i in "${!IL_CONFIGS[@]}"; do
+    c="${IL_CONFIGS[i]}"
+    start_envoy "front-il-$c" "$WORK/front-il-$c.yaml" "${PIN_FRONT[@]+"${PIN_FRONT[@]}"}"
+    IL_PIDS+=("$STARTED_PID")
+    wait_ready $((21910 + i)) "$STARTED_PID" "front-il-$c"
+    target="$c=127.0.0.1:$((21010 + i))"
+    if [[ "$c" == override-client ]]; then
+      for v in "${OVERRIDE_ROTATIONS[@]}"; do target+="|$OVERRIDE_HEADER: $v"; done
+    fi
+    IL_TARGETS+=("$target")
+  done
+  # serving-picker serves from its snapshot only once the first refresh is published.
+  sleep 2
+  declare -a IL_T0
+  for i in "${!IL_PIDS[@]}"; do IL_T0[i]="$(cpu_ticks "${IL_PIDS[i]}")"; done
+  "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "$LATENCY_CLIENT" "$IL_WARMUP" "$IL_LAPS" "${IL_TARGETS[@]}" >"$WORK/interleaved.out" 2>&1 \
+    || { cat "$WORK/interleaved.out" >&2; die "interleaved c1: the latency client failed"; }
+  # Front CPU per request over the whole client run (warm-up laps included), one column more.
+  for i in "${!IL_PIDS[@]}"; do
+    t1="$(cpu_ticks "${IL_PIDS[i]}")"
+    awk -F'\t' -v c="${IL_CONFIGS[i]}" -v t=$((t1 - IL_T0[i])) -v hz="$CLK_TCK" -v n=$((IL_LAPS + IL_WARMUP)) \
+      '$1 == c { printf "%s\t%.2f\n", $0, t * 1e6 / hz / n }' "$WORK/interleaved.out" >>"$RAW_IL"
+  done
+  for pid in "${IL_PIDS[@]}"; do stop_envoy "$pid"; done
+fi
+
+# interleaved_block: the interleaved c1 phase's table and T2 from it.
+interleaved_block() {
+  echo "== interleaved c1: $IL_LAPS laps, one request at a time to each front in turn; diff = the median of"
+  echo "   the per-lap differences to noop, with its 95% confidence interval (order statistics)"
+  printf '%-16s %7s %8s %8s %8s %8s %10s %18s %11s %9s\n' config n "p50 us" "p90 us" "p99 us" "mean us" "diff us" "95% CI" "cpu us/req" "cpu-noop"
+  awk -F'\t' 'NR == 1 { base = $11 } { printf "%-16s %7d %8.1f %8.1f %8.1f %8.1f %10s %18s %11.2f %+9.2f\n", $1, $2, $3, $4, $5, $6, $7, "[" $8 ".." $9 "]", $11, $11 - base }' "$RAW_IL"
+  awk -F'\t' -v lim="$T2_MAX_US" '$1 == "serving-picker" {
+    verdict = ($7 + 0 < lim + 0) ? "met" : "MISSED"
+    if ($9 + 0 < lim + 0) verdict = verdict ", whole interval below"
+    else if ($8 + 0 >= lim + 0) verdict = verdict ", whole interval above"
+    printf "T2 interleaved c1 p50  serving-picker - noop   %+.1f us [%s..%s]  target < %s us: %s\n", $7, $8, $9, lim, verdict
+  }' "$RAW_IL"
+}
 
 # ---------------------------------------------------------------- summary
 median() { # file column config quiet_only -> median of that column over the rounds
@@ -663,6 +764,23 @@ stack_block() {
   done
 }
 
+# decompose_block: serving-picker's cost over the no-op, split into Envoy's part of the override,
+# the header write (with the repeated route match), and the filter's own decision.
+decompose_block() {
+  echo "== override decomposition: cpu us/req differences, paired per round [min..max]"
+  local a b label med range rest
+  for row in "override-client plain Envoy: override LB + longer request (client-sent header)" \
+             "override-header noop header set once by a wasm filter (write, route re-match, LB)" \
+             "serving-picker override-header the filter's own decision (cluster name read, lookup)" \
+             "serving-picker noop all of serving-picker over the no-op"; do
+    read -r a b label <<<"$row"
+    read -r med range rest <<<"$(paired_values "$RAW" 6 - "$a" "$b" 0 | spread %+.2f)"
+    printf '%-34s %-62s %9s [%s]\n' "   $a - $b" "$label" "$med us" "$range"
+  done
+  read -r med range rest <<<"$(paired_values "$RAW" 6 / noop override-header 0 | spread %.3f)"
+  printf '%-97s %9s [%s]\n' "   cpu ratio noop / override-header: the best any filter setting this header could keep" "$med" "$range"
+}
+
 size_of() { stat -c %s "$1"; }
 SUMMARY="$WORK/summary.txt"
 {
@@ -698,6 +816,8 @@ SUMMARY="$WORK/summary.txt"
   fi
   (( PROBE == 0 )) || { echo; probe_block; }
   (( STACK == 1 )) || { echo; stack_block; }
+  (( DECOMPOSE == 0 )) || { echo; decompose_block; }
+  [[ ! -s "$RAW_IL" ]] || { echo; interleaved_block; }
   echo
   echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes (copied at start from $NOOP_WASM_SRC)"
   echo "                   serving-picker $(size_of "$SP_WASM") bytes (copied at start from $SP_WASM_SRC)"

@@ -10,9 +10,18 @@
 //! stands out of this VM's noise: their per-call cost is the CPU per request
 //! over the plain no-op's, divided by N. Without a configuration (the floor)
 //! nothing of this runs.
+//!
+//! The override probe (`BENCH_DECOMPOSE=1` in run.sh): with
+//! `{"probe_override": "ADDR,ADDR,..."}` each request gets the override header
+//! set once, to that list rotated by one address per request (as serving-picker
+//! rotates its picks, so that requests spread over the same backends). That is everything serving-picker makes Envoy
+//! do per request except its own decision: the header write, the route match
+//! Envoy repeats because a wasm filter changed request headers, the override
+//! LB policy reading the list, and the header going upstream.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
 proxy_wasm::main! {{
@@ -25,6 +34,25 @@ proxy_wasm::main! {{
 static PROBE_PROPERTY: AtomicU32 = AtomicU32::new(0);
 static PROBE_REPLACE: AtomicU32 = AtomicU32::new(0);
 static PROBE_MISSED: AtomicBool = AtomicBool::new(false);
+/// The header serving-picker sets (its default `override_header`).
+const OVERRIDE_HEADER: &str = "x-gateway-destination-endpoint";
+
+thread_local! {
+    /// The override probe's header values, one per rotation of the list (empty: off).
+    static PROBE_OVERRIDE: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    static PROBE_OVERRIDE_NEXT: RefCell<usize> = const { RefCell::new(0) };
+}
+
+/// Every rotation of a comma-separated list: "a,b,c" -> ["a,b,c", "b,c,a", "c,a,b"].
+fn rotations(list: &str) -> Vec<String> {
+    if list.is_empty() {
+        return Vec::new();
+    }
+    let items: Vec<&str> = list.split(',').collect();
+    (0..items.len())
+        .map(|k| [&items[k..], &items[..k]].concat().join(","))
+        .collect()
+}
 
 /// The number after `"key":` in a flat JSON object, if any.
 fn number_after(text: &str, key: &str) -> u32 {
@@ -40,6 +68,18 @@ fn number_after(text: &str, key: &str) -> u32 {
     digits.parse().unwrap_or(0)
 }
 
+/// The string after `"key":` in a flat JSON object (no escapes), if any.
+fn string_after(text: &str, key: &str) -> String {
+    let Some(at) = text.find(&format!("\"{key}\"")) else {
+        return String::new();
+    };
+    let rest = text[at + key.len() + 2..].trim_start_matches([':', ' ']);
+    let Some(value) = rest.strip_prefix('"') else {
+        return String::new();
+    };
+    value.split('"').next().unwrap_or_default().to_string()
+}
+
 struct NoopRoot;
 
 impl Context for NoopRoot {}
@@ -50,6 +90,7 @@ impl RootContext for NoopRoot {
         let text = String::from_utf8_lossy(&config);
         PROBE_PROPERTY.store(number_after(&text, "probe_property"), Relaxed);
         PROBE_REPLACE.store(number_after(&text, "probe_replace"), Relaxed);
+        PROBE_OVERRIDE.with(|v| *v.borrow_mut() = rotations(&string_after(&text, "probe_override")));
         true
     }
 
@@ -83,6 +124,17 @@ impl HttpContext for NoopHttp {
         for _ in 0..PROBE_REPLACE.load(Relaxed) {
             self.set_http_request_header("x-sp-probe", Some("127.0.0.1:21081"));
         }
+        PROBE_OVERRIDE.with(|values| {
+            let values = values.borrow();
+            if !values.is_empty() {
+                let k = PROBE_OVERRIDE_NEXT.with(|n| {
+                    let k = *n.borrow() % values.len();
+                    *n.borrow_mut() = k + 1;
+                    k
+                });
+                self.set_http_request_header(OVERRIDE_HEADER, Some(values[k].as_str()));
+            }
+        });
         Action::Continue
     }
 }
