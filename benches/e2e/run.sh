@@ -46,7 +46,7 @@
 #   BENCH_ROUNDS         rounds of the three configs        (default 3)
 #   BENCH_WORKDIR        generated configs, logs, raw output (default .run/bench-e2e)
 #   BENCH_NOISY_PCT      "other" load (share of one core) above which a run is marked noisy (default 15)
-#   BENCH_PROBE, BENCH_STACK, BENCH_DECOMPOSE  diagnostic configs, described below
+#   BENCH_PROBE, BENCH_PROBE_PATH, BENCH_STACK, BENCH_DECOMPOSE  diagnostic configs, described below
 #   BENCH_IL_LAPS, BENCH_IL_WARMUP, BENCH_IL_CONFIGS, LATENCY_CLIENT  the interleaved c1 phase
 #
 # Per run it prints req/s, p50/p99 latency, the front's CPU us per request and the CPU use of
@@ -87,6 +87,10 @@ CONFIGS=(plain noop serving-picker)
 # `xds.cluster_name` reads or N header replaces per request (serving-picker makes one of each), so
 # that the cost of one call stands out of the noise: (cpu us/req - noop's) / N, paired per round.
 PROBE="${BENCH_PROBE:-0}"
+# The property probe-property and override-read read (dotted path): another one prices the
+# property read itself against xds.cluster_name, e.g. plugin_name.
+PROBE_PATH="${BENCH_PROBE_PATH:-xds.cluster_name}"
+[[ "$PROBE_PATH" =~ ^[a-z_]+(\.[a-z_]+)*$ ]] || { echo "bench-e2e: BENCH_PROBE_PATH must be a dotted property path" >&2; exit 1; }
 # The filter-stack probe (BENCH_STACK=N, default 1): N copies of each wasm filter in the chain, so
 # that the per-request cost of one copy, (cpu us/req - plain's) / N, stands out of the noise. The
 # override LB policy still acts once per request: this costs the filter itself, not Envoy's part.
@@ -101,6 +105,11 @@ STACK="${BENCH_STACK:-1}"
 #                    override LB policy reading the list and the longer request upstream
 #   override-header  the no-op filter sets the header once per request: that, plus the header
 #                    write and the route match Envoy repeats after a wasm filter changes headers
+#   override-read    override-header plus one xds.cluster_name read: the two host calls
+#                    serving-picker makes, without its logic
+#   override-state   the no-op filter writes the list to filter state, a native header_mutation
+#                    filter after it sets the header from there: no route re-match (Envoy repeats
+#                    the match only after a wasm filter's header change)
 # serving-picker - override-header is then the filter's own decision (cluster name read, lookup).
 DECOMPOSE="${BENCH_DECOMPOSE:-0}"
 # The interleaved c1 phase (after the rounds): one front Envoy per config, all up at once on core
@@ -117,7 +126,7 @@ OVERRIDE_VALUE="127.0.0.1:21081,127.0.0.1:21082,127.0.0.1:21083"
 # The list rotated by one address per request, as serving-picker rotates its picks, so that every
 # config spreads its requests over the same three backends.
 OVERRIDE_ROTATIONS=("$OVERRIDE_VALUE" "127.0.0.1:21082,127.0.0.1:21083,127.0.0.1:21081" "127.0.0.1:21083,127.0.0.1:21081,127.0.0.1:21082")
-(( DECOMPOSE == 0 )) || CONFIGS+=(override-client override-header)
+(( DECOMPOSE == 0 )) || CONFIGS+=(override-client override-header override-read override-state)
 # The targets (printed against the paired figures; never asserted).
 T1_MIN_RATIO=0.95 # serving-picker / noop req/s, throughput phase
 T2_MAX_US=10      # serving-picker - noop p50 us, latency phase
@@ -292,6 +301,22 @@ EOF
   done
 }
 
+# header_from_state: a native filter setting the override header from the filter state the no-op
+# probe wrote (wasm.sp_override), after removing whatever the client sent.
+header_from_state() {
+  cat <<EOF
+          - name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+                - remove: $OVERRIDE_HEADER
+                - append:
+                    header: {key: $OVERRIDE_HEADER, value: "%FILTER_STATE(wasm.sp_override:PLAIN)%"}
+                    append_action: OVERWRITE_IF_EXISTS_OR_ADD
+EOF
+}
+
 # front_config CONFIG [PORT ADMIN_PORT] -> yaml on stdout. Only the http_filters differ between the three; the
 # clusters (backend with override_host + round_robin fallback, envoy_admin) are the same.
 front_config() {
@@ -300,10 +325,13 @@ front_config() {
     plain) ;;
     noop) filters="$(wasm_filter noop_filter "$NOOP_WASM" "")" ;;
     serving-picker) filters="$(wasm_filter serving_picker "$SP_WASM" "$SP_CONFIG")" ;;
-    probe-property) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_property\": $PROBE}")" ;;
+    probe-property) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_property\": $PROBE, \"probe_path\": \"$PROBE_PATH\"}")" ;;
     probe-replace) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_replace\": $PROBE}")" ;;
     override-client) ;;
     override-header) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_override\": \"$OVERRIDE_VALUE\"}")" ;;
+    override-read) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_property\": 1, \"probe_path\": \"$PROBE_PATH\", \"probe_override\": \"$OVERRIDE_VALUE\"}")" ;;
+    override-state) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_state\": 1, \"probe_override\": \"$OVERRIDE_VALUE\"}")
+$(header_from_state)" ;;
     *) die "unknown config $1" ;;
   esac
   cat <<EOF
@@ -742,7 +770,7 @@ probe_block() {
   local p label med range rest
   for p in property replace; do
     case "$p" in
-      property) label="get_property xds.cluster_name" ;;
+      property) label="get_property $PROBE_PATH" ;;
       replace) label="replace_header_map_value" ;;
     esac
     read -r med range rest <<<"$(paired_values "$RAW" 6 - "probe-$p" noop 0 \
@@ -771,7 +799,10 @@ decompose_block() {
   local a b label med range rest
   for row in "override-client plain Envoy: override LB + longer request (client-sent header)" \
              "override-header noop header set once by a wasm filter (write, route re-match, LB)" \
+             "override-state noop header from filter state by a native filter (no route re-match)" \
              "serving-picker override-header the filter's own decision (cluster name read, lookup)" \
+             "override-read override-header one $PROBE_PATH read, once per request" \
+             "serving-picker override-read serving-picker's own logic (table lookup, its SDK dispatch)" \
              "serving-picker noop all of serving-picker over the no-op"; do
     read -r a b label <<<"$row"
     read -r med range rest <<<"$(paired_values "$RAW" 6 - "$a" "$b" 0 | spread %+.2f)"

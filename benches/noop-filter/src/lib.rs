@@ -14,10 +14,15 @@
 //! The override probe (`BENCH_DECOMPOSE=1` in run.sh): with
 //! `{"probe_override": "ADDR,ADDR,..."}` each request gets the override header
 //! set once, to that list rotated by one address per request (as serving-picker
-//! rotates its picks, so that requests spread over the same backends). That is everything serving-picker makes Envoy
-//! do per request except its own decision: the header write, the route match
-//! Envoy repeats because a wasm filter changed request headers, the override
-//! LB policy reading the list, and the header going upstream.
+//! rotates its picks, so that requests spread over the same backends). That is
+//! everything serving-picker makes Envoy do per request except its decision:
+//! the header write, the route match Envoy repeats because a wasm filter
+//! changed request headers, the override LB policy reading the list, and the
+//! header going upstream. Add `"probe_property": 1` for the decision's host
+//! call too (the cluster-name read). With
+//! `"probe_state": 1` as well, the list goes to filter state
+//! (`wasm.sp_override`) instead, for a native header_mutation filter to copy
+//! into the header: the way around the route re-match, measured slower.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
@@ -41,6 +46,10 @@ thread_local! {
     /// The override probe's header values, one per rotation of the list (empty: off).
     static PROBE_OVERRIDE: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
     static PROBE_OVERRIDE_NEXT: RefCell<usize> = const { RefCell::new(0) };
+    /// The property the probe reads (dotted; default `xds.cluster_name`).
+    static PROBE_PATH: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// Write the override list to filter state (`wasm.sp_override`) instead of the header.
+    static PROBE_STATE: RefCell<bool> = const { RefCell::new(false) };
 }
 
 /// Every rotation of a comma-separated list: "a,b,c" -> ["a,b,c", "b,c,a", "c,a,b"].
@@ -90,7 +99,16 @@ impl RootContext for NoopRoot {
         let text = String::from_utf8_lossy(&config);
         PROBE_PROPERTY.store(number_after(&text, "probe_property"), Relaxed);
         PROBE_REPLACE.store(number_after(&text, "probe_replace"), Relaxed);
-        PROBE_OVERRIDE.with(|v| *v.borrow_mut() = rotations(&string_after(&text, "probe_override")));
+        PROBE_OVERRIDE
+            .with(|v| *v.borrow_mut() = rotations(&string_after(&text, "probe_override")));
+        PROBE_STATE.with(|v| *v.borrow_mut() = number_after(&text, "probe_state") == 1);
+        let path = string_after(&text, "probe_path");
+        let path = if path.is_empty() {
+            "xds.cluster_name".to_string()
+        } else {
+            path
+        };
+        PROBE_PATH.with(|v| *v.borrow_mut() = path.split('.').map(str::to_string).collect());
         true
     }
 
@@ -111,11 +129,16 @@ impl HttpContext for NoopHttp {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         for _ in 0..PROBE_PROPERTY.load(Relaxed) {
             // A property Envoy does not have returns at once: that would cost nothing.
-            if self.get_property(vec!["xds", "cluster_name"]).is_none() {
+            let found = PROBE_PATH.with(|path| {
+                let path = path.borrow();
+                self.get_property(path.iter().map(String::as_str).collect())
+                    .is_some()
+            });
+            if !found {
                 if !PROBE_MISSED.swap(true, Relaxed) {
                     let _ = proxy_wasm::hostcalls::log(
                         LogLevel::Critical,
-                        "probe: no xds.cluster_name",
+                        "probe: the property read found nothing",
                     );
                 }
                 break;
@@ -132,7 +155,11 @@ impl HttpContext for NoopHttp {
                     *n.borrow_mut() = k + 1;
                     k
                 });
-                self.set_http_request_header(OVERRIDE_HEADER, Some(values[k].as_str()));
+                if PROBE_STATE.with(|v| *v.borrow()) {
+                    self.set_property(vec!["sp_override"], Some(values[k].as_bytes()));
+                } else {
+                    self.set_http_request_header(OVERRIDE_HEADER, Some(values[k].as_str()));
+                }
             }
         });
         Action::Continue
