@@ -19,38 +19,45 @@
 //! the header write, the route match Envoy repeats because a wasm filter
 //! changed request headers, the override LB policy reading the list, and the
 //! header going upstream. Add `"probe_property": 1` for the decision's host
-//! call too (the cluster-name read). With
-//! `"probe_state": 1` as well, the list goes to filter state
-//! (`wasm.sp_override`) instead, for a native header_mutation filter to copy
-//! into the header: the way around the route re-match, measured slower.
+//! call too (the cluster-name read; `"probe_path"` reads another property).
+//! With `"probe_state": 1` the list goes to filter state (`wasm.sp_override`)
+//! instead, for a native header_mutation filter to copy into the header: the
+//! way around the route re-match, measured slower.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(NoopRoot) });
 }}
 
-/// Host calls per request (0: none, the plain no-op). Statics, so that the
-/// HTTP context stays zero-sized and its Box allocates nothing, as before.
-static PROBE_PROPERTY: AtomicU32 = AtomicU32::new(0);
-static PROBE_REPLACE: AtomicU32 = AtomicU32::new(0);
+/// The probe configuration, parsed once in `on_configure`. The default (no
+/// configuration) makes no host call: the floor.
+#[derive(Default)]
+struct Probe {
+    /// `xds.cluster_name` (or `path`) reads per request.
+    property_reads: u32,
+    /// The property read, as path components.
+    path: Vec<String>,
+    /// Header replaces per request.
+    replaces: u32,
+    /// The override header's values, one per rotation of the list (empty: off).
+    overrides: Vec<String>,
+    /// Write the override list to filter state (`wasm.sp_override`) instead.
+    override_to_state: bool,
+}
+
+thread_local! {
+    static PROBE: RefCell<Probe> = RefCell::new(Probe::default());
+    /// Which rotation of the override list the next request gets.
+    static NEXT_OVERRIDE: Cell<usize> = const { Cell::new(0) };
+}
 static PROBE_MISSED: AtomicBool = AtomicBool::new(false);
 /// The header serving-picker sets (its default `override_header`).
 const OVERRIDE_HEADER: &str = "x-gateway-destination-endpoint";
-
-thread_local! {
-    /// The override probe's header values, one per rotation of the list (empty: off).
-    static PROBE_OVERRIDE: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
-    static PROBE_OVERRIDE_NEXT: RefCell<usize> = const { RefCell::new(0) };
-    /// The property the probe reads (dotted; default `xds.cluster_name`).
-    static PROBE_PATH: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
-    /// Write the override list to filter state (`wasm.sp_override`) instead of the header.
-    static PROBE_STATE: RefCell<bool> = const { RefCell::new(false) };
-}
 
 /// Every rotation of a comma-separated list: "a,b,c" -> ["a,b,c", "b,c,a", "c,a,b"].
 fn rotations(list: &str) -> Vec<String> {
@@ -61,6 +68,24 @@ fn rotations(list: &str) -> Vec<String> {
     (0..items.len())
         .map(|k| [&items[k..], &items[..k]].concat().join(","))
         .collect()
+}
+
+impl Probe {
+    fn parse(text: &str) -> Probe {
+        let path = string_after(text, "probe_path");
+        let path = if path.is_empty() {
+            "xds.cluster_name"
+        } else {
+            &path
+        };
+        Probe {
+            property_reads: number_after(text, "probe_property"),
+            path: path.split('.').map(str::to_string).collect(),
+            replaces: number_after(text, "probe_replace"),
+            overrides: rotations(&string_after(text, "probe_override")),
+            override_to_state: number_after(text, "probe_state") == 1,
+        }
+    }
 }
 
 /// The number after `"key":` in a flat JSON object, if any.
@@ -97,18 +122,7 @@ impl RootContext for NoopRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
         let config = self.get_plugin_configuration().unwrap_or_default();
         let text = String::from_utf8_lossy(&config);
-        PROBE_PROPERTY.store(number_after(&text, "probe_property"), Relaxed);
-        PROBE_REPLACE.store(number_after(&text, "probe_replace"), Relaxed);
-        PROBE_OVERRIDE
-            .with(|v| *v.borrow_mut() = rotations(&string_after(&text, "probe_override")));
-        PROBE_STATE.with(|v| *v.borrow_mut() = number_after(&text, "probe_state") == 1);
-        let path = string_after(&text, "probe_path");
-        let path = if path.is_empty() {
-            "xds.cluster_name".to_string()
-        } else {
-            path
-        };
-        PROBE_PATH.with(|v| *v.borrow_mut() = path.split('.').map(str::to_string).collect());
+        PROBE.with(|p| *p.borrow_mut() = Probe::parse(&text));
         true
     }
 
@@ -127,38 +141,35 @@ impl Context for NoopHttp {}
 
 impl HttpContext for NoopHttp {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        for _ in 0..PROBE_PROPERTY.load(Relaxed) {
-            // A property Envoy does not have returns at once: that would cost nothing.
-            let found = PROBE_PATH.with(|path| {
-                let path = path.borrow();
-                self.get_property(path.iter().map(String::as_str).collect())
-                    .is_some()
-            });
-            if !found {
-                if !PROBE_MISSED.swap(true, Relaxed) {
-                    let _ = proxy_wasm::hostcalls::log(
-                        LogLevel::Critical,
-                        "probe: the property read found nothing",
-                    );
+        PROBE.with(|probe| {
+            let probe = probe.borrow();
+            for _ in 0..probe.property_reads {
+                let path = probe.path.iter().map(String::as_str).collect();
+                // A property Envoy does not have returns at once: that would cost nothing.
+                if self.get_property(path).is_none() {
+                    if !PROBE_MISSED.swap(true, Relaxed) {
+                        let _ = proxy_wasm::hostcalls::log(
+                            LogLevel::Critical,
+                            "probe: the property read found nothing",
+                        );
+                    }
+                    break;
                 }
-                break;
             }
-        }
-        for _ in 0..PROBE_REPLACE.load(Relaxed) {
-            self.set_http_request_header("x-sp-probe", Some("127.0.0.1:21081"));
-        }
-        PROBE_OVERRIDE.with(|values| {
-            let values = values.borrow();
-            if !values.is_empty() {
-                let k = PROBE_OVERRIDE_NEXT.with(|n| {
-                    let k = *n.borrow() % values.len();
-                    *n.borrow_mut() = k + 1;
+            for _ in 0..probe.replaces {
+                self.set_http_request_header("x-sp-probe", Some("127.0.0.1:21081"));
+            }
+            if !probe.overrides.is_empty() {
+                let k = NEXT_OVERRIDE.with(|n| {
+                    let k = n.get() % probe.overrides.len();
+                    n.set(k + 1);
                     k
                 });
-                if PROBE_STATE.with(|v| *v.borrow()) {
-                    self.set_property(vec!["sp_override"], Some(values[k].as_bytes()));
+                let value = probe.overrides[k].as_str();
+                if probe.override_to_state {
+                    self.set_property(vec!["sp_override"], Some(value.as_bytes()));
                 } else {
-                    self.set_http_request_header(OVERRIDE_HEADER, Some(values[k].as_str()));
+                    self.set_http_request_header(OVERRIDE_HEADER, Some(value));
                 }
             }
         });
