@@ -1,8 +1,9 @@
 # serving-picker: build, run the demo, test, benchmark.
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-# cargo's module, and the shipped one: that after `wasm-metadce` and `wasm-opt -Oz` (binaryen).
-CARGO_WASM := target/wasm32-wasip1/release/serving_picker.wasm
+# cargo's module (the `wasm` profile: size first), and the shipped one: that after
+# `wasm-metadce` and `wasm-opt -Oz` (binaryen).
+CARGO_WASM := target/wasm32-wasip1/wasm/serving_picker_wasm.wasm
 WASM := target/serving_picker.wasm
 # The features rustc's wasm32-wasip1 output uses; binaryen must not add others.
 WASM_FEATURES := --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
@@ -14,21 +15,32 @@ WASM_OPT_FLAGS := -Oz --converge $(WASM_FEATURES) --strip-debug --strip-producer
 KEEP_EXPORTS := memory _initialize proxy_abi_version_0_2_1 proxy_on_vm_start proxy_on_configure \
   proxy_on_tick proxy_on_context_create proxy_on_request_headers proxy_on_http_call_response \
   proxy_on_done proxy_on_delete proxy_on_memory_allocate
+# The native form, as Envoy loads it (lib<name>.so), and the companion.
+NATIVE_SO := target/release/libserving_picker.so
+CONDITIONS_BIN := target/release/serving-picker-conditions
 VENV := .venv
 ENVOY_VERSION := 1.40.0
 # Tests and scripts find Envoy and the module through these.
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
+export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
+export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml $(wildcard examples/*.yaml)
 # Brief property runs in `make test`, long ones in `make fuzz`.
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build run test envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean
+.PHONY: build build-wasm build-native run test envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean
 
-build: wasm-target wasm-opt
-	cargo build --release --target wasm32-wasip1 --lib
+build: build-wasm build-native
+
+build-native:
+	cargo build --release -p serving-picker-native -p serving-picker-conditions
+	@echo "built $(NATIVE_SO) and $(CONDITIONS_BIN)"
+
+build-wasm: wasm-target wasm-opt
+	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
 	@[ $(WASM) -nt $(CARGO_WASM) ] && [ $(WASM) -nt Makefile ] || { \
 	  scripts/exports-graph.sh $(KEEP_EXPORTS) >target/keep-exports.json && \
 	  wasm-metadce $(WASM_FEATURES) --graph-file=target/keep-exports.json $(CARGO_WASM) -o $(WASM).dce >/dev/null && \
@@ -59,9 +71,9 @@ test: build envoy lint validate unit integration
 	@echo "make test: all checks passed"
 
 lint:
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
-	cargo clippy --release --target wasm32-wasip1 --lib -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target wasm32-wasip1 -p serving-picker-wasm --lib -- -D warnings
 
 validate: build envoy
 	@for c in $(SHIPPED_CONFIGS); do \
@@ -70,22 +82,22 @@ validate: build envoy
 	done
 
 unit:
-	cargo test --lib
+	cargo test --workspace --lib
 
 integration: build envoy
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --tests -- --test-threads 2
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
 
 soak: build envoy
 	scripts/soak.sh
 
 fuzz:
-	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release --test prop_parsing -- --nocapture
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p serving-picker-wasm --test prop_parsing -- --nocapture
 
 bench: bench-native bench-e2e bench-scale
 
 bench-native:
-	cargo bench --bench pick
-	cargo bench --bench refresh
+	cargo bench -p serving-picker-wasm --bench pick
+	cargo bench -p serving-picker-wasm --bench refresh
 
 clean:
 	cargo clean

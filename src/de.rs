@@ -9,7 +9,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 /// A map key: its index in the given field names, `None` for any other key.
-pub(crate) struct Field(pub &'static [&'static str]);
+pub struct Field(pub &'static [&'static str]);
 
 impl<'de> DeserializeSeed<'de> for Field {
     type Value = Option<usize>;
@@ -36,7 +36,7 @@ impl<'de> Visitor<'de> for Field {
 }
 
 /// A map key compared with one name (e.g. the metadata namespace).
-pub(crate) struct KeyIs<'k>(pub &'k str);
+pub struct KeyIs<'k>(pub &'k str);
 
 impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
     type Value = bool;
@@ -63,7 +63,7 @@ impl<'de> Visitor<'de> for KeyIs<'_> {
 }
 
 /// Errors like derive's when a field comes twice.
-pub(crate) fn once<T, E: de::Error>(seen: &Option<T>, name: &'static str) -> Result<(), E> {
+pub fn once<T, E: de::Error>(seen: &Option<T>, name: &'static str) -> Result<(), E> {
     match seen {
         Some(_) => Err(E::duplicate_field(name)),
         None => Ok(()),
@@ -72,7 +72,7 @@ pub(crate) fn once<T, E: de::Error>(seen: &Option<T>, name: &'static str) -> Res
 
 /// A JSON string, borrowed from the body unless it has escapes.
 #[derive(Debug)]
-pub(crate) struct Str<'a>(pub Cow<'a, str>);
+pub struct Str<'a>(pub Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -104,7 +104,7 @@ impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
 
 /// `null` (or absent) as `None`, anything else through the seed, as
 /// `Option<T>` does for a plain `T`.
-pub(crate) struct OptionOf<S>(pub S);
+pub struct OptionOf<S>(pub S);
 
 impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for OptionOf<S> {
     type Value = Option<S::Value>;
@@ -136,7 +136,7 @@ impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for OptionOf<S> {
 
 /// An array whose every element goes through `&mut S` (which keeps what
 /// it needs of each), instead of being collected into a `Vec`.
-pub(crate) struct Each<'s, S>(pub &'s mut S);
+pub struct Each<'s, S>(pub &'s mut S);
 
 impl<'de, S> DeserializeSeed<'de> for Each<'_, S>
 where

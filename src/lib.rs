@@ -1,19 +1,15 @@
-//! serving-picker: Kubernetes EndpointSlice-condition-aware host selection
-//! for Envoy. The decision logic here is plain Rust; `wasm` is the thin
-//! proxy-wasm glue that feeds it.
+//! serving-picker's core: EndpointSlice conditions -> tiers -> pick.
+//!
+//! Plain Rust shared by every form (the proxy-wasm filter in `wasm/`, the
+//! dynamic-module load balancer in `native/`): no proxy-wasm, no FFI, no
+//! async. Each shell reads hosts its own way into [`host::HostRecord`]s,
+//! plans them with [`plan::plan_cluster`] when endpoints change, and picks
+//! per request with [`picker::Picker`].
 
-pub mod admin_json;
-pub mod change_gate;
-pub mod codec;
 pub mod conditions;
 pub mod config;
-mod de;
-pub mod election;
-pub mod narrow;
+#[doc(hidden)]
+pub mod de;
+pub mod host;
 pub mod picker;
 pub mod plan;
-pub mod snapshot;
-pub mod table;
-
-#[cfg(target_arch = "wasm32")]
-mod wasm;

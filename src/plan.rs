@@ -3,7 +3,7 @@
 //! Inside the tier: the lowest priority present, then the local zone when it
 //! holds enough of the tier's weight.
 
-use crate::admin_json::{ClusterHosts, HostRecord};
+use crate::host::{ClusterHosts, HostRecord};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {

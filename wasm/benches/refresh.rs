@@ -31,12 +31,12 @@
 mod common;
 
 use serde::de::IgnoredAny;
-use serving_picker::admin_json::{parse_clusters, parse_config_dump};
-use serving_picker::codec;
-use serving_picker::config::PluginConfig;
-use serving_picker::plan::Tier;
-use serving_picker::snapshot::build_plans;
-use serving_picker::table::{Decision, RoutingTable};
+use serving_picker_wasm::admin_json::{parse_clusters, parse_config_dump};
+use serving_picker_wasm::codec;
+use serving_picker_wasm::config::PluginConfig;
+use serving_picker_wasm::plan::Tier;
+use serving_picker_wasm::snapshot::build_plans;
+use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -223,7 +223,7 @@ const WORKER: [&str; 4] = [
 fn run_scenario(tag: char, clusters: usize, hosts_per_cluster: usize, runs: usize) -> Scenario {
     let admin = common::admin_json(clusters, hosts_per_cluster, 0xad31_0000 + clusters as u64);
     let config = PluginConfig::default();
-    let ns = config.metadata_namespace.as_str();
+    let ns = config.selection.metadata_namespace.as_str();
     let dump_body = admin.config_dump.as_slice();
     let clusters_body = admin.clusters.as_slice();
 

@@ -14,7 +14,7 @@
 mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use serving_picker::table::{Decision, RoutingTable};
+use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 
 use crate::admin_json::{join_live_health, EndpointsDump, LiveHealth};
 use crate::config::PluginConfig;
-use crate::plan::{plan_cluster, ClusterPlan, ZonePreference};
+use crate::plan::{plan_cluster, ClusterPlan};
 
 /// Plans for every managed cluster, sorted by name so that equal endpoints
 /// encode to equal bytes (and an unchanged refresh publishes nothing).
@@ -12,10 +12,7 @@ pub fn build_plans(
     config: &PluginConfig,
 ) -> Vec<ClusterPlan> {
     let clusters = join_live_health(dump, live);
-    let zone = config.local_zone.as_ref().map(|z| ZonePreference {
-        local_zone: z.clone(),
-        min_share: config.local_zone_min_share,
-    });
+    let zone = config.selection.zone_preference();
     let mut plans: Vec<ClusterPlan> = clusters
         .iter()
         .filter(|c| config.manages(&c.name))

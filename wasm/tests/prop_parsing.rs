@@ -9,16 +9,16 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Map, Value};
-use serving_picker::admin_json::{
+use serving_picker_wasm::admin_json::{
     join_live_health, parse_clusters, parse_config_dump, ClusterHosts, EndpointsDump, HostRecord,
     LiveCluster, LiveHealth, LiveHost,
 };
-use serving_picker::codec;
-use serving_picker::conditions::{EdsHealth, Health, MetaFlags};
-use serving_picker::config::{parse_config, OnNoServing, PluginConfig};
-use serving_picker::plan::{ClusterPlan, PlannedHost, Tier};
-use serving_picker::snapshot::build_plans;
-use serving_picker::table::{Decision, RoutingTable};
+use serving_picker_wasm::codec;
+use serving_picker_wasm::conditions::{EdsHealth, Health, MetaFlags};
+use serving_picker_wasm::config::{parse_config, OnNoServing, PluginConfig, SelectionConfig};
+use serving_picker_wasm::plan::{ClusterPlan, PlannedHost, Tier};
+use serving_picker_wasm::snapshot::build_plans;
+use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
@@ -222,8 +222,8 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
         s("admin_health_path", &d.admin_health_path)
     );
     assert_eq!(
-        c.metadata_namespace,
-        s("metadata_namespace", &d.metadata_namespace)
+        c.selection.metadata_namespace,
+        s("metadata_namespace", &d.selection.metadata_namespace)
     );
     assert_eq!(c.override_header, s("override_header", &d.override_header));
     assert_eq!(
@@ -267,7 +267,7 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
     });
     assert_eq!(c.clusters, clusters);
     assert_eq!(
-        c.local_zone,
+        c.selection.local_zone,
         obj.get("local_zone")
             .and_then(Value::as_str)
             .map(String::from)
@@ -275,8 +275,8 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
     let share = obj
         .get("local_zone_min_share")
         .and_then(Value::as_f64)
-        .unwrap_or(d.local_zone_min_share);
-    assert_eq!(c.local_zone_min_share, share);
+        .unwrap_or(d.selection.local_zone_min_share);
+    assert_eq!(c.selection.local_zone_min_share, share);
 }
 
 proptest! {
@@ -531,7 +531,7 @@ fn expected_plan(c: &ClusterHosts, config: &PluginConfig) -> (Tier, Vec<PlannedH
     if let Some(top) = set.iter().map(|h| h.priority).min() {
         set.retain(|h| h.priority == top);
     }
-    if let Some(zone) = &config.local_zone {
+    if let Some(zone) = &config.selection.local_zone {
         let local: Vec<&HostRecord> = set
             .iter()
             .copied()
@@ -539,7 +539,7 @@ fn expected_plan(c: &ClusterHosts, config: &PluginConfig) -> (Tier, Vec<PlannedH
             .collect();
         let weight = |hs: &[&HostRecord]| hs.iter().map(|h| u64::from(h.weight)).sum::<u64>();
         if !local.is_empty()
-            && weight(&local) as f64 >= config.local_zone_min_share * weight(&set) as f64
+            && weight(&local) as f64 >= config.selection.local_zone_min_share * weight(&set) as f64
         {
             set = local;
         }
@@ -1469,8 +1469,11 @@ impl DumpSpec {
             list
         });
         let config = PluginConfig {
-            local_zone: self.local_zone.map(String::from),
-            local_zone_min_share: self.min_share,
+            selection: SelectionConfig {
+                local_zone: self.local_zone.map(String::from),
+                local_zone_min_share: self.min_share,
+                ..SelectionConfig::default()
+            },
             clusters: allow,
             retry_alternates: self.alternates,
             ..PluginConfig::default()
@@ -1754,8 +1757,9 @@ fn generated_admin_output_covers_the_cases() {
             .filter(|h| h.health.eds == Some(EdsHealth::Draining))
             .count();
         let plans = build_plans(dump, Some(&live), &r.config);
-        zoned +=
-            usize::from(r.config.local_zone.is_some() && plans.iter().any(|p| p.hosts.len() > 1));
+        zoned += usize::from(
+            r.config.selection.local_zone.is_some() && plans.iter().any(|p| p.hosts.len() > 1),
+        );
         for p in plans {
             *tiers.entry(p.tier.name()).or_default() += 1;
         }

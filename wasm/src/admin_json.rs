@@ -1,41 +1,17 @@
 //! Parsing Envoy admin output: `/config_dump?include_eds` (endpoints and
 //! metadata) and `/clusters?format=json` (live health).
 
-use crate::conditions::{
-    effective, Conditions, EdsHealth, Health, MetaFlags, MetaReading, NamespaceSeed, OddValue,
-};
-use crate::de::{once, Each, Field, KeyIs, OptionOf, Str};
+use crate::conditions::{EdsHealth, Health, MetaReading, NamespaceSeed, OddValue};
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
 use serde::Deserialize;
+use serving_picker_core::de::{once, Each, Field, KeyIs, OptionOf, Str};
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
-/// One host as the filter needs it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostRecord {
-    /// `IP:PORT` (IPv6 as `[IP]:PORT`), the override header's value.
-    pub address: String,
-    pub weight: u32,
-    pub priority: u32,
-    pub flags: MetaFlags,
-    pub zone: Option<String>,
-    pub health: Health,
-}
-
-impl HostRecord {
-    pub fn conditions(&self) -> Conditions {
-        effective(&self.flags, &self.health)
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct ClusterHosts {
-    pub name: String,
-    pub hosts: Vec<HostRecord>,
-}
+pub use serving_picker_core::host::{ClusterHosts, HostRecord};
 
 /// Everything a config dump says about endpoints, plus what had to be skipped.
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -950,6 +926,7 @@ pub fn join_live_health(dump: EndpointsDump, live: Option<&LiveHealth>) -> Vec<C
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conditions::{Conditions, MetaFlags};
 
     const NS: &str = "k8s.endpointslice";
     // Real Envoy 1.40 output; see tests/fixtures/README.md for how it was made.

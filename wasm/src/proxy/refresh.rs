@@ -372,8 +372,8 @@ impl Refresher {
         only: Option<Vec<String>>,
     ) -> Result<Option<(EndpointsDump, bool)>, String> {
         let body = read_body("config_dump", config, num_headers, body_size)?;
-        let dump =
-            parse_config_dump(&body, &config.metadata_namespace).map_err(|e| e.to_string())?;
+        let dump = parse_config_dump(&body, &config.selection.metadata_namespace)
+            .map_err(|e| e.to_string())?;
         self.log_notes(&dump.notes);
         match (only, self.last_dump.as_mut()) {
             (Some(asked), Some(view)) => match merge(view, &dump, &asked) {

@@ -1,0 +1,2 @@
+//! serving-picker-conditions: EndpointSlices -> endpoint conditions for Envoy.
+fn main() {}

@@ -1,0 +1,1 @@
+//! serving-picker as an Envoy dynamic-module load-balancing policy.

@@ -1,0 +1,29 @@
+//! A host as every form sees it: address, weight, priority, the conditions
+//! its metadata carries and what Envoy knows of its health.
+
+use crate::conditions::{effective, Conditions, Health, MetaFlags};
+
+/// One host of a cluster, whichever shell read it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostRecord {
+    /// `IP:PORT` (IPv6 as `[IP]:PORT`).
+    pub address: String,
+    pub weight: u32,
+    pub priority: u32,
+    pub flags: MetaFlags,
+    pub zone: Option<String>,
+    pub health: Health,
+}
+
+impl HostRecord {
+    pub fn conditions(&self) -> Conditions {
+        effective(&self.flags, &self.health)
+    }
+}
+
+/// One cluster's hosts.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ClusterHosts {
+    pub name: String,
+    pub hosts: Vec<HostRecord>,
+}

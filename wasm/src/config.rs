@@ -1,0 +1,366 @@
+//! Plugin configuration: parsed and validated once, in on_configure. The
+//! keys that choose hosts are the core's (`SelectionConfig`), shared with the
+//! native form; the rest are the filter's own.
+
+use serde_json::Value;
+use serving_picker_core::config::{bounded_u64, err, json_object, non_empty, typed};
+pub use serving_picker_core::config::{ConfigError, SelectionConfig};
+
+/// What to do when a known cluster has no serving host at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnNoServing {
+    /// Answer a local 503 that says why.
+    Reject,
+    /// Leave host selection to Envoy's own load balancer.
+    Passthrough,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PluginConfig {
+    pub admin_cluster: String,
+    pub admin_path: String,
+    /// Live health (`/clusters?format=json`); empty disables the merge.
+    pub admin_health_path: String,
+    /// The change gate's small stats answer; empty disables the gate.
+    pub admin_stats_path: String,
+    /// A full refresh at least this often, whatever the stats say.
+    pub full_refresh_interval_ms: u64,
+    /// When the stats pin a change to a few clusters, fetch only theirs.
+    pub partial_refresh: bool,
+    pub admin_timeout_ms: u64,
+    pub max_admin_body_bytes: usize,
+    /// `metadata_namespace`, `local_zone`, `local_zone_min_share`.
+    pub selection: SelectionConfig,
+    pub override_header: String,
+    pub refresh_interval_ms: u64,
+    pub on_no_serving: OnNoServing,
+    /// `None` means every cluster.
+    pub clusters: Option<Vec<String>>,
+    /// Other hosts of the tier listed after the picked one, for Envoy's retries.
+    pub retry_alternates: usize,
+}
+
+pub const DEFAULT_ADMIN_PATH: &str =
+    "/config_dump?include_eds&mask=static_endpoint_configs,dynamic_endpoint_configs";
+pub const DEFAULT_HEALTH_PATH: &str = "/clusters?format=json";
+/// `/stats?filter=` with `STATS_FILTER`, percent-encoded (a test checks that
+/// they agree). Envoy decodes the query and matches the regex with RE2.
+pub const DEFAULT_STATS_PATH: &str = "/stats?filter=%5Ecluster%5C..%2B%5C.%28update_success%7Cupdate_empty%7Cmembership_%28change%7Chealthy%7Cdegraded%7Cexcluded%7Ctotal%29%7Chealth_check%5C.%28healthy%7Cdegraded%29%7Coutlier_detection%5C.ejections_%28active%7Cenforced_total%29%29%24%7C%5Ecluster_manager%5C.%28cluster_added%7Ccluster_modified%7Ccluster_removed%7Cactive_clusters%7Cwarming_clusters%29%24";
+/// The stats the change gate compares: per cluster the ones that move when
+/// endpoints, EDS health, active checks or ejections change, and the cluster
+/// manager's. All stay put at steady state (no `health_check.attempt` and
+/// the like, which tick on every check).
+pub const STATS_FILTER: &str = concat!(
+    r"^cluster\..+\.(update_success|update_empty",
+    r"|membership_(change|healthy|degraded|excluded|total)",
+    r"|health_check\.(healthy|degraded)",
+    r"|outlier_detection\.ejections_(active|enforced_total))$",
+    r"|^cluster_manager\.(cluster_added|cluster_modified|cluster_removed|active_clusters|warming_clusters)$",
+);
+pub const DEFAULT_FULL_REFRESH_INTERVAL_MS: u64 = 10_000;
+pub const MIN_REFRESH_INTERVAL_MS: u64 = 100;
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig {
+            admin_cluster: "envoy_admin".into(),
+            admin_path: DEFAULT_ADMIN_PATH.into(),
+            admin_health_path: DEFAULT_HEALTH_PATH.into(),
+            admin_stats_path: DEFAULT_STATS_PATH.into(),
+            full_refresh_interval_ms: DEFAULT_FULL_REFRESH_INTERVAL_MS,
+            partial_refresh: true,
+            // 10,000 hosts take Envoy about a second to render: leave room.
+            admin_timeout_ms: 5000,
+            max_admin_body_bytes: 64 << 20,
+            selection: SelectionConfig::default(),
+            override_header: "x-gateway-destination-endpoint".into(),
+            refresh_interval_ms: 1000,
+            on_no_serving: OnNoServing::Reject,
+            clusters: None,
+            retry_alternates: 2,
+        }
+    }
+}
+
+fn admin_path(key: &str, value: Value, allow_empty: bool) -> Result<String, ConfigError> {
+    let s: String = typed(key, value)?;
+    if s.is_empty() && allow_empty {
+        return Ok(s);
+    }
+    if !s.starts_with('/') || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(err(key, "must be a path starting with '/' without spaces"));
+    }
+    Ok(s)
+}
+
+/// HTTP header names as Envoy stores them: lowercase token characters.
+fn header_name(key: &str, value: Value) -> Result<String, ConfigError> {
+    let s: String = typed(key, value)?;
+    let token =
+        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.!#$%&'*+^`|~".contains(c);
+    if s.is_empty() || s.starts_with(':') || !s.chars().all(token) {
+        return Err(err(
+            key,
+            format!("{s:?} is not a lowercase HTTP header name"),
+        ));
+    }
+    Ok(s)
+}
+
+/// Parses and validates the plugin configuration. Empty or whitespace-only
+/// input (no configuration at all) means every default.
+pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
+    let mut config = PluginConfig::default();
+    let Some(object) = json_object(raw)? else {
+        return Ok(config);
+    };
+    let mut full_refresh_set = false;
+    for (key, value) in object {
+        let k = key.as_str();
+        match k {
+            k if SelectionConfig::KEYS.contains(&k) => config.selection.set(k, value)?,
+            "admin_cluster" => config.admin_cluster = non_empty(k, value)?,
+            "admin_path" => config.admin_path = admin_path(k, value, false)?,
+            "admin_health_path" => config.admin_health_path = admin_path(k, value, true)?,
+            "admin_stats_path" => config.admin_stats_path = admin_path(k, value, true)?,
+            "full_refresh_interval_ms" => {
+                full_refresh_set = true;
+                config.full_refresh_interval_ms =
+                    bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 86_400_000)?
+            }
+            "partial_refresh" => config.partial_refresh = typed(k, value)?,
+            "admin_timeout_ms" => config.admin_timeout_ms = bounded_u64(k, value, 10, 60_000)?,
+            "max_admin_body_bytes" => {
+                config.max_admin_body_bytes = bounded_u64(k, value, 1024, 1 << 30)? as usize
+            }
+            "override_header" => config.override_header = header_name(k, value)?,
+            "refresh_interval_ms" => {
+                config.refresh_interval_ms =
+                    bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 3_600_000)?
+            }
+            "on_no_serving" => {
+                config.on_no_serving = match typed::<String>(k, value)?.as_str() {
+                    "reject" => OnNoServing::Reject,
+                    "passthrough" => OnNoServing::Passthrough,
+                    other => {
+                        return Err(err(
+                            k,
+                            format!("{other:?} is not one of \"reject\", \"passthrough\""),
+                        ))
+                    }
+                }
+            }
+            "clusters" => {
+                let list: Vec<String> = typed(k, value)?;
+                if list.iter().any(|c| c.is_empty()) {
+                    return Err(err(k, "cluster names must not be empty"));
+                }
+                config.clusters = Some(list);
+            }
+            "retry_alternates" => config.retry_alternates = bounded_u64(k, value, 0, 8)? as usize,
+            _ => return Err(err(k, "unknown key")),
+        }
+    }
+    if config.admin_timeout_ms > config.refresh_interval_ms.max(1000) * 10 {
+        return Err(err(
+            "admin_timeout_ms",
+            "must not exceed ten refresh intervals",
+        ));
+    }
+    // The default follows a longer poll interval; a value given must not be shorter.
+    if config.full_refresh_interval_ms < config.refresh_interval_ms {
+        if full_refresh_set {
+            return Err(err(
+                "full_refresh_interval_ms",
+                "must not be shorter than refresh_interval_ms",
+            ));
+        }
+        config.full_refresh_interval_ms = config.refresh_interval_ms;
+    }
+    Ok(config)
+}
+
+impl PluginConfig {
+    /// Whether the filter manages this cluster (allow-list; the admin cluster never).
+    pub fn manages(&self, cluster: &str) -> bool {
+        if cluster == self.admin_cluster {
+            return false;
+        }
+        match &self.clusters {
+            None => true,
+            Some(list) => list.iter().any(|c| c == cluster),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<PluginConfig, ConfigError> {
+        parse_config(s.as_bytes())
+    }
+
+    #[test]
+    fn empty_means_defaults() {
+        assert_eq!(parse(""), Ok(PluginConfig::default()));
+        assert_eq!(parse("  \n"), Ok(PluginConfig::default()));
+        assert_eq!(parse("{}"), Ok(PluginConfig::default()));
+    }
+
+    #[test]
+    fn every_key_parses() {
+        let c = parse(
+            r#"{"admin_cluster":"adm","admin_path":"/config_dump?include_eds",
+               "admin_health_path":"","admin_stats_path":"","full_refresh_interval_ms":200,
+               "partial_refresh":false,"admin_timeout_ms":500,"max_admin_body_bytes":2048,
+               "metadata_namespace":"ns","override_header":"x-pick","refresh_interval_ms":100,
+               "on_no_serving":"passthrough","clusters":["a","b"],"local_zone":"z1",
+               "local_zone_min_share":0.5,"retry_alternates":0}"#,
+        )
+        .unwrap();
+        assert_eq!(c.admin_cluster, "adm");
+        assert_eq!(c.admin_path, "/config_dump?include_eds");
+        assert_eq!(c.admin_health_path, "");
+        assert_eq!(c.admin_stats_path, "");
+        assert_eq!(c.full_refresh_interval_ms, 200);
+        assert!(!c.partial_refresh);
+        assert_eq!(c.admin_timeout_ms, 500);
+        assert_eq!(c.max_admin_body_bytes, 2048);
+        assert_eq!(c.selection.metadata_namespace, "ns");
+        assert_eq!(c.override_header, "x-pick");
+        assert_eq!(c.refresh_interval_ms, 100);
+        assert_eq!(c.on_no_serving, OnNoServing::Passthrough);
+        assert_eq!(c.clusters, Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(c.selection.local_zone.as_deref(), Some("z1"));
+        assert_eq!(c.selection.local_zone_min_share, 0.5);
+        assert_eq!(c.retry_alternates, 0);
+    }
+
+    fn key_of(s: &str) -> String {
+        parse(s).unwrap_err().key
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(
+            key_of(r#"{"refresh_interval_ms":99}"#),
+            "refresh_interval_ms"
+        );
+        assert_eq!(
+            key_of(r#"{"refresh_interval_ms":"1000"}"#),
+            "refresh_interval_ms"
+        );
+        assert_eq!(
+            key_of(r#"{"refresh_interval_ms":-5}"#),
+            "refresh_interval_ms"
+        );
+        assert_eq!(key_of(r#"{"on_no_serving":"drop"}"#), "on_no_serving");
+        assert_eq!(key_of(r#"{"partial_refresh":"yes"}"#), "partial_refresh");
+        assert_eq!(
+            key_of(r#"{"override_header":"X-Upper"}"#),
+            "override_header"
+        );
+        assert_eq!(
+            key_of(r#"{"override_header":"bad header"}"#),
+            "override_header"
+        );
+        assert_eq!(
+            key_of(r#"{"override_header":":authority"}"#),
+            "override_header"
+        );
+        assert_eq!(key_of(r#"{"admin_path":"config_dump"}"#), "admin_path");
+        assert_eq!(key_of(r#"{"admin_cluster":""}"#), "admin_cluster");
+        assert_eq!(key_of(r#"{"clusters":"a"}"#), "clusters");
+        assert_eq!(key_of(r#"{"clusters":[""]}"#), "clusters");
+        assert_eq!(
+            key_of(r#"{"local_zone_min_share":0}"#),
+            "local_zone_min_share"
+        );
+        assert_eq!(
+            key_of(r#"{"local_zone_min_share":1.5}"#),
+            "local_zone_min_share"
+        );
+        assert_eq!(
+            key_of(r#"{"metadata_namespace":null}"#),
+            "metadata_namespace"
+        );
+        assert_eq!(key_of(r#"{"retry_alternates":9}"#), "retry_alternates");
+        assert_eq!(
+            key_of(r#"{"admin_stats_path":"stats"}"#),
+            "admin_stats_path"
+        );
+        assert_eq!(
+            key_of(r#"{"full_refresh_interval_ms":99}"#),
+            "full_refresh_interval_ms"
+        );
+    }
+
+    #[test]
+    fn full_refresh_interval_is_not_shorter_than_the_poll() {
+        let e = parse(r#"{"refresh_interval_ms":2000,"full_refresh_interval_ms":1000}"#);
+        assert_eq!(e.unwrap_err().key, "full_refresh_interval_ms");
+        let equal = parse(r#"{"refresh_interval_ms":2000,"full_refresh_interval_ms":2000}"#);
+        assert_eq!(equal.unwrap().full_refresh_interval_ms, 2000);
+        // Not given: the default, raised to a longer poll interval.
+        assert_eq!(parse("{}").unwrap().full_refresh_interval_ms, 10_000);
+        let slow = parse(r#"{"refresh_interval_ms":30000}"#).unwrap();
+        assert_eq!(slow.full_refresh_interval_ms, 30_000);
+    }
+
+    #[test]
+    fn default_stats_path_is_the_encoded_filter() {
+        let encoded: String = STATS_FILTER
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        assert_eq!(DEFAULT_STATS_PATH, format!("/stats?filter={encoded}"));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = parse(r#"{"refresh_interval":1000}"#).unwrap_err();
+        assert_eq!(e.key, "refresh_interval");
+        assert!(e.to_string().contains("`refresh_interval`"), "{e}");
+        assert!(e.to_string().contains("unknown key"), "{e}");
+    }
+
+    #[test]
+    fn not_an_object_or_not_json() {
+        assert!(parse("[]").unwrap_err().reason.contains("JSON object"));
+        assert!(parse("{").unwrap_err().reason.contains("not valid JSON"));
+        assert!(parse("\u{0}").is_err());
+    }
+
+    #[test]
+    fn allow_list_and_admin_cluster() {
+        let all = PluginConfig::default();
+        assert!(all.manages("backend"));
+        assert!(!all.manages("envoy_admin"));
+        let some = parse(r#"{"clusters":["a"]}"#).unwrap();
+        assert!(some.manages("a"));
+        assert!(!some.manages("b"));
+    }
+}
+
+/// A short, stable fingerprint of the raw configuration (FNV-1a), so that
+/// filters with different configurations keep separate shared state.
+pub fn fingerprint(raw: &[u8]) -> u64 {
+    raw.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    #[test]
+    fn differs_by_config() {
+        assert_eq!(super::fingerprint(b""), 0xcbf2_9ce4_8422_2325);
+        assert_ne!(super::fingerprint(b"{}"), super::fingerprint(b"{ }"));
+    }
+}
