@@ -3,8 +3,10 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := build
 # cargo's module (the `wasm` profile: size first), and the shipped one: that after
 # `wasm-metadce` and `wasm-opt -Oz` (binaryen).
-CARGO_WASM := target/wasm32-wasip1/wasm/serving_picker_wasm.wasm
-WASM := target/serving_picker.wasm
+# Cargo's target directory (CARGO_TARGET_DIR when set: parallel work trees).
+TARGET := $(or $(CARGO_TARGET_DIR),target)
+CARGO_WASM := $(TARGET)/wasm32-wasip1/wasm/serving_picker_wasm.wasm
+WASM := $(TARGET)/serving_picker.wasm
 # The features rustc's wasm32-wasip1 output uses; binaryen must not add others.
 WASM_FEATURES := --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
   --enable-nontrapping-float-to-int
@@ -16,8 +18,8 @@ KEEP_EXPORTS := memory _initialize proxy_abi_version_0_2_1 proxy_on_vm_start pro
   proxy_on_tick proxy_on_context_create proxy_on_request_headers proxy_on_http_call_response \
   proxy_on_done proxy_on_delete proxy_on_memory_allocate
 # The native form, as Envoy loads it (lib<name>.so), and the companion.
-NATIVE_SO := target/release/libserving_picker.so
-CONDITIONS_BIN := target/release/serving-picker-conditions
+NATIVE_SO := $(TARGET)/release/libserving_picker.so
+CONDITIONS_BIN := $(TARGET)/release/serving-picker-conditions
 VENV := .venv
 ENVOY_VERSION := 1.40.0
 # Tests and scripts find Envoy and the module through these.
@@ -42,8 +44,8 @@ build-native:
 build-wasm: wasm-target wasm-opt
 	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
 	@[ $(WASM) -nt $(CARGO_WASM) ] && [ $(WASM) -nt Makefile ] || { \
-	  scripts/exports-graph.sh $(KEEP_EXPORTS) >target/keep-exports.json && \
-	  wasm-metadce $(WASM_FEATURES) --graph-file=target/keep-exports.json $(CARGO_WASM) -o $(WASM).dce >/dev/null && \
+	  scripts/exports-graph.sh $(KEEP_EXPORTS) >$(TARGET)/keep-exports.json && \
+	  wasm-metadce $(WASM_FEATURES) --graph-file=$(TARGET)/keep-exports.json $(CARGO_WASM) -o $(WASM).dce >/dev/null && \
 	  wasm-opt $(WASM_OPT_FLAGS) $(WASM).dce -o $(WASM).tmp && mv $(WASM).tmp $(WASM) && rm -f $(WASM).dce; }
 	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes (cargo's $(CARGO_WASM): $$(stat -c %s $(CARGO_WASM)))"
 
