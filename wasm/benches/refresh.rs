@@ -1,7 +1,7 @@
 //! Snapshot refresh cost, stage by stage, for (a) 100 clusters x 100 hosts and
 //! (b) 1 cluster x 10,000 hosts of realistic admin JSON (benches/common).
 //!
-//! The leader, on every refresh (src/wasm/refresh.rs, src/wasm/root.rs): reads
+//! The leader, on every refresh (wasm/src/proxy/refresh.rs, wasm/src/proxy/root.rs): reads
 //! both bodies, parses the dump, compares it with the last one and keeps a
 //! clone for the next refresh, parses /clusters, joins and plans
 //! (build_plans), encodes the snapshot. (It does not fingerprint the dump:
@@ -324,7 +324,7 @@ fn run_scenario(tag: char, clusters: usize, hosts_per_cluster: usize, runs: usiz
         |()| serde_json::from_slice::<IgnoredAny>(clusters_body).unwrap(),
     ));
 
-    // The whole leader refresh in one go, in the order src/wasm/refresh.rs
+    // The whole leader refresh in one go, in the order wasm/src/proxy/refresh.rs
     // does it, each body copied in as get_buffer does and dropped once
     // parsed: the peak is what the VM's linear memory must grow to (it never
     // shrinks).
