@@ -28,7 +28,10 @@ export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
-SHIPPED_CONFIGS := envoy.yaml $(wildcard examples/*.yaml)
+SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml $(wildcard examples/*.yaml)
+# Envoy finds the native module (`dynamic_module_config: {name: serving_picker}`) as
+# lib<name>.so in this directory: validate, run and the tests set it.
+export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 # Brief property runs in `make test`, long ones in `make fuzz`.
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
@@ -37,9 +40,27 @@ FUZZ_CASES ?= 20000
 
 build: build-wasm build-native
 
+# The native module is linked for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30) with
+# zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
+# when missing), and copied over cargo's own build (renamed into place: never overwrite a .so that
+# an Envoy may have loaded). Without them (offline, NATIVE_ZIG=0, or a failed zig build) the plain
+# cargo build stays: it needs this machine's glibc (2.34 here).
+NATIVE_ZIG ?= 1
+NATIVE_GLIBC := 2.31
+NATIVE_TRIPLE := x86_64-unknown-linux-gnu
 build-native:
 	cargo build --release -p serving-picker-native -p serving-picker-conditions
-	@echo "built $(NATIVE_SO) and $(CONDITIONS_BIN)"
+	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ]; then \
+	  export PATH="$(abspath $(VENV))/bin:$$PATH"; \
+	  command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
+	    $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; } || true; \
+	  if command -v cargo-zigbuild >/dev/null && \
+	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
+	    cp $(TARGET)/$(NATIVE_TRIPLE)/release/libserving_picker.so $(NATIVE_SO).tmp && mv $(NATIVE_SO).tmp $(NATIVE_SO) && \
+	    echo "native module linked for glibc $(NATIVE_GLIBC)+ (cargo-zigbuild)"; \
+	  else echo "cargo-zigbuild unavailable or failed: the native module is cargo's, for this machine's glibc"; fi; \
+	fi
+	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN)"
 
 build-wasm: wasm-target wasm-opt
 	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
@@ -80,6 +101,7 @@ lint:
 validate: build envoy
 	@for c in $(SHIPPED_CONFIGS); do \
 	  echo "envoy --mode validate -c $$c"; \
+	  ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(ENVOY_DYNAMIC_MODULES_SEARCH_PATH) \
 	  $(ENVOY_BIN) --mode validate -c $$c --disable-hot-restart -l warning || exit 1; \
 	done
 
@@ -98,6 +120,7 @@ fuzz:
 bench: bench-native bench-e2e bench-scale
 
 bench-native:
+	cargo bench -p serving-picker-native --bench table
 	cargo bench -p serving-picker-wasm --bench pick
 	cargo bench -p serving-picker-wasm --bench refresh
 

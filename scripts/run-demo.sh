@@ -1,23 +1,53 @@
 #!/usr/bin/env bash
-# The demo: three backends and Envoy with serving-picker (envoy.yaml).
-# Uses `func-e run` when func-e is on PATH, else the Envoy in .venv.
+# The demo: three backends and two Envoys in front of them, one per form of serving-picker:
+#   wasm filter (envoy.yaml)          listener 10000, admin 9901
+#   native module (envoy-native.yaml) listener 10001, admin 9902
+# Uses `func-e run` when func-e is on PATH, else the Envoy in .venv. The native Envoy finds
+# libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the Makefile sets it to the
+# build's release directory; default here: target/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="${ENVOY_DYNAMIC_MODULES_SEARCH_PATH:-$PWD/target/release}"
+[[ -f "$ENVOY_DYNAMIC_MODULES_SEARCH_PATH/libserving_picker.so" ]] || {
+  echo "run-demo: no libserving_picker.so in $ENVOY_DYNAMIC_MODULES_SEARCH_PATH (make build)" >&2
+  exit 1
+}
+pids=()
+stop() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop EXIT
+trap 'exit 130' INT TERM
 python3 scripts/demo-backends.py pod-a=18081 pod-b=18082 pod-c=18083 &
-backends=$!
-trap 'kill $backends 2>/dev/null || true' EXIT
+pids+=($!)
 cat <<'MSG'
-serving-picker demo: Envoy on http://127.0.0.1:10000, admin on http://127.0.0.1:9901
+serving-picker demo, both forms in front of the same three pods:
+  wasm filter    Envoy on http://127.0.0.1:10000, admin on http://127.0.0.1:9901 (envoy.yaml)
+  native module  Envoy on http://127.0.0.1:10001, admin on http://127.0.0.1:9902 (envoy-native.yaml)
   pod-a 18081 ready                 -> takes every new request
   pod-b 18082 serving, terminating  -> only if nothing is ready
   pod-c 18083 not serving           -> never
-Try: curl -s localhost:10000/            (answers pod-a)
+Try: curl -s localhost:10000/            (answers pod-a, through the wasm filter)
+     curl -s localhost:10001/            (answers pod-a, through the native load balancer)
+     curl -si localhost:10001/none/      (a cluster with no serving pod: the no-serving 503)
      curl -s -H 'x-gateway-destination-endpoint: 127.0.0.1:18083' localhost:10000/   (still pod-a)
-     curl -s localhost:9901/stats | grep serving_picker
+     curl -s localhost:9901/stats | grep serving_picker    (wasmcustom.serving_picker.*)
+     curl -s localhost:9902/stats | grep serving_picker    (dynamicmodulescustom.serving_picker.*)
 Ctrl-C stops everything.
 MSG
-if command -v func-e >/dev/null 2>&1; then
-  func-e run -c envoy.yaml --concurrency 2 --component-log-level wasm:info
-else
-  "${ENVOY_BIN:-.venv/bin/envoy}" -c envoy.yaml --concurrency 2 --disable-hot-restart --component-log-level wasm:info
-fi
+run_envoy() { # config, extra args...
+  local config="$1"
+  shift
+  if command -v func-e >/dev/null 2>&1; then
+    func-e run -c "$config" --concurrency 2 "$@" &
+  else
+    "${ENVOY_BIN:-.venv/bin/envoy}" -c "$config" --concurrency 2 --disable-hot-restart "$@" &
+  fi
+  pids+=($!)
+}
+# Two Envoys on one machine: the second needs its own base id (shared memory) under func-e.
+run_envoy envoy.yaml --component-log-level wasm:info
+run_envoy envoy-native.yaml --base-id 1 --component-log-level dynamic_modules:info
+wait -n

@@ -4,7 +4,8 @@
 //! configuration time, into a typed struct; errors name the key.
 
 use crate::plan::ZonePreference;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, Deserializer, Error as _, MapAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -56,17 +57,64 @@ pub fn bounded_u64(key: &str, value: Value, min: u64, max: u64) -> Result<u64, C
     Ok(n)
 }
 
+/// A top-level object whose keys are each given once: JSON parsers keep the
+/// last of a repeated key (serde_json, Envoy's), so a repeat is a mistake the
+/// user would not see.
+struct UniqueKeys(Map<String, Value>);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(UniqueKeysVisitor)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> Visitor<'de> for UniqueKeysVisitor {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(A::Error::custom(format_args!("{DUPLICATE}{key}`")));
+            }
+            let value = map.next_value()?;
+            out.insert(key, value);
+        }
+        Ok(UniqueKeys(out))
+    }
+}
+
+const DUPLICATE: &str = "duplicate key `";
+
 /// The configuration's JSON object; `None` for empty or whitespace-only
-/// input (no configuration at all: every default).
+/// input (no configuration at all: every default). A key given twice is an
+/// error naming it.
 pub fn json_object(raw: &[u8]) -> Result<Option<Map<String, Value>>, ConfigError> {
     if raw.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(None);
     }
-    let root: Value =
-        serde_json::from_slice(raw).map_err(|e| err("", format!("not valid JSON: {e}")))?;
-    match root {
-        Value::Object(map) => Ok(Some(map)),
-        other => Err(err("", format!("must be a JSON object, got {other}"))),
+    match serde_json::from_slice::<UniqueKeys>(raw) {
+        Ok(UniqueKeys(map)) => Ok(Some(map)),
+        Err(e) => {
+            let text = e.to_string();
+            if let Some(key) = text
+                .strip_prefix(DUPLICATE)
+                .and_then(|k| k.split('`').next())
+            {
+                return Err(err(key, "given more than once"));
+            }
+            // Not an object: say what it is.
+            match serde_json::from_slice::<Value>(raw) {
+                Ok(other) => Err(err("", format!("must be a JSON object, got {other}"))),
+                Err(e) => Err(err("", format!("not valid JSON: {e}"))),
+            }
+        }
     }
 }
 
@@ -167,6 +215,22 @@ mod tests {
         assert!(SelectionConfig::KEYS
             .iter()
             .all(|k| take(k, json!("")).is_err()));
+    }
+
+    #[test]
+    fn a_key_given_twice_is_named() {
+        let e = json_object(br#"{"local_zone":"a","x":1,"local_zone":"b"}"#).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.reason.as_str()),
+            ("local_zone", "given more than once")
+        );
+        // Nested objects are the keys' own business; distinct keys pass.
+        let ok = json_object(br#"{"a":{"b":1,"b":2},"c":[{"d":1}]}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(ok.len(), 2);
+        // Bad JSON after a repeat is still reported as the repeat (first error).
+        assert_eq!(json_object(br#"{"k":1,"k":2"#).unwrap_err().key, "k");
     }
 
     #[test]

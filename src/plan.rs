@@ -1,7 +1,22 @@
 //! Tier choice per cluster, done once per endpoint change (KEP-1672 parity):
 //! serving and not terminating if any, else serving and terminating, else none.
-//! Inside the tier: the lowest priority present, then the local zone when it
-//! holds enough of the tier's weight.
+//! Inside the tier, load goes where Envoy's own load balancer would send it:
+//! - **Priorities**: Envoy's priority load with the default overprovisioning
+//!   factor (140): priority P takes min(100%, 1.4 x its tier hosts / all its
+//!   hosts) of what the higher priorities left, and the rest spills to the
+//!   next one; when the priorities' health adds up to less than 100% the loads
+//!   are scaled up to 100% (Envoy's normalisation; never panic mode: hosts
+//!   outside the tier get nothing).
+//! - **Zones** (`local_zone`), within each priority: the local zone takes all
+//!   of the priority's load when it holds at least an even share (1/zones) of
+//!   the tier's weight there, else it takes `share x zones` and the rest
+//!   spills to the other zones by weight: with the gateway's replicas spread
+//!   evenly across the zones (Envoy's zone-aware routing with equal local
+//!   shares), no zone gets more than its share of the traffic. Below
+//!   `min_share` the local zone is not preferred at all.
+//!
+//! The outcome is one weighted host list: the original weights when one
+//! priority and no zone rule decide, else weights scaled to the load.
 
 use crate::host::{ClusterHosts, HostRecord};
 
@@ -55,8 +70,57 @@ pub struct ZonePreference {
     pub min_share: f64,
 }
 
+/// Envoy's default overprovisioning factor (percent).
+pub const OVERPROVISIONING_FACTOR: u64 = 140;
+
+/// Total of the scaled weights when load is split (fits u32 per host).
+const SCALE: f64 = 1_000_000_000.0;
+
 fn weight_of(hosts: &[&HostRecord]) -> u64 {
     hosts.iter().map(|h| u64::from(h.weight)).sum()
+}
+
+/// Each host's fraction of one priority's load (summing to 1), or `None`
+/// when the zone rule keeps the hosts' own weights.
+fn zone_split(group: &[&HostRecord], zone: Option<&ZonePreference>) -> Option<Vec<f64>> {
+    let pref = zone?;
+    let local = |h: &HostRecord| h.zone.as_deref() == Some(pref.local_zone.as_str());
+    let total = weight_of(group) as f64;
+    let local_weight: u64 = group
+        .iter()
+        .filter(|h| local(h))
+        .map(|h| u64::from(h.weight))
+        .sum();
+    let share = local_weight as f64 / total;
+    if local_weight == 0 || share < pref.min_share {
+        return None;
+    }
+    // Distinct zones by a linear scan: a group's zones are few, and a sort
+    // would cost the wasm module kilobytes.
+    let mut zones: Vec<Option<&str>> = Vec::new();
+    for h in group {
+        if !zones.contains(&h.zone.as_deref()) {
+            zones.push(h.zone.as_deref());
+        }
+    }
+    // All of it when the zone holds an even share, else its share's worth.
+    let local_load = (share * zones.len() as f64).min(1.0);
+    let rest = total - local_weight as f64;
+    Some(
+        group
+            .iter()
+            .map(|h| {
+                let w = f64::from(h.weight);
+                if local(h) {
+                    local_load * w / local_weight as f64
+                } else if rest > 0.0 {
+                    (1.0 - local_load) * w / rest
+                } else {
+                    0.0
+                }
+            })
+            .collect(),
+    )
 }
 
 pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> ClusterPlan {
@@ -65,7 +129,7 @@ pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> Cl
         .clone()
         .filter(|h| !h.conditions().terminating)
         .collect();
-    let (tier, mut chosen) = if !ready.is_empty() {
+    let (tier, chosen) = if !ready.is_empty() {
         (Tier::Ready, ready)
     } else {
         let fallback: Vec<&HostRecord> = serving.collect();
@@ -75,25 +139,57 @@ pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> Cl
             (Tier::TerminatingFallback, fallback)
         }
     };
-    if let Some(top) = chosen.iter().map(|h| h.priority).min() {
-        chosen.retain(|h| h.priority == top);
+    // Per priority (lowest first): the tier's hosts there and their health.
+    let mut groups: Vec<(Vec<&HostRecord>, f64)> = Vec::new();
+    let mut after = None;
+    while let Some(p) = chosen
+        .iter()
+        .map(|h| h.priority)
+        .filter(|p| after.is_none_or(|a| *p > a))
+        .min()
+    {
+        after = Some(p);
+        let group: Vec<&HostRecord> = chosen.iter().copied().filter(|h| h.priority == p).collect();
+        let all = cluster.hosts.iter().filter(|h| h.priority == p).count() as u64;
+        let health = (OVERPROVISIONING_FACTOR * group.len() as u64 / all.max(1)).min(100);
+        groups.push((group, health as f64));
     }
-    if let Some(pref) = zone {
-        let local: Vec<&HostRecord> = chosen
-            .iter()
-            .copied()
-            .filter(|h| h.zone.as_deref() == Some(pref.local_zone.as_str()))
-            .collect();
-        let total = weight_of(&chosen);
-        if !local.is_empty() && weight_of(&local) as f64 >= pref.min_share * total as f64 {
-            chosen = local;
+    // Envoy's priority load: each takes its health of what is left; the sum
+    // is scaled to 100% when the priorities' health falls short of it.
+    let total_health: f64 = groups.iter().map(|g| g.1).sum::<f64>().min(100.0);
+    let mut left = 100.0;
+    let mut weighted: Vec<(&HostRecord, f64)> = Vec::new();
+    let mut split = false;
+    for (group, health) in &groups {
+        let load = health.min(left);
+        left -= load;
+        if load <= 0.0 {
+            break;
+        }
+        let load = load / total_health;
+        split |= load < 1.0;
+        let fractions = zone_split(group, zone);
+        split |= fractions.is_some();
+        let total = weight_of(group) as f64;
+        for (i, h) in group.iter().enumerate() {
+            let fraction = match &fractions {
+                Some(f) => f.get(i).copied().unwrap_or(0.0),
+                None => f64::from(h.weight) / total,
+            };
+            weighted.push((h, load * fraction));
         }
     }
-    let mut hosts: Vec<PlannedHost> = chosen
+    let mut hosts: Vec<PlannedHost> = weighted
         .into_iter()
-        .map(|h| PlannedHost {
+        .filter(|(_, load)| !split || *load > 0.0)
+        .map(|(h, load)| PlannedHost {
             address: h.address.clone(),
-            weight: h.weight,
+            weight: if split {
+                // At least 1: a host with load keeps a place in the list.
+                ((load * SCALE + 0.5) as u32).max(1)
+            } else {
+                h.weight
+            },
         })
         .collect();
     // A host listed twice (e.g. in two localities) is one host with both weights.
@@ -233,28 +329,207 @@ mod tests {
         h
     }
 
-    #[test]
-    fn local_zone_when_it_holds_enough_weight() {
-        let pref = ZonePreference {
-            local_zone: "z1".into(),
-            min_share: 0.3,
-        };
-        let cluster = |hosts| ClusterHosts {
+    /// Each host's share of the load, by address.
+    fn shares(p: &ClusterPlan) -> Vec<(String, f64)> {
+        let total: f64 = p.hosts.iter().map(|h| f64::from(h.weight)).sum();
+        p.hosts
+            .iter()
+            .map(|h| (h.address.clone(), f64::from(h.weight) / total))
+            .collect()
+    }
+
+    fn close(got: &[(String, f64)], want: &[(&str, f64)]) -> bool {
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|((a, s), (b, w))| a == b && (s - w).abs() < 1e-6)
+    }
+
+    fn cluster(hosts: Vec<HostRecord>) -> ClusterHosts {
+        ClusterHosts {
             name: "c".into(),
             hosts,
+        }
+    }
+
+    #[test]
+    fn local_zone_takes_its_even_share_and_spills_the_rest() {
+        let pref = |min_share| ZonePreference {
+            local_zone: "z1".into(),
+            min_share,
         };
-        let enough = plan_cluster(
-            &cluster(vec![zoned(A, "z1", 1), zoned(B, "z2", 2)]),
-            Some(&pref),
+        // An even share (1/2 of two zones) or more: the local zone alone.
+        let even = plan_cluster(
+            &cluster(vec![zoned(A, "z1", 1), zoned(B, "z2", 1)]),
+            Some(&pref(0.2)),
         );
-        assert_eq!(enough.hosts.len(), 1);
-        assert_eq!(enough.hosts[0].address, A);
+        assert!(close(&shares(&even), &[(A, 1.0)]), "{even:?}");
+        // A third of the weight in two zones: 2/3 local, 1/3 spills.
+        let third = plan_cluster(
+            &cluster(vec![zoned(A, "z1", 1), zoned(B, "z2", 2)]),
+            Some(&pref(0.3)),
+        );
+        assert!(
+            close(&shares(&third), &[(A, 2.0 / 3.0), (B, 1.0 / 3.0)]),
+            "{third:?}"
+        );
+        // Issue 16: a zone with 20% of the weight took 100%; now 40%.
+        let fifth = plan_cluster(
+            &cluster(vec![zoned(A, "z1", 1), zoned(B, "z2", 4)]),
+            Some(&pref(0.2)),
+        );
+        assert!(close(&shares(&fifth), &[(A, 0.4), (B, 0.6)]), "{fifth:?}");
+        // Below min_share: no preference, the hosts' own weights.
         let too_little = plan_cluster(
             &cluster(vec![zoned(A, "z1", 1), zoned(B, "z2", 3)]),
-            Some(&pref),
+            Some(&pref(0.3)),
         );
-        assert_eq!(too_little.hosts.len(), 2, "0.25 < 0.3: use the whole tier");
-        let none_local = plan_cluster(&cluster(vec![zoned(B, "z2", 1)]), Some(&pref));
+        assert_eq!(
+            too_little
+                .hosts
+                .iter()
+                .map(|h| h.weight)
+                .collect::<Vec<_>>(),
+            [1, 3]
+        );
+        let none_local = plan_cluster(&cluster(vec![zoned(B, "z2", 1)]), Some(&pref(0.3)));
         assert_eq!(none_local.hosts.len(), 1);
+    }
+
+    fn at(addr: &str, priority: u32, c: Conditions) -> HostRecord {
+        let mut h = host(addr, c);
+        h.priority = priority;
+        h
+    }
+
+    /// Issue 16: P0 = one ready host of four, P1 = two ready hosts. Envoy
+    /// gives P0 min(100, 1.4 x 1/4) = 35% and P1 the other 65%: about a
+    /// third each (the filter used to send everything to the P0 host).
+    #[test]
+    fn priorities_spill_like_envoys_priority_load() {
+        const C: &str = "10.0.0.3:80";
+        const D: &str = "10.0.0.4:80";
+        const E: &str = "10.0.0.5:80";
+        const F: &str = "10.0.0.6:80";
+        let p = plan_cluster(
+            &cluster(vec![
+                at(A, 0, Conditions::READY),
+                at(C, 0, Conditions::NOT_SERVING),
+                at(D, 0, Conditions::NOT_SERVING),
+                at(F, 0, Conditions::SERVING_TERMINATING),
+                at(B, 1, Conditions::READY),
+                at(E, 1, Conditions::READY),
+            ]),
+            None,
+        );
+        assert_eq!(p.tier, Tier::Ready);
+        assert!(
+            close(&shares(&p), &[(A, 0.35), (B, 0.325), (E, 0.325)]),
+            "{p:?}"
+        );
+        // Both priorities short (35% each): scaled up to half each.
+        let short = plan_cluster(
+            &cluster(vec![
+                at(A, 0, Conditions::READY),
+                at(C, 0, Conditions::NOT_SERVING),
+                at(D, 0, Conditions::NOT_SERVING),
+                at(F, 0, Conditions::NOT_SERVING),
+                at(B, 1, Conditions::READY),
+                at(E, 1, Conditions::NOT_SERVING),
+                at("10.0.0.7:80", 1, Conditions::NOT_SERVING),
+                at("10.0.0.8:80", 1, Conditions::NOT_SERVING),
+            ]),
+            None,
+        );
+        assert!(close(&shares(&short), &[(A, 0.5), (B, 0.5)]), "{short:?}");
+        // 3 of 4 ready at P0: 1.4 x 3/4 >= 100%: P1 gets nothing.
+        let full = plan_cluster(
+            &cluster(vec![
+                at(A, 0, Conditions::READY),
+                at(C, 0, Conditions::READY),
+                at(D, 0, Conditions::READY),
+                at(F, 0, Conditions::NOT_SERVING),
+                at(B, 1, Conditions::READY),
+            ]),
+            None,
+        );
+        assert_eq!(
+            full.hosts
+                .iter()
+                .map(|h| h.address.as_str())
+                .collect::<Vec<_>>(),
+            [A, C, D]
+        );
+        assert!(full.hosts.iter().all(|h| h.weight == 1), "own weights kept");
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_host() -> impl Strategy<Value = HostRecord> {
+            (0u8..8, 1u32..5, 0u32..3, 0u8..4, 0u8..3).prop_map(|(ip, weight, priority, c, z)| {
+                let c = [
+                    Conditions::READY,
+                    Conditions::SERVING_TERMINATING,
+                    Conditions::NOT_SERVING,
+                    TERMINATING_NOT_SERVING,
+                ][usize::from(c)];
+                let mut h = host(&format!("10.0.0.{ip}:80"), c);
+                h.weight = weight;
+                h.priority = priority;
+                h.zone = (z > 0).then(|| format!("z{z}"));
+                h
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn plans_stay_in_the_tier_and_follow_priority_load(
+                hosts in prop::collection::vec(any_host(), 0..10),
+                zoned in any::<bool>(),
+                min_share in 0.05f64..1.0,
+            ) {
+                let pref = ZonePreference { local_zone: "z1".into(), min_share };
+                let c = cluster(hosts.clone());
+                let p = plan_cluster(&c, zoned.then_some(&pref));
+                let in_tier = |h: &HostRecord| {
+                    let k = h.conditions();
+                    k.serving && (p.tier != Tier::Ready || !k.terminating)
+                };
+                // Only hosts of the tier, each once, each with some load.
+                for planned in &p.hosts {
+                    prop_assert!(hosts.iter().any(|h| h.address == planned.address && in_tier(h)));
+                    prop_assert!(planned.weight > 0);
+                }
+                let mut addrs: Vec<_> = p.hosts.iter().map(|h| &h.address).collect();
+                addrs.dedup();
+                prop_assert_eq!(addrs.len(), p.hosts.len());
+                prop_assert_eq!(p.hosts.is_empty(), p.tier == Tier::NoServing);
+                let tier: Vec<&HostRecord> = hosts.iter().filter(|h| in_tier(h)).collect();
+                if let Some(top) = tier.iter().map(|h| h.priority).min() {
+                    // The tier's first priority always takes load.
+                    prop_assert!(p.hosts.iter().any(|ph| tier
+                        .iter()
+                        .any(|h| h.priority == top && h.address == ph.address)));
+                    // A priority at full health (1.4 x tier/all >= 1) leaves
+                    // nothing to the ones after it.
+                    let all = hosts.iter().filter(|h| h.priority == top).count() as u64;
+                    let there = tier.iter().filter(|h| h.priority == top).count() as u64;
+                    if OVERPROVISIONING_FACTOR * there >= 100 * all {
+                        for ph in &p.hosts {
+                            prop_assert!(hosts.iter().any(|h| h.address == ph.address && h.priority == top));
+                        }
+                    }
+                    // One priority, no zone rule: the hosts' own weights.
+                    if !zoned && tier.iter().all(|h| h.priority == top) {
+                        let own: u64 = tier.iter().map(|h| u64::from(h.weight)).sum();
+                        let planned: u64 = p.hosts.iter().map(|h| u64::from(h.weight)).sum();
+                        prop_assert_eq!(own, planned);
+                    }
+                }
+            }
+        }
     }
 }

@@ -25,12 +25,12 @@ fn count(counts: &std::collections::BTreeMap<String, usize>, name: &str) -> usiz
     counts.get(name).copied().unwrap_or(0)
 }
 
-#[test]
-fn hosts_without_metadata_are_served_like_ready() {
+fn hosts_without_metadata_are_served_like_ready(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let c = Backend::start("C");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("no-metadata")
         .eds_cluster(
             "backend",
@@ -65,12 +65,12 @@ fn hosts_without_metadata_are_served_like_ready() {
     );
 }
 
-#[test]
-fn health_status_healthy_gets_traffic_draining_does_not() {
+fn health_status_healthy_gets_traffic_draining_does_not(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let c = Backend::start("C");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("health-healthy-draining")
         .eds_cluster(
             "backend",
@@ -85,13 +85,27 @@ fn health_status_healthy_gets_traffic_draining_does_not() {
     expect_routing(&envoy, "/backend/x", &[], "HEALTHY A only", picked(&a));
 }
 
-#[test]
-fn health_status_only_draining_still_gets_traffic() {
+fn health_status_only_draining_still_gets_traffic(form: Form) {
     let b = Backend::start("B");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("health-draining-only")
         .eds_cluster("backend", &[Endpoint::health(b.addr(), "DRAINING")])
         .start();
+    if form == Form::Native {
+        // Envoy keeps a DRAINING host out of its healthy list, and the module
+        // can pick only from that list: nothing to pick (README, native form:
+        // terminating endpoints must reach Envoy as HEALTHY/UNKNOWN).
+        expect_routing(
+            &envoy,
+            "/backend/x",
+            &[],
+            "native: DRAINING cannot be picked: 503",
+            no_serving_503("backend"),
+        );
+        assert_eq!(b.count(), 0, "the DRAINING host was reached");
+        return;
+    }
     expect_routing(
         &envoy,
         "/backend/x",
@@ -101,11 +115,11 @@ fn health_status_only_draining_still_gets_traffic() {
     );
 }
 
-#[test]
-fn health_status_unhealthy_and_timeout_are_not_serving() {
+fn health_status_unhealthy_and_timeout_are_not_serving(form: Form) {
     let a = Backend::start("A");
     let d = Backend::start("D");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("health-unhealthy")
         .eds_cluster(
             "backend",
@@ -125,12 +139,12 @@ fn health_status_unhealthy_and_timeout_are_not_serving() {
     );
 }
 
-#[test]
-fn health_status_degraded_and_unknown_are_serving() {
+fn health_status_degraded_and_unknown_are_serving(form: Form) {
     let a = Backend::start("A");
     let d = Backend::start("D");
     let b = Backend::start("B");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("health-degraded")
         .eds_cluster(
             "backend",
@@ -141,6 +155,18 @@ fn health_status_degraded_and_unknown_are_serving() {
             ],
         )
         .start();
+    if form == Form::Native {
+        // Envoy keeps a DEGRADED host out of its healthy list (it is in the
+        // degraded one), and the module picks only from the healthy list.
+        expect_routing(
+            &envoy,
+            "/backend/x",
+            &[],
+            "native: UNKNOWN D only",
+            picked(&d),
+        );
+        return;
+    }
     let ad = [&a, &d];
     settle(
         &envoy,
@@ -164,12 +190,12 @@ fn health_status_degraded_and_unknown_are_serving() {
     );
 }
 
-#[test]
-fn weights_spread_traffic() {
+fn weights_spread_traffic(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let c = Backend::start("C");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("weights")
         .eds_cluster(
             "backend",
@@ -208,13 +234,13 @@ fn weights_spread_traffic() {
     );
 }
 
-#[test]
-fn several_clusters_each_by_its_own_conditions() {
+fn several_clusters_each_by_its_own_conditions(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let c = Backend::start("C");
     let d = Backend::start("D");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("several-clusters")
         .eds_cluster(
             "alpha",
@@ -341,7 +367,8 @@ fn client_supplied_override_header_is_ignored() {
     );
     let leaked: Vec<String> = a
         .override_values()
-        .into_iter()
+        .iter()
+        .flat_map(|v| override_list(v))
         .filter(|v| *v != a_addr)
         .collect();
     assert!(
@@ -350,10 +377,10 @@ fn client_supplied_override_header_is_ignored() {
     );
 }
 
-#[test]
-fn no_serving_endpoint_is_a_clear_503() {
+fn no_serving_endpoint_is_a_clear_503(form: Form) {
     let a = Backend::start("A");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("clear-503")
         .eds_cluster("checkout", &[Endpoint::not_serving(a.addr())])
         .start();
@@ -618,11 +645,11 @@ fn admin_unreachable_fails_open_and_still_strips() {
     }
 }
 
-#[test]
-fn wrong_typed_metadata_is_read_as_absent() {
+fn wrong_typed_metadata_is_read_as_absent(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("wrong-typed")
         .eds_cluster(
             "backend",
@@ -673,13 +700,13 @@ fn wrong_typed_metadata_is_read_as_absent() {
     );
 }
 
-#[test]
-fn present_serving_wins_over_ready() {
+fn present_serving_wins_over_ready(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let c = Backend::start("C");
     let d = Backend::start("D");
     let envoy = EnvoyBuilder::new()
+        .form(form)
         .tag("serving-over-ready")
         .eds_cluster(
             "backend",
@@ -745,7 +772,9 @@ fn custom_override_header() {
         "A should see x-picked-endpoint once per request: {values:?}"
     );
     assert!(
-        values.iter().all(|v| *v == a_addr),
+        values
+            .iter()
+            .all(|v| override_list(v).iter().all(|x| *x == a_addr)),
         "A saw x-picked-endpoint values {values:?}"
     );
 }
@@ -982,3 +1011,16 @@ fn change_gate_without_stats_is_off_and_says_so_once() {
     assert!(said[0].contains("empty"), "{}", said[0]);
     assert!(envoy.log_lines("admin refresh failed").is_empty());
 }
+
+both_forms!(
+    hosts_without_metadata_are_served_like_ready,
+    health_status_healthy_gets_traffic_draining_does_not,
+    health_status_only_draining_still_gets_traffic,
+    health_status_unhealthy_and_timeout_are_not_serving,
+    health_status_degraded_and_unknown_are_serving,
+    weights_spread_traffic,
+    several_clusters_each_by_its_own_conditions,
+    no_serving_endpoint_is_a_clear_503,
+    wrong_typed_metadata_is_read_as_absent,
+    present_serving_wins_over_ready,
+);

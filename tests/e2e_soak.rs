@@ -69,7 +69,8 @@ fn load_config() -> LoadConfig {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Run {
-    Module,
+    /// serving-picker in this form.
+    Module(Form),
     Control,
 }
 
@@ -85,12 +86,14 @@ enum St {
 fn eds(run: Run, pods: &[(&Backend, St)]) -> Vec<Endpoint> {
     pods.iter()
         .filter_map(|(b, st)| match (run, st) {
-            (Run::Module, St::Serving) => Some(Endpoint::serving(b.addr())),
-            (Run::Module, St::ServingTerminating) => Some(Endpoint::serving_terminating(b.addr())),
-            (Run::Module, St::TerminatingNotServing) => {
+            (Run::Module(_), St::Serving) => Some(Endpoint::serving(b.addr())),
+            (Run::Module(_), St::ServingTerminating) => {
+                Some(Endpoint::serving_terminating(b.addr()))
+            }
+            (Run::Module(_), St::TerminatingNotServing) => {
                 Some(Endpoint::terminating_not_serving(b.addr()))
             }
-            (Run::Module, St::NotServing) => Some(Endpoint::not_serving(b.addr())),
+            (Run::Module(_), St::NotServing) => Some(Endpoint::not_serving(b.addr())),
             // Without the feature: only ready endpoints, no conditions.
             (Run::Control, St::Serving) => Some(Endpoint::no_metadata(b.addr())),
             (Run::Control, _) => None,
@@ -100,10 +103,15 @@ fn eds(run: Run, pods: &[(&Backend, St)]) -> Vec<Endpoint> {
 
 fn start_envoy(tag: &str, run: Run, initial: &[Endpoint]) -> Envoy {
     let filter = match run {
-        Run::Module => Some(plugin_config(Value::Null)),
+        Run::Module(_) => Some(plugin_config(Value::Null)),
         Run::Control => None,
     };
+    let form = match run {
+        Run::Module(form) => form,
+        Run::Control => Form::Wasm,
+    };
     EnvoyBuilder::new()
+        .form(form)
         .tag(tag)
         .with_filter(filter.as_deref())
         .eds_cluster(CLUSTER, initial)
@@ -118,7 +126,7 @@ fn start_envoy(tag: &str, run: Run, initial: &[Endpoint]) -> Envoy {
 /// Waits for the routing the walk starts from, before the load begins.
 fn settle_start(envoy: &Envoy, run: Run, first: &[&Backend]) {
     match run {
-        Run::Module => settle(envoy, PATH, &[], "filter routes to the first pods", |r| {
+        Run::Module(_) => settle(envoy, PATH, &[], "filter routes to the first pods", |r| {
             first.iter().any(|b| filter_routed_to(b)(r))
         }),
         Run::Control => settle(envoy, PATH, &[], "first pods serve", |r| {
@@ -209,7 +217,7 @@ fn walk_one_replica(run: Run) -> WalkResult {
         report.phase_table(&format!("walk A (one replica), {run:?}"))
     );
 
-    if run == Run::Module {
+    if matches!(run, Run::Module(_)) {
         let in_phase = |name: &str| {
             report
                 .phases()
@@ -315,7 +323,7 @@ fn walk_three_replicas(run: Run) -> WalkResult {
         report.phase_table(&format!("walk B (3 replicas, maxSurge 1), {run:?}"))
     );
 
-    if run == Run::Module {
+    if matches!(run, Run::Module(_)) {
         let table = report.phase_table("walk B, module");
         assert_eq!(
             report.failures(),
@@ -375,7 +383,7 @@ fn summary_row(walk: &str, module: &WalkResult, control: &WalkResult) {
 
 #[test]
 fn soak_one_replica_statefulset_update() {
-    let module = walk_one_replica(Run::Module);
+    let module = walk_one_replica(Run::Module(Form::Wasm));
     let control = walk_one_replica(Run::Control);
     summary_row("A: 1-replica StatefulSet", &module, &control);
     assert!(
@@ -388,7 +396,31 @@ fn soak_one_replica_statefulset_update() {
 
 #[test]
 fn soak_three_replica_deployment_rolling_update() {
-    let module = walk_three_replicas(Run::Module);
+    let module = walk_three_replicas(Run::Module(Form::Wasm));
     let control = walk_three_replicas(Run::Control);
     summary_row("B: 3-replica Deployment maxSurge 1", &module, &control);
+}
+
+/// The same walks with the native form (the dynamic-module load balancer);
+/// the control run is the wasm tests' (it does not depend on the form).
+#[test]
+fn soak_one_replica_statefulset_update_native() {
+    let module = walk_one_replica(Run::Module(Form::Native));
+    println!(
+        "\nsoak-summary | {:<35} | {:>8} | {:>20} | (control: see the wasm row)",
+        "A: 1-replica StatefulSet, native",
+        module.report.requests(),
+        module.report.failures()
+    );
+}
+
+#[test]
+fn soak_three_replica_deployment_rolling_update_native() {
+    let module = walk_three_replicas(Run::Module(Form::Native));
+    println!(
+        "\nsoak-summary | {:<35} | {:>8} | {:>20} | (control: see the wasm row)",
+        "B: 3-replica Deployment, native",
+        module.report.requests(),
+        module.report.failures()
+    );
 }

@@ -12,7 +12,10 @@
 //!
 //! "goes to X" is asserted as: 200 from X, and X received
 //! `x-gateway-destination-endpoint: <X's address>` (so the filter picked it,
-//! not Envoy's round robin).
+//! not Envoy's round robin); in the native form (the module is the cluster's
+//! load balancer), 200 from X with no override header at all.
+//!
+//! Every scenario runs against both forms: `<name>::wasm` and `<name>::native`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -23,9 +26,10 @@ use support::*;
 const CLUSTER: &str = "backend";
 const PATH: &str = "/backend/x";
 
-fn envoy_with(tag: &str, endpoints: &[Endpoint]) -> Envoy {
+fn envoy_with(form: Form, tag: &str, endpoints: &[Endpoint]) -> Envoy {
     EnvoyBuilder::new()
-        .tag(tag)
+        .form(form)
+        .tag(&format!("{tag}-{}", form.name()))
         .eds_cluster(CLUSTER, endpoints)
         .start()
 }
@@ -60,31 +64,31 @@ fn expect_503_and_nothing_reaches(envoy: &Envoy, backends: &[&Backend]) {
     }
 }
 
-#[test]
-fn row1_a_serving_goes_to_a() {
+fn row1_a_serving_goes_to_a(form: Form) {
     let a = Backend::start("A");
-    let envoy = envoy_with("row1", &[Endpoint::serving(a.addr())]);
+    let envoy = envoy_with(form, "row1", &[Endpoint::serving(a.addr())]);
     expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
 }
 
-#[test]
-fn row2_a_not_serving_not_terminating_gets_clear_503() {
+fn row2_a_not_serving_not_terminating_gets_clear_503(form: Form) {
     let a = Backend::start("A");
-    let envoy = envoy_with("row2a", &[Endpoint::not_serving(a.addr())]);
+    let envoy = envoy_with(form, "row2a", &[Endpoint::not_serving(a.addr())]);
     expect_503_and_nothing_reaches(&envoy, &[&a]);
 }
 
-#[test]
-fn row2_a_not_serving_terminating_gets_clear_503() {
+fn row2_a_not_serving_terminating_gets_clear_503(form: Form) {
     let a = Backend::start("A");
-    let envoy = envoy_with("row2b", &[Endpoint::terminating_not_serving(a.addr())]);
+    let envoy = envoy_with(
+        form,
+        "row2b",
+        &[Endpoint::terminating_not_serving(a.addr())],
+    );
     expect_503_and_nothing_reaches(&envoy, &[&a]);
 }
 
-#[test]
-fn row3_a_serving_terminating_goes_to_a() {
+fn row3_a_serving_terminating_goes_to_a(form: Form) {
     let a = Backend::start("A");
-    let envoy = envoy_with("row3", &[Endpoint::serving_terminating(a.addr())]);
+    let envoy = envoy_with(form, "row3", &[Endpoint::serving_terminating(a.addr())]);
     expect_routing(
         &envoy,
         PATH,
@@ -94,11 +98,11 @@ fn row3_a_serving_terminating_goes_to_a() {
     );
 }
 
-#[test]
-fn row4_a_serving_terminating_b_not_yet_serving_goes_to_a() {
+fn row4_a_serving_terminating_b_not_yet_serving_goes_to_a(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let envoy = envoy_with(
+        form,
         "row4",
         &[
             Endpoint::serving_terminating(a.addr()),
@@ -108,11 +112,11 @@ fn row4_a_serving_terminating_b_not_yet_serving_goes_to_a() {
     expect_routing(&envoy, PATH, &[], "A picked, B not yet serving", picked(&a));
 }
 
-#[test]
-fn row5_a_serving_terminating_b_serving_goes_to_b() {
+fn row5_a_serving_terminating_b_serving_goes_to_b(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let envoy = envoy_with(
+        form,
         "row5",
         &[
             Endpoint::serving_terminating(a.addr()),
@@ -122,11 +126,11 @@ fn row5_a_serving_terminating_b_serving_goes_to_b() {
     expect_routing(&envoy, PATH, &[], "B picked over terminating A", picked(&b));
 }
 
-#[test]
-fn row6_a_terminating_not_serving_b_serving_goes_to_b() {
+fn row6_a_terminating_not_serving_b_serving_goes_to_b(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let envoy = envoy_with(
+        form,
         "row6",
         &[
             Endpoint::terminating_not_serving(a.addr()),
@@ -136,11 +140,10 @@ fn row6_a_terminating_not_serving_b_serving_goes_to_b() {
     expect_routing(&envoy, PATH, &[], "B picked, A gone", picked(&b));
 }
 
-#[test]
-fn rolling_update_walk_through_every_row() {
+fn rolling_update_walk_through_every_row(form: Form) {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let envoy = envoy_with("walk", &[Endpoint::serving(a.addr())]);
+    let envoy = envoy_with(form, "walk", &[Endpoint::serving(a.addr())]);
     let step = |what: &str, eps: &[Endpoint]| {
         envoy.set_endpoints(CLUSTER, eps);
         eprintln!("walk step (EDS v{}): {what}", envoy.eds(CLUSTER).version());
@@ -231,3 +234,14 @@ fn rolling_update_walk_through_every_row() {
         "expected connections on both workers, got {workers:?}"
     );
 }
+
+both_forms!(
+    row1_a_serving_goes_to_a,
+    row2_a_not_serving_not_terminating_gets_clear_503,
+    row2_a_not_serving_terminating_gets_clear_503,
+    row3_a_serving_terminating_goes_to_a,
+    row4_a_serving_terminating_b_not_yet_serving_goes_to_a,
+    row5_a_serving_terminating_b_serving_goes_to_b,
+    row6_a_terminating_not_serving_b_serving_goes_to_b,
+    rolling_update_walk_through_every_row,
+);

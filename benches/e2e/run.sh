@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# End-to-end benchmark: the same front Envoy (--concurrency 1) in three forms,
-#   plain           no wasm filter
+# End-to-end benchmark: the same front Envoy (--concurrency 1) in four forms,
+#   plain           no filter: the override_host policy without a header falls back to round
+#                   robin (plain round robin for every request)
+#   native          serving-picker's native form: no filter, the cluster's load balancer is the
+#                   dynamic module (libserving_picker.so, SERVING_PICKER_NATIVE)
 #   noop            the no-op Rust wasm filter (benches/noop-filter): the floor any wasm filter pays
-#   serving-picker  our module, refresh_interval_ms 1000, polling its own admin through envoy_admin
+#   serving-picker  the wasm form, refresh_interval_ms 1000, polling its own admin through envoy_admin
 # driven by wrk against a backend Envoy with three direct_response listeners.
 #
-# It answers two questions:
-#   T1  does serving-picker keep at least 0.95 of the no-op filter's throughput?
+# It answers four questions:
+#   T1  does serving-picker (wasm) keep at least 0.95 of the no-op filter's throughput?
 #   T2  does it add under 10 us at p50 over the no-op filter?
+#   T3  does the native form keep at least 0.97 of plain round robin's throughput?
+#   T4  does it add under 2 us at p50 over plain (interleaved c1 phase)?
 #
 # Rounds are interleaved: each round runs the three configs, each on a fresh front Envoy. Odd
 # rounds go plain, noop, serving-picker; even rounds the other way round, so that a steady drift
@@ -37,6 +42,7 @@
 # Environment (all optional):
 #   ENVOY_BIN            envoy binary                       (default .venv/bin/envoy)
 #   SERVING_PICKER_WASM  serving-picker module              (default target/serving_picker.wasm)
+#   SERVING_PICKER_NATIVE the native module                 (default target/release/libserving_picker.so)
 #   NOOP_WASM            no-op module                       (default benches/noop-filter/target/wasm32-wasip1/release/noop_filter.wasm)
 #   BENCH_DURATION       wrk duration of a throughput run   (default 10s)
 #   BENCH_WARMUP         wrk warm-up before each run        (default 2s)
@@ -68,6 +74,7 @@ abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$ROOT" "
 
 ENVOY_BIN="$(abspath "${ENVOY_BIN:-.venv/bin/envoy}")"
 SP_WASM="$(abspath "${SERVING_PICKER_WASM:-target/serving_picker.wasm}")"
+SP_NATIVE="$(abspath "${SERVING_PICKER_NATIVE:-target/release/libserving_picker.so}")"
 NOOP_WASM="$(abspath "${NOOP_WASM:-benches/noop-filter/target/wasm32-wasip1/release/noop_filter.wasm}")"
 DURATION="${BENCH_DURATION:-10s}"
 WARMUP="${BENCH_WARMUP:-2s}"
@@ -82,7 +89,8 @@ FRONT_PORT=21000
 FRONT_ADMIN=21901
 BACKEND_ADMIN=21900
 BACKEND_PORTS=(21081 21082 21083)
-CONFIGS=(plain noop serving-picker)
+# native sits next to plain (its pair), noop next to serving-picker (theirs).
+CONFIGS=(plain native noop serving-picker)
 # The host-call probe (BENCH_PROBE=N, off by default): two more configs, the no-op filter making N
 # `xds.cluster_name` reads or N header replaces per request (serving-picker makes one of each), so
 # that the cost of one call stands out of the noise: (cpu us/req - noop's) / N, paired per round.
@@ -130,6 +138,8 @@ OVERRIDE_ROTATIONS=("$OVERRIDE_VALUE" "127.0.0.1:21082,127.0.0.1:21083,127.0.0.1
 # The targets (printed against the paired figures; never asserted).
 T1_MIN_RATIO=0.95 # serving-picker / noop req/s, throughput phase
 T2_MAX_US=10      # serving-picker - noop p50 us, latency phase
+T3_MIN_RATIO=0.97 # native / plain req/s, throughput phase
+T4_MAX_US=2       # native - plain p50 us, interleaved c1 phase
 STATS_SETTLE=0.5  # seconds; more than one serving-picker tick (see the run loop)
 
 die() { echo "bench-e2e: $*" >&2; exit 1; }
@@ -146,6 +156,7 @@ need_apt curl curl
 [[ -f "$NOOP_WASM" ]] || die "no-op module not found at $NOOP_WASM (cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml)"
 (( IL_LAPS == 0 )) || [[ -x "$LATENCY_CLIENT" ]] || die "latency client not found at $LATENCY_CLIENT (cargo build --release --manifest-path benches/latency-client/Cargo.toml, or BENCH_IL_LAPS=0)"
 [[ -f "$SP_WASM" ]] || die "serving-picker module not found at $SP_WASM (run 'make build' or set SERVING_PICKER_WASM)"
+[[ -f "$SP_NATIVE" ]] || die "native module not found at $SP_NATIVE (run 'make build' or set SERVING_PICKER_NATIVE)"
 
 for p in "$FRONT_PORT" "$FRONT_ADMIN" "$BACKEND_ADMIN" "${BACKEND_PORTS[@]}"; do
   if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$p/"; then
@@ -173,6 +184,12 @@ cp "$SP_WASM_SRC" "$WORK/serving_picker.wasm"
 cp "$NOOP_WASM_SRC" "$WORK/noop_filter.wasm"
 SP_WASM="$WORK/serving_picker.wasm"
 NOOP_WASM="$WORK/noop_filter.wasm"
+# The native module likewise; every Envoy (validate too) finds lib<name>.so here.
+SP_NATIVE_SRC="$SP_NATIVE"
+mkdir -p "$WORK/native"
+cp "$SP_NATIVE_SRC" "$WORK/native/libserving_picker.so"
+SP_NATIVE="$WORK/native/libserving_picker.so"
+export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$WORK/native"
 
 # ---------------------------------------------------------------- process handling
 PIDS=()
@@ -317,12 +334,51 @@ header_from_state() {
 EOF
 }
 
+# lb_policy_yaml CONFIG: the backend cluster's load balancer (the native module for native, else
+# override_host with its round-robin fallback).
+lb_policy_yaml() {
+  if [[ "$1" == native ]]; then
+    cat <<EOF
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.dynamic_modules
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.dynamic_modules.v3.DynamicModulesLoadBalancerConfig
+            dynamic_module_config: {name: serving_picker}
+            lb_policy_name: serving_picker
+            lb_policy_config:
+              "@type": type.googleapis.com/google.protobuf.StringValue
+              value: '{}'
+EOF
+    return
+  fi
+  cat <<EOF
+    common_lb_config:
+      override_host_status: {statuses: [UNKNOWN, HEALTHY, DEGRADED, DRAINING]}
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - header: x-gateway-destination-endpoint
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+EOF
+}
+
 # front_config CONFIG [PORT ADMIN_PORT] -> yaml on stdout. Only the http_filters differ between the three; the
 # clusters (backend with override_host + round_robin fallback, envoy_admin) are the same.
 front_config() {
   local filters="" port="${2:-$FRONT_PORT}" admin="${3:-$FRONT_ADMIN}"
   case "$1" in
-    plain) ;;
+    plain | native) ;;
     noop) filters="$(wasm_filter noop_filter "$NOOP_WASM" "")" ;;
     serving-picker) filters="$(wasm_filter serving_picker "$SP_WASM" "$SP_CONFIG")" ;;
     probe-property) filters="$(wasm_filter noop_filter "$NOOP_WASM" "{\"probe_property\": $PROBE, \"probe_path\": \"$PROBE_PATH\"}")" ;;
@@ -366,22 +422,7 @@ EOF
   - name: backend
     type: STATIC
     connect_timeout: 1s
-    common_lb_config:
-      override_host_status: {statuses: [UNKNOWN, HEALTHY, DEGRADED, DRAINING]}
-    load_balancing_policy:
-      policies:
-      - typed_extension_config:
-          name: envoy.load_balancing_policies.override_host
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
-            override_host_sources:
-            - header: x-gateway-destination-endpoint
-            fallback_policy:
-              policies:
-              - typed_extension_config:
-                  name: envoy.load_balancing_policies.round_robin
-                  typed_config:
-                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+$(lb_policy_yaml "$1")
     load_assignment:
       cluster_name: backend
       endpoints:
@@ -629,6 +670,14 @@ interleaved_block() {
     else if ($8 + 0 >= lim + 0) verdict = verdict ", whole interval above"
     printf "T2 interleaved c1 p50  serving-picker - noop   %+.1f us [%s..%s]  target < %s us: %s\n", $7, $8, $9, lim, verdict
   }' "$RAW_IL"
+  # T4: native against plain, both as differences to noop in the same laps (the client pairs each
+  # config with the first, noop): native - plain = the difference of those two medians.
+  awk -F'\t' -v lim="$T4_MAX_US" '$1 == "plain" { p = $7; p50p = $3; hp = 1 } $1 == "native" { n = $7; p50n = $3; hn = 1 }
+    END {
+      if (!(hp && hn)) exit
+      d = n - p
+      printf "T4 interleaved c1 p50  native - plain          %+.1f us (native %+.1f, plain %+.1f vs noop; p50 %.1f vs %.1f us)  target < %s us: %s\n", d, n, p, p50n, p50p, lim, (d < lim + 0) ? "met" : "MISSED"
+    }' "$RAW_IL"
 }
 
 # ---------------------------------------------------------------- summary
@@ -729,6 +778,10 @@ paired_table() {
   paired_row "$(figure c1 "p50 us" "noop - plain")" %+.1f "$RAW_LAT" 4 - noop plain "$1"
   paired_row "$(figure c1 "p99 us" "serving-picker - noop")" %+.1f "$RAW_LAT" 5 - serving-picker noop "$1"
   paired_row "$(figure c1 "cpu us/req" "serving-picker - noop")" %+.2f "$RAW_LAT" 6 - serving-picker noop "$1"
+  paired_row "$(figure "$LOAD" req/s "native / plain")" %.3f "$RAW" 3 / native plain "$1"
+  paired_row "$(figure "$LOAD" "cpu us/req" "native - plain")" %+.2f "$RAW" 6 - native plain "$1"
+  paired_row "$(figure c1 "p50 us" "native - plain")" %+.1f "$RAW_LAT" 4 - native plain "$1"
+  paired_row "$(figure c1 "cpu us/req" "native - plain")" %+.2f "$RAW_LAT" 6 - native plain "$1"
 }
 # quiet_rounds FILE -> how many rounds had no noisy run in FILE
 quiet_rounds() {
@@ -754,6 +807,7 @@ targets_block() {
   echo "== $2"
   target_line "T1 $(figure "$LOAD" req/s "serving-picker / noop")" "" %.3f ">=" "$T1_MIN_RATIO" "$RAW" 3 / serving-picker noop "$1"
   target_line "T2 $(figure c1 "p50 us" "serving-picker - noop")" " us" %+.1f "<" "$T2_MAX_US" "$RAW_LAT" 4 - serving-picker noop "$1"
+  target_line "T3 $(figure "$LOAD" req/s "native / plain")" "" %.3f ">=" "$T3_MIN_RATIO" "$RAW" 3 / native plain "$1"
   local med range rest
   # The req/s ratio a front saturated on its own core would give (requests per CPU second): a
   # cross-check of T1 that holds when other load kept the front below its core.
@@ -852,6 +906,12 @@ SUMMARY="$WORK/summary.txt"
   echo
   echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes (copied at start from $NOOP_WASM_SRC)"
   echo "                   serving-picker $(size_of "$SP_WASM") bytes (copied at start from $SP_WASM_SRC)"
+  echo "native module: $(size_of "$SP_NATIVE") bytes (copied at start from $SP_NATIVE_SRC)"
+  f="$WORK/front-native-r$ROUNDS.stats.txt"
+  if [[ -f "$f" ]]; then
+    echo "check native: module stats after the last round's throughput window:"
+    grep '^dynamicmodulescustom\.' "$f" | sed 's/^/    /' || echo "    (none)"
+  fi
   if cmp -s "$NOOP_WASM" "$SP_WASM"; then
     echo "NOTE: the serving-picker slot holds the same module as noop (harness test run)"
   fi

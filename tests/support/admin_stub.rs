@@ -38,6 +38,9 @@ pub enum Mode {
     /// Relay, but without the query's `name_regex` (an admin API that
     /// ignores it answers a narrowed question with every cluster).
     IgnoresNameRegex,
+    /// Relay, but wait this long first for a whole config dump (not a
+    /// narrowed one, not stats or `/clusters`): a big Envoy's full refresh.
+    SlowFullDump(Duration),
 }
 
 impl Mode {
@@ -52,6 +55,7 @@ impl Mode {
             Mode::CutMidBody => "connection cut mid-body".into(),
             Mode::SlowBody(d) => format!("slow body ({} ms)", d.as_millis()),
             Mode::IgnoresNameRegex => "ignoring name_regex".into(),
+            Mode::SlowFullDump(d) => format!("slow full dump ({} ms)", d.as_millis()),
         }
     }
 }
@@ -234,6 +238,13 @@ fn serve(stream: TcpStream, inner: &Inner) {
             Mode::IgnoresNameRegex => {
                 let whole = path.split("&name_regex=").next().unwrap_or(&path);
                 let (status, body) = relay(inner, whole);
+                respond(&mut writer, status, "application/json", &body)
+            }
+            Mode::SlowFullDump(d) => {
+                if path.starts_with("/config_dump") && !narrowed {
+                    std::thread::sleep(d);
+                }
+                let (status, body) = relay(inner, &path);
                 respond(&mut writer, status, "application/json", &body)
             }
             Mode::Slow(d) => {

@@ -54,6 +54,72 @@ pub fn wasm_module() -> PathBuf {
     p
 }
 
+/// `SERVING_PICKER_NATIVE`, or `<repo>/target/release/libserving_picker.so`;
+/// panics if missing.
+pub fn native_module() -> PathBuf {
+    let p = std::env::var_os("SERVING_PICKER_NATIVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libserving_picker.so")
+        });
+    if !p.is_file() {
+        panic!(
+            "serving_picker native module not found at {} (SERVING_PICKER_NATIVE): run `make build` first",
+            p.display()
+        );
+    }
+    p
+}
+
+/// Which form of serving-picker an Envoy runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// The proxy-wasm filter steering through the override_host policy.
+    Wasm,
+    /// The dynamic-module load-balancing policy (libserving_picker.so),
+    /// with the `local_reply_config` of envoy-native.yaml.
+    Native,
+}
+
+impl Form {
+    pub const BOTH: [Form; 2] = [Form::Wasm, Form::Native];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::Wasm => "wasm",
+            Form::Native => "native",
+        }
+    }
+}
+
+/// The policy JSON of the native form for a plugin configuration: the keys
+/// both forms share (the wasm filter's own keys do not apply).
+pub fn native_policy_config(plugin_config_json: &str) -> String {
+    let v: Value = serde_json::from_str(plugin_config_json).unwrap_or(Value::Null);
+    let mut out = serde_json::Map::new();
+    if let Some(obj) = v.as_object() {
+        for k in ["metadata_namespace", "local_zone", "local_zone_min_share"] {
+            if let Some(x) = obj.get(k) {
+                out.insert(k.into(), x.clone());
+            }
+        }
+    }
+    Value::Object(out).to_string()
+}
+
+/// The `local_reply_config` the native form ships (envoy-native.yaml): a
+/// `no healthy upstream` (flag UH) becomes the wasm form's no-serving 503.
+pub fn native_local_reply_config() -> Value {
+    json!({"mappers": [{
+        "filter": {"response_flag_filter": {"flags": ["UH"]}},
+        "status_code": 503,
+        "headers_to_add": [{"header": {"key": "x-serving-picker", "value": "no-serving-endpoint"},
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "body_format_override": {"text_format_source": {"inline_string":
+            "no-serving-endpoint: cluster \"%UPSTREAM_CLUSTER%\" has no serving endpoint\n"}}
+    }]})
+}
+
 /// A fresh directory under the system temp dir, named with pid + counter.
 pub fn fresh_dir(tag: &str) -> PathBuf {
     let n = DIR_COUNTER.fetch_add(1, Ordering::SeqCst);
@@ -87,6 +153,9 @@ pub struct EnvoyBuilder {
     admin_cluster_port: Option<u16>,
     override_header: String,
     hooks: Vec<BootstrapHook>,
+    form: Form,
+    /// The native policy's JSON verbatim (else derived from the filter's).
+    native_config: Option<String>,
 }
 
 /// Edits the generated bootstrap (and may write files into the Envoy's dir)
@@ -110,7 +179,23 @@ impl EnvoyBuilder {
             admin_cluster_port: None,
             override_header: OVERRIDE_HEADER.into(),
             hooks: Vec::new(),
+            form: Form::Wasm,
+            native_config: None,
         }
+    }
+
+    /// Which form of serving-picker runs (default: wasm). With `Native`,
+    /// clusters use the dynamic-module policy with the shared keys of the
+    /// plugin configuration, and the listener gets the native local reply.
+    pub fn form(mut self, form: Form) -> Self {
+        self.form = form;
+        self
+    }
+
+    /// The native policy's JSON exactly as given (e.g. a bad one).
+    pub fn native_config(mut self, json: &str) -> Self {
+        self.native_config = Some(json.to_string());
+        self
     }
 
     /// Edits the bootstrap JSON before Envoy starts, for what the builder has
@@ -191,6 +276,24 @@ impl EnvoyBuilder {
     }
 
     fn lb_policy(&self) -> Value {
+        if let (Form::Native, Some(cfg)) = (self.form, &self.filter) {
+            let policy = self
+                .native_config
+                .clone()
+                .unwrap_or_else(|| native_policy_config(cfg));
+            return json!({"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.dynamic_modules",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.dynamic_modules.v3.DynamicModulesLoadBalancerConfig",
+                    "dynamic_module_config": {"name": "serving_picker"},
+                    "lb_policy_name": "serving_picker",
+                    "lb_policy_config": {
+                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                        "value": policy
+                    }
+                }
+            }}]});
+        }
         json!({"policies": [{"typed_extension_config": {
             "name": "envoy.load_balancing_policies.override_host",
             "typed_config": {
@@ -272,6 +375,20 @@ impl EnvoyBuilder {
             routes.push(r);
         }
 
+        if self.form == Form::Native {
+            // Retries avoid the host already tried: the module asks Envoy's
+            // retry host predicate (envoy-native.yaml does the same).
+            for r in &mut routes {
+                if let Some(rp) = r["route"]["retry_policy"].as_object_mut() {
+                    rp.entry("retry_host_predicate").or_insert(json!([{
+                        "name": "envoy.retry_host_predicates.previous_hosts",
+                        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+                    }]));
+                    rp.entry("host_selection_retry_max_attempts")
+                        .or_insert(json!(3));
+                }
+            }
+        }
         let mut http_filters = Vec::new();
         if let (Some(cfg), Some(wasm)) = (&self.filter, wasm) {
             http_filters.push(json!({
@@ -308,7 +425,7 @@ impl EnvoyBuilder {
             }
         }]);
 
-        json!({
+        let mut bootstrap = json!({
             "node": {"id": "serving-picker-e2e", "cluster": "serving-picker-e2e"},
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
             "static_resources": {
@@ -328,13 +445,19 @@ impl EnvoyBuilder {
                 }],
                 "clusters": clusters
             }
-        })
+        });
+        if self.form == Form::Native && self.filter.is_some() {
+            bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+                ["typed_config"]["local_reply_config"] = native_local_reply_config();
+        }
+        bootstrap
     }
 
     /// Writes the bootstrap and EDS files, starts Envoy and waits for /ready.
     pub fn start(self) -> Envoy {
         let bin = envoy_bin();
-        let wasm = if self.filter.is_some() {
+        let native = (self.form == Form::Native && self.filter.is_some()).then(native_module);
+        let wasm = if self.filter.is_some() && self.form == Form::Wasm {
             Some(wasm_module())
         } else {
             None
@@ -365,7 +488,7 @@ impl EnvoyBuilder {
                 .unwrap_or_else(|e| panic!("write {}: {e}", bpath.display()));
             let log = dir.join("envoy.log");
             let _ = std::fs::remove_file(&log);
-            let child = spawn_envoy(&bin, &bpath, &log, &dir);
+            let child = spawn_envoy(&bin, &bpath, &log, &dir, native.as_deref());
             let mut envoy = Envoy {
                 child: Some(child),
                 dir: dir.clone(),
@@ -374,6 +497,7 @@ impl EnvoyBuilder {
                 eds: std::mem::take(&mut eds),
                 quiet: false,
                 bin: bin.clone(),
+                form: self.form,
             };
             match envoy.wait_ready() {
                 Ok(()) => return envoy,
@@ -409,14 +533,25 @@ fn eds_dir(dir: &Path, cluster: &str) -> PathBuf {
     dir.join("eds").join(cluster)
 }
 
-fn spawn_envoy(bin: &Path, bootstrap: &Path, log: &Path, dir: &Path) -> Child {
+fn spawn_envoy(
+    bin: &Path,
+    bootstrap: &Path,
+    log: &Path,
+    dir: &Path,
+    native: Option<&Path>,
+) -> Child {
     let stdout = std::fs::File::create(dir.join("stdout.log")).ok();
     let stderr = std::fs::File::create(dir.join("stderr.log")).ok();
     let mut cmd = Command::new(bin);
     cmd.arg("-c")
         .arg(bootstrap)
         .args(["--concurrency", "2", "--disable-hot-restart"])
-        .args(["-l", "info", "--component-log-level", "wasm:debug"])
+        .args([
+            "-l",
+            "info",
+            "--component-log-level",
+            "wasm:debug,dynamic_modules:debug",
+        ])
         .arg("--log-path")
         .arg(log)
         .args(["--file-flush-interval-msec", "100"])
@@ -424,6 +559,13 @@ fn spawn_envoy(bin: &Path, bootstrap: &Path, log: &Path, dir: &Path) -> Child {
         .stdout(stdout.map(Stdio::from).unwrap_or_else(Stdio::null))
         .stderr(stderr.map(Stdio::from).unwrap_or_else(Stdio::null))
         .current_dir(dir);
+    if let Some(so) = native {
+        // Envoy loads lib<name>.so from here (`dynamic_module_config: {name: serving_picker}`).
+        cmd.env(
+            "ENVOY_DYNAMIC_MODULES_SEARCH_PATH",
+            so.parent().unwrap_or_else(|| Path::new(".")),
+        );
+    }
     cmd.spawn()
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
@@ -462,6 +604,7 @@ pub struct Envoy {
     eds: BTreeMap<String, EdsFile>,
     quiet: bool,
     bin: PathBuf,
+    form: Form,
 }
 
 impl Envoy {
@@ -518,8 +661,14 @@ impl Envoy {
         self.eds(cluster).write(endpoints);
     }
 
+    /// Which form of serving-picker this Envoy runs.
+    pub fn form(&self) -> Form {
+        self.form
+    }
+
     /// GET through the listener.
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        super::set_current_form(self.form);
         http::get(self.listen, path, headers)
     }
 
@@ -536,9 +685,10 @@ impl Envoy {
             return None;
         }
         let prefixed = format!("wasmcustom.{name}");
+        let native = format!("dynamicmodulescustom.{name}");
         for line in r.body.lines() {
             if let Some((k, v)) = line.split_once(": ") {
-                if k == name || k == prefixed {
+                if k == name || k == prefixed || k == native {
                     return v.trim().parse().ok();
                 }
             }
@@ -602,6 +752,27 @@ impl Envoy {
     /// `envoy --mode validate` on this Envoy's bootstrap.
     pub fn validate(&self) -> String {
         validate_bootstrap(&self.bin, &self.bootstrap_path())
+    }
+
+    /// SIGTERM, and how the process ended (None if it had to be killed
+    /// after 10 s or was gone already): a clean shutdown exits 0, a crash
+    /// shows a signal.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
     }
 
     /// SIGTERM (so the logs get flushed), then SIGKILL after 3 s.

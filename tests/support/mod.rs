@@ -8,6 +8,7 @@
 
 pub mod admin_stub;
 pub mod backend;
+pub mod companion;
 pub mod eds;
 pub mod envoy;
 pub mod http;
@@ -21,7 +22,42 @@ use std::time::{Duration, Instant};
 
 pub use backend::Backend;
 pub use eds::Endpoint;
-pub use envoy::{Envoy, EnvoyBuilder};
+pub use envoy::{Envoy, EnvoyBuilder, Form};
+
+thread_local! {
+    /// The form of the Envoy this thread queried last (`Envoy::get` sets it):
+    /// what the routing predicates below check a response against.
+    static CURRENT_FORM: std::cell::Cell<Form> = const { std::cell::Cell::new(Form::Wasm) };
+}
+
+/// For each scenario `fn name(form: Form)`, a module `name` with the tests
+/// `wasm` and `native` (run as `name::wasm`, `name::native`): every scenario
+/// that applies to both forms runs against both.
+#[macro_export]
+macro_rules! both_forms {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn wasm() {
+                    super::$name($crate::support::Form::Wasm)
+                }
+                #[test]
+                fn native() {
+                    super::$name($crate::support::Form::Native)
+                }
+            }
+        )*
+    };
+}
+
+pub fn set_current_form(form: Form) {
+    CURRENT_FORM.with(|f| f.set(form));
+}
+
+pub fn current_form() -> Form {
+    CURRENT_FORM.with(|f| f.get())
+}
 pub use http::Response;
 
 /// Header the filter sets (and the cluster's override_host policy reads).
@@ -117,15 +153,16 @@ pub fn override_list(saw: &str) -> Vec<String> {
 
 /// A 200 from `backend` that the filter routed there: the backend received
 /// the override header with its own address first. The filter may append
-/// retry alternates of the same tier; with a single-host tier the value must
-/// be exactly the backend's address.
+/// retry alternates of the same tier; with a single-host tier the value names
+/// only the backend's address (repeated, one entry per retry).
 pub fn picked(backend: &Backend) -> impl Fn(&Response) -> bool + '_ {
     move |r: &Response| picked_among(r, backend, &[backend])
 }
 
 /// A 200 from one of `backends` (one tier) that the filter routed there: the
 /// override value starts with the serving backend's address, and any
-/// alternates after it are distinct members of `backends` too.
+/// alternates after it are members of `backends` too, each once before any
+/// repeats (the filter cycles the tier to give every retry an entry).
 pub fn picked_any<'a>(backends: &'a [&'a Backend]) -> impl Fn(&Response) -> bool + 'a {
     move |r: &Response| backends.iter().any(|b| picked_among(r, b, backends))
 }
@@ -134,22 +171,31 @@ fn picked_among(r: &Response, served: &Backend, tier: &[&Backend]) -> bool {
     if r.status != 200 || r.header(BACKEND_HEADER) != Some(served.name()) {
         return false;
     }
+    if current_form() == Form::Native {
+        // The module is the cluster's load balancer: no header is involved,
+        // and none may reach the backend.
+        return r.header(SAW_OVERRIDE_HEADER) == Some("-");
+    }
     let Some(saw) = r.header(SAW_OVERRIDE_HEADER) else {
         return false;
     };
     let list = override_list(saw);
     let allowed: Vec<String> = tier.iter().map(|b| b.addr().to_string()).collect();
+    // The tier is cycled to give every retry an entry: no host repeats
+    // before every host of the tier is listed.
     let mut seen = std::collections::BTreeSet::new();
     list.first() == Some(&served.addr().to_string())
-        && list
-            .iter()
-            .all(|a| allowed.contains(a) && seen.insert(a.clone()))
+        && list.iter().all(|a| allowed.contains(a))
+        && list.iter().take(tier.len()).all(|a| seen.insert(a.clone()))
 }
 
 /// A 200 from `b` whose override header (set by the filter) names `b` first
 /// (whatever alternates follow).
 pub fn filter_routed_to(b: &Backend) -> impl Fn(&Response) -> bool + '_ {
     move |r: &Response| {
+        if current_form() == Form::Native {
+            return picked_among(r, b, &[b]);
+        }
         r.status == 200
             && r.header(BACKEND_HEADER) == Some(b.name())
             && r.header(SAW_OVERRIDE_HEADER)

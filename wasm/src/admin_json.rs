@@ -2,6 +2,7 @@
 //! metadata) and `/clusters?format=json` (live health).
 
 use crate::conditions::{EdsHealth, Health, MetaReading, NamespaceSeed, OddValue};
+use crate::table::FnvBuild;
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
@@ -747,6 +748,8 @@ struct HostHealthFlags {
     active_hc_timeout: bool,
     #[serde(default)]
     excluded_via_immediate_hc_fail: bool,
+    #[serde(default)]
+    pending_dynamic_removal: bool,
 }
 
 /// Envoy's live view of one host.
@@ -760,13 +763,13 @@ pub struct LiveHost {
 pub struct LiveCluster {
     /// The config dump lists an EDS cluster under its service name.
     pub eds_service_name: Option<String>,
-    pub hosts: HashMap<String, LiveHost>,
+    pub hosts: HashMap<String, LiveHost, FnvBuild>,
 }
 
 /// `/clusters?format=json`, per cluster name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveHealth {
-    pub clusters: HashMap<String, LiveCluster>,
+    pub clusters: HashMap<String, LiveCluster, FnvBuild>,
 }
 
 pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
@@ -774,7 +777,8 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
         .map_err(|e| AdminJsonError(format!("/clusters is not the expected JSON: {e}")))?;
     let mut live = LiveHealth::default();
     for cluster in parsed.cluster_statuses {
-        let mut hosts = HashMap::with_capacity(cluster.host_statuses.len());
+        let mut hosts =
+            HashMap::with_capacity_and_hasher(cluster.host_statuses.len(), FnvBuild::default());
         for host in cluster.host_statuses {
             let Ok(address) = host_address(host.address.as_ref()) else {
                 continue;
@@ -784,7 +788,14 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
                 || f.failed_outlier_check
                 || f.active_hc_timeout
                 || f.excluded_via_immediate_hc_fail;
-            let eds = health_of(f.eds_health_status);
+            let mut eds = health_of(f.eds_health_status);
+            // Gone from EDS, kept by Envoy while it passes its checks: a pod
+            // that left the Service drains, below the ready hosts.
+            if f.pending_dynamic_removal
+                && !matches!(eds, EdsHealth::Unhealthy | EdsHealth::Timeout)
+            {
+                eds = EdsHealth::Draining;
+            }
             hosts.insert(address, LiveHost { eds, failing });
         }
         let eds_service_name = cluster.eds_service_name.filter(|s| !s.is_empty());
@@ -799,11 +810,14 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
     Ok(live)
 }
 
+/// Dump entries by name (their indexes), and whether a live cluster claims it.
+pub type NameIndex<'a> = HashMap<&'a str, (Vec<usize>, bool), FnvBuild>;
+
 /// Whether the dump leaves some host's health open. Envoy's coarse verdict
 /// in the dump says UNHEALTHY for EDS DRAINING/UNHEALTHY, failed active checks
 /// and outlier ejection alike; only `/clusters` tells them apart. When every
 /// host reads HEALTHY or DEGRADED, and `known` (the last live view) names every
-/// cluster of the dump, the live view would add nothing.
+/// cluster of the dump (each once), the live view would add nothing.
 pub fn needs_live_health(dump: &EndpointsDump, known: Option<&LiveHealth>) -> bool {
     let Some(known) = known else {
         return true;
@@ -820,9 +834,13 @@ pub fn needs_live_health(dump: &EndpointsDump, known: Option<&LiveHealth>) -> bo
             .iter()
             .any(|(n, c)| c.eds_service_name.as_deref().unwrap_or(n) == name)
     };
-    dump.clusters
-        .iter()
-        .any(|c| !claimed(&c.name) || !c.hosts.iter().all(settled))
+    // A name listed twice is told apart by the hosts `/clusters` shows.
+    let mut names = NameIndex::with_capacity_and_hasher(dump.clusters.len(), FnvBuild::default());
+    dump.clusters.iter().any(|c| {
+        names.insert(&c.name, Default::default()).is_some()
+            || !claimed(&c.name)
+            || !c.hosts.iter().all(settled)
+    })
 }
 
 /// The live view the dump implies when `needs_live_health` is false: the
@@ -867,57 +885,79 @@ pub fn implied_live_health(dump: &EndpointsDump, known: &LiveHealth) -> LiveHeal
 /// its own name (an EDS service name maps back to every cluster using it),
 /// hosts Envoy no longer has are dropped, and live health is filled in.
 /// Without a live view, or for a dump entry no live cluster claims, the dump
-/// stands as it is.
+/// stands as it is. When the dump lists a name more than once (a cluster
+/// named like another's EDS service name), each cluster claiming the name
+/// takes the entry that holds most of its live hosts (ties: the one with
+/// fewest hosts it lacks), never another cluster's.
 pub fn join_live_health(dump: EndpointsDump, live: Option<&LiveHealth>) -> Vec<ClusterHosts> {
     let Some(live) = live else {
         return dump.clusters;
     };
-    let mut by_dump_name: HashMap<&str, Vec<(&str, &LiveCluster)>> = HashMap::new();
+    // Dump entries by name, and whether a live cluster claims the name.
+    let mut by_name = NameIndex::default();
+    for (i, entry) in dump.clusters.iter().enumerate() {
+        by_name.entry(entry.name.as_str()).or_default().0.push(i);
+    }
+    // Per dump entry, the live clusters that take it (none: it stands as is,
+    // unless its name is claimed by a cluster that took another entry).
+    let mut owners: Vec<Vec<(&str, &LiveCluster)>> = vec![Vec::new(); dump.clusters.len()];
     for (name, cluster) in &live.clusters {
         let listed_as = cluster.eds_service_name.as_deref().unwrap_or(name);
-        by_dump_name
-            .entry(listed_as)
-            .or_default()
-            .push((name, cluster));
-    }
-    let mut out = Vec::with_capacity(dump.clusters.len());
-    for entry in dump.clusters {
-        let Some(owners) = by_dump_name.get(entry.name.as_str()) else {
-            out.push(entry);
+        let Some((entries, claimed)) = by_name.get_mut(listed_as) else {
             continue;
         };
-        let seen = |cluster: &LiveCluster, h: &HostRecord| cluster.hosts.get(&h.address).copied();
-        let with = |mut host: HostRecord, seen: LiveHost| {
+        *claimed = true;
+        let score = |i: usize| {
+            let hosts = dump.clusters.get(i).map_or(&[][..], |e| &e.hosts[..]);
+            let found = hosts
+                .iter()
+                .filter(|h| cluster.hosts.contains_key(&h.address))
+                .count();
+            (found, usize::MAX - (hosts.len() - found), usize::MAX - i)
+        };
+        if let Some(best) = entries.iter().copied().max_by_key(|i| score(*i)) {
+            if let Some(o) = owners.get_mut(best) {
+                o.push((name.as_str(), cluster));
+            }
+        }
+    }
+    let name_claimed: Vec<bool> = dump
+        .clusters
+        .iter()
+        .map(|e| by_name.get(e.name.as_str()).is_some_and(|n| n.1))
+        .collect();
+    let mut out = Vec::with_capacity(dump.clusters.len());
+    for ((entry, owners), name_claimed) in dump.clusters.into_iter().zip(owners).zip(name_claimed) {
+        let Some(((last_name, last), others)) = owners.split_last() else {
+            if !name_claimed {
+                out.push(entry);
+            }
+            continue;
+        };
+        let with = |mut host: HostRecord, cluster: &LiveCluster| {
+            let seen = cluster.hosts.get(&host.address)?;
             host.health.eds = Some(seen.eds);
             host.health.failing = seen.failing;
-            host
+            Some(host)
         };
         // Every owner but the last gets copies; the last takes the hosts.
-        let Some(((last_name, last), others)) = owners.split_last() else {
-            continue;
-        };
         for (name, cluster) in others {
-            let hosts = entry
-                .hosts
-                .iter()
-                .filter_map(|h| Some(with(h.clone(), seen(cluster, h)?)))
-                .collect();
             out.push(ClusterHosts {
                 name: (*name).to_string(),
-                hosts,
+                hosts: entry
+                    .hosts
+                    .iter()
+                    .filter_map(|h| with(h.clone(), cluster))
+                    .collect(),
             });
         }
-        let hosts = entry
-            .hosts
-            .into_iter()
-            .filter_map(|h| {
-                let live = seen(last, &h)?;
-                Some(with(h, live))
-            })
-            .collect();
         out.push(ClusterHosts {
             name: (*last_name).to_string(),
-            hosts,
+            hosts: entry
+                .hosts
+                .into_iter()
+                .filter_map(|h| with(h, last))
+                .collect(),
         });
     }
     out
@@ -1094,6 +1134,50 @@ mod tests {
             joined(&implied).iter().any(|(n, _)| n == "cds_backend"),
             "service name mapped back"
         );
+    }
+
+    /// STATIC `svc` and EDS `other` with `service_name: svc`: the dump lists
+    /// `svc` twice; each cluster takes its own entry, whatever the order.
+    #[test]
+    fn a_cluster_named_like_another_clusters_service_name() {
+        let entry = |addr: &str| {
+            format!(
+                r#"{{"endpoint_config":{{"cluster_name":"svc","endpoints":[{{"lb_endpoints":[
+                {{"endpoint":{{"address":{{"socket_address":{{"address":"{addr}","port_value":80}}}}}}}}]}}]}}}}"#
+            )
+        };
+        let (a, b) = (entry("10.0.0.1"), entry("10.0.0.2"));
+        let live = parse_clusters(
+            br#"{"cluster_statuses":[
+              {"name":"svc","host_statuses":[{"address":{"socket_address":{"address":"10.0.0.1","port_value":80}}}]},
+              {"name":"other","eds_service_name":"svc","host_statuses":[
+                {"address":{"socket_address":{"address":"10.0.0.2","port_value":80}}}]}]}"#,
+        )
+        .unwrap();
+        for (first, second) in [(&a, &b), (&b, &a)] {
+            let body =
+                format!(r#"{{"configs":[{{"static_endpoint_configs":[{first},{second}]}}]}}"#);
+            let dump = parse_config_dump(body.as_bytes(), NS).unwrap();
+            assert!(needs_live_health(&dump, Some(&live)), "a name listed twice");
+            let mut joined: Vec<_> = join_live_health(dump, Some(&live))
+                .into_iter()
+                .map(|c| (c.name.clone(), view(&c)))
+                .collect();
+            joined.sort_by(|x, y| x.0.cmp(&y.0));
+            assert_eq!(
+                joined,
+                [
+                    (
+                        "other".into(),
+                        vec![("10.0.0.2:80".into(), Conditions::READY)]
+                    ),
+                    (
+                        "svc".into(),
+                        vec![("10.0.0.1:80".into(), Conditions::READY)]
+                    ),
+                ]
+            );
+        }
     }
 
     #[test]

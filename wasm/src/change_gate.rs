@@ -137,6 +137,31 @@ impl ChangeGate {
     }
 }
 
+/// The first of `clusters` (Envoy cluster names) without a
+/// `cluster.<name>.membership_total` line in the stats answer: a
+/// `stats_matcher` (Istio's keeps only a few prefixes) or a narrowed
+/// `admin_stats_path` hides its stats, and the gate would read its changes
+/// as "unchanged". Envoy writes `:` as `_` in stat names.
+pub fn hidden_cluster<'a>(body: &[u8], clusters: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut shown = crate::admin_json::NameIndex::default();
+    for line in text.lines() {
+        if let Some(name) = line
+            .split_once(": ")
+            .and_then(|(stat, _)| stat.strip_prefix("cluster."))
+            .and_then(|rest| rest.strip_suffix(".membership_total"))
+        {
+            shown.insert(name, Default::default());
+        }
+    }
+    let mut sanitized = String::new();
+    clusters.into_iter().find(|name| {
+        sanitized.clear();
+        sanitized.extend(name.chars().map(|c| if c == ':' { '_' } else { c }));
+        !shown.contains_key(sanitized.as_str())
+    })
+}
+
 /// Envoy's text stats: one `name: value` line per stat. Anything else (an
 /// HTML error page, JSON) would compare as "changed" forever or, worse, as
 /// "unchanged": refuse it.
@@ -192,6 +217,17 @@ mod tests {
     const MOVED_FETCH: Verdict = Verdict::Fetch(Reason::StatsMoved);
     const PERIODIC: Verdict = Verdict::Fetch(Reason::Periodic);
     const GATE_OFF: Verdict = Verdict::Fetch(Reason::GateOff);
+
+    #[test]
+    fn clusters_whose_stats_are_hidden() {
+        let body = b"cluster.a.membership_total: 1\ncluster.b_c.membership_total: 2\ncluster_manager.active_clusters: 3\n";
+        assert_eq!(hidden_cluster(body, ["a", "b:c"].into_iter()), None);
+        assert_eq!(hidden_cluster(body, ["a", "d"].into_iter()), Some("d"));
+        // Istio's stats_matcher: only the cluster manager's lines.
+        let istio = b"cluster_manager.active_clusters: 3\ncluster_manager.cluster_added: 3\n";
+        assert_eq!(hidden_cluster(istio, ["a"].into_iter()), Some("a"));
+        assert_eq!(hidden_cluster(istio, std::iter::empty()), None);
+    }
 
     /// A gate that recorded `STATS` at time 0.
     fn recorded() -> ChangeGate {

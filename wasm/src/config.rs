@@ -36,8 +36,10 @@ pub struct PluginConfig {
     pub on_no_serving: OnNoServing,
     /// `None` means every cluster.
     pub clusters: Option<Vec<String>>,
-    /// Other hosts of the tier listed after the picked one, for Envoy's retries.
+    /// Hosts of the tier listed after the picked one (cycled), one per retry.
     pub retry_alternates: usize,
+    /// What requests get until this filter has its first snapshot.
+    pub before_first_snapshot: OnNoServing,
 }
 
 pub const DEFAULT_ADMIN_PATH: &str =
@@ -78,6 +80,7 @@ impl Default for PluginConfig {
             on_no_serving: OnNoServing::Reject,
             clusters: None,
             retry_alternates: 2,
+            before_first_snapshot: OnNoServing::Passthrough,
         }
     }
 }
@@ -93,7 +96,28 @@ fn admin_path(key: &str, value: Value, allow_empty: bool) -> Result<String, Conf
     Ok(s)
 }
 
-/// HTTP header names as Envoy stores them: lowercase token characters.
+/// Headers the filter must not overwrite: HTTP framing and routing, and the
+/// ones Envoy itself reads or sets (`x-envoy-*` too).
+const RESERVED_HEADERS: [&str; 15] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "cookie",
+    "authorization",
+    "x-forwarded-for",
+    "x-request-id",
+];
+
+/// HTTP header names as Envoy stores them: lowercase token characters, and
+/// not one Envoy or HTTP itself gives a meaning.
 fn header_name(key: &str, value: Value) -> Result<String, ConfigError> {
     let s: String = typed(key, value)?;
     let token =
@@ -104,7 +128,21 @@ fn header_name(key: &str, value: Value) -> Result<String, ConfigError> {
             format!("{s:?} is not a lowercase HTTP header name"),
         ));
     }
+    if RESERVED_HEADERS.contains(&s.as_str()) || s.starts_with("x-envoy-") {
+        return Err(err(key, format!("{s:?} is a header HTTP or Envoy uses")));
+    }
     Ok(s)
+}
+
+fn reject_or_passthrough(key: &str, value: Value) -> Result<OnNoServing, ConfigError> {
+    match typed::<String>(key, value)?.as_str() {
+        "reject" => Ok(OnNoServing::Reject),
+        "passthrough" => Ok(OnNoServing::Passthrough),
+        other => Err(err(
+            key,
+            format!("{other:?} is not one of \"reject\", \"passthrough\""),
+        )),
+    }
 }
 
 /// Parses and validates the plugin configuration. Empty or whitespace-only
@@ -121,7 +159,17 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
             k if SelectionConfig::KEYS.contains(&k) => config.selection.set(k, value)?,
             "admin_cluster" => config.admin_cluster = non_empty(k, value)?,
             "admin_path" => config.admin_path = admin_path(k, value, false)?,
-            "admin_health_path" => config.admin_health_path = admin_path(k, value, true)?,
+            "admin_health_path" => {
+                // Live health cannot be turned off: only `/clusters` tells
+                // DRAINING from failed checks and ejections (the dump says
+                // UNHEALTHY for all three) and maps EDS service names back to
+                // clusters. It is fetched only when the dump leaves a host open.
+                let path = admin_path(k, value, false)?;
+                if !path.contains("format=json") {
+                    return Err(err(k, "must ask for JSON (`/clusters?format=json`)"));
+                }
+                config.admin_health_path = path
+            }
             "admin_stats_path" => config.admin_stats_path = admin_path(k, value, true)?,
             "full_refresh_interval_ms" => {
                 full_refresh_set = true;
@@ -138,22 +186,20 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
                 config.refresh_interval_ms =
                     bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 3_600_000)?
             }
-            "on_no_serving" => {
-                config.on_no_serving = match typed::<String>(k, value)?.as_str() {
-                    "reject" => OnNoServing::Reject,
-                    "passthrough" => OnNoServing::Passthrough,
-                    other => {
-                        return Err(err(
-                            k,
-                            format!("{other:?} is not one of \"reject\", \"passthrough\""),
-                        ))
-                    }
-                }
+            "on_no_serving" => config.on_no_serving = reject_or_passthrough(k, value)?,
+            "before_first_snapshot" => {
+                config.before_first_snapshot = reject_or_passthrough(k, value)?
             }
             "clusters" => {
                 let list: Vec<String> = typed(k, value)?;
                 if list.iter().any(|c| c.is_empty()) {
                     return Err(err(k, "cluster names must not be empty"));
+                }
+                if list.is_empty() {
+                    return Err(err(
+                        k,
+                        "an empty list would manage nothing; leave it out for all",
+                    ));
                 }
                 config.clusters = Some(list);
             }
@@ -212,16 +258,16 @@ mod tests {
     fn every_key_parses() {
         let c = parse(
             r#"{"admin_cluster":"adm","admin_path":"/config_dump?include_eds",
-               "admin_health_path":"","admin_stats_path":"","full_refresh_interval_ms":200,
+               "admin_health_path":"/clusters?format=json&x","admin_stats_path":"","full_refresh_interval_ms":200,
                "partial_refresh":false,"admin_timeout_ms":500,"max_admin_body_bytes":2048,
                "metadata_namespace":"ns","override_header":"x-pick","refresh_interval_ms":100,
                "on_no_serving":"passthrough","clusters":["a","b"],"local_zone":"z1",
-               "local_zone_min_share":0.5,"retry_alternates":0}"#,
+               "local_zone_min_share":0.5,"retry_alternates":0,"before_first_snapshot":"reject"}"#,
         )
         .unwrap();
         assert_eq!(c.admin_cluster, "adm");
         assert_eq!(c.admin_path, "/config_dump?include_eds");
-        assert_eq!(c.admin_health_path, "");
+        assert_eq!(c.admin_health_path, "/clusters?format=json&x");
         assert_eq!(c.admin_stats_path, "");
         assert_eq!(c.full_refresh_interval_ms, 200);
         assert!(!c.partial_refresh);
@@ -235,6 +281,36 @@ mod tests {
         assert_eq!(c.selection.local_zone.as_deref(), Some("z1"));
         assert_eq!(c.selection.local_zone_min_share, 0.5);
         assert_eq!(c.retry_alternates, 0);
+        assert_eq!(c.before_first_snapshot, OnNoServing::Reject);
+    }
+
+    #[test]
+    fn gaps_issue_16_found_are_refused() {
+        for (text, key) in [
+            (
+                r#"{"refresh_interval_ms":200,"refresh_interval_ms":300}"#,
+                "refresh_interval_ms",
+            ),
+            (r#"{"admin_health_path":""}"#, "admin_health_path"),
+            (r#"{"admin_health_path":"/clusters"}"#, "admin_health_path"),
+            (r#"{"override_header":"host"}"#, "override_header"),
+            (r#"{"override_header":"content-length"}"#, "override_header"),
+            (
+                r#"{"override_header":"x-envoy-original-path"}"#,
+                "override_header",
+            ),
+            (r#"{"clusters":[]}"#, "clusters"),
+            (
+                r#"{"before_first_snapshot":"hold"}"#,
+                "before_first_snapshot",
+            ),
+        ] {
+            assert_eq!(key_of(text), key, "{text}");
+        }
+        assert_eq!(
+            parse("{}").unwrap().before_first_snapshot,
+            OnNoServing::Passthrough
+        );
     }
 
     fn key_of(s: &str) -> String {

@@ -32,12 +32,16 @@ impl Hasher for Fnv {
     }
 }
 
-type Routes = HashMap<String, Route, BuildHasherDefault<Fnv>>;
+/// Maps keyed by names from Envoy's configuration and admin API (never by
+/// clients): FNV, and one hasher for the whole module (SipHash is kilobytes).
+pub type FnvBuild = BuildHasherDefault<Fnv>;
+
+type Routes = HashMap<String, Route, FnvBuild>;
 
 struct Route {
     tier: Tier,
-    /// Per host, the override header's value: the host, then up to
-    /// `alternates` other hosts of the tier, which Envoy uses for retries.
+    /// Per host, the override header's value: the host, then `alternates`
+    /// more hosts of the tier (cycled), which Envoy uses for retries.
     values: Vec<String>,
     picker: Option<Picker>,
     /// This worker's pick sequence for the cluster (carried across rebuilds).
@@ -171,10 +175,14 @@ impl RoutingTable {
     }
 }
 
-/// `host,next,next+1...`: the following hosts in list order, each once.
+/// `host,next,next+1...`: `alternates` more hosts after the pick, in list
+/// order, cycling the tier (so repeating hosts when it has fewer). Envoy's
+/// override_host consumes one address per attempt and falls back to its own
+/// load balancer, which picks any host, once the list runs out: every retry
+/// the route makes needs an entry of the tier.
 fn header_values(addresses: &[String], alternates: usize) -> Vec<String> {
     let n = addresses.len();
-    let extra = alternates.min(n.saturating_sub(1));
+    let extra = alternates;
     (0..n)
         .map(|i| {
             let mut value = String::with_capacity((extra + 1) * 22);
@@ -315,25 +323,26 @@ mod tests {
     #[test]
     fn retry_alternates_follow_the_pick() {
         let t = table(&plans(), 2);
-        // Two hosts: one alternate at most, never the picked host twice.
+        // Two hosts: the tier cycles so that both retries stay in it.
         assert_eq!(
             t.decide("a"),
             Decision::Pick {
-                host: "1.1.1.1:1,2.2.2.2:2",
+                host: "1.1.1.1:1,2.2.2.2:2,1.1.1.1:1",
                 tier: Tier::Ready
             }
         );
         assert_eq!(
             t.decide("a"),
             Decision::Pick {
-                host: "2.2.2.2:2,1.1.1.1:1",
+                host: "2.2.2.2:2,1.1.1.1:1,2.2.2.2:2",
                 tier: Tier::Ready
             }
         );
+        // One host: it takes every attempt (never Envoy's round robin).
         assert_eq!(
             t.decide("b"),
             Decision::Pick {
-                host: "3.3.3.3:3",
+                host: "3.3.3.3:3,3.3.3.3:3,3.3.3.3:3",
                 tier: Tier::TerminatingFallback
             }
         );

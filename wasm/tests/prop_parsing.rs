@@ -74,7 +74,7 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 // ================================================================ plugin configuration
 
-const KNOWN_KEYS: [&str; 15] = [
+const KNOWN_KEYS: [&str; 16] = [
     "admin_cluster",
     "admin_path",
     "admin_health_path",
@@ -90,6 +90,7 @@ const KNOWN_KEYS: [&str; 15] = [
     "local_zone",
     "local_zone_min_share",
     "retry_alternates",
+    "before_first_snapshot",
 ];
 
 /// Values of every type, biased to the edges of what the keys accept.
@@ -129,6 +130,9 @@ fn config_value() -> impl Strategy<Value = Value> {
         "/a\u{7}",
         "config_dump",
         "x-pick",
+        "/clusters",
+        "host",
+        "x-envoy-upstream",
         "x_pick.1",
         "X-Pick",
         ":authority",
@@ -188,19 +192,45 @@ fn key_accepts(key: &str, v: &Value) -> bool {
     match key {
         "admin_cluster" | "metadata_namespace" | "local_zone" => non_empty(v),
         "admin_path" => path_ok(v, false),
-        "admin_health_path" | "admin_stats_path" => path_ok(v, true),
+        "admin_stats_path" => path_ok(v, true),
+        // Live health cannot be turned off, and must be JSON.
+        "admin_health_path" => {
+            path_ok(v, false) && v.as_str().is_some_and(|s| s.contains("format=json"))
+        }
         "full_refresh_interval_ms" => in_range(v, 100, 86_400_000),
         "admin_timeout_ms" => in_range(v, 10, 60_000),
         "max_admin_body_bytes" => in_range(v, 1024, 1 << 30),
         "refresh_interval_ms" => in_range(v, 100, 3_600_000),
         "retry_alternates" => in_range(v, 0, 8),
-        "override_header" => v
-            .as_str()
-            .is_some_and(|s| !s.is_empty() && s.chars().all(header_char)),
-        "on_no_serving" => matches!(v.as_str(), Some("reject" | "passthrough")),
-        "clusters" => v
-            .as_array()
-            .is_some_and(|a| a.iter().all(|c| c.as_str().is_some_and(|s| !s.is_empty()))),
+        "override_header" => v.as_str().is_some_and(|s| {
+            !s.is_empty()
+                && s.chars().all(header_char)
+                && !s.starts_with("x-envoy-")
+                && ![
+                    "host",
+                    "content-length",
+                    "content-type",
+                    "transfer-encoding",
+                    "connection",
+                    "keep-alive",
+                    "proxy-connection",
+                    "upgrade",
+                    "te",
+                    "trailer",
+                    "expect",
+                    "cookie",
+                    "authorization",
+                    "x-forwarded-for",
+                    "x-request-id",
+                ]
+                .contains(&s)
+        }),
+        "on_no_serving" | "before_first_snapshot" => {
+            matches!(v.as_str(), Some("reject" | "passthrough"))
+        }
+        "clusters" => v.as_array().is_some_and(|a| {
+            !a.is_empty() && a.iter().all(|c| c.as_str().is_some_and(|s| !s.is_empty()))
+        }),
         "local_zone_min_share" => v.as_f64().is_some_and(|f| f > 0.0 && f <= 1.0),
         _ => false,
     }
@@ -260,6 +290,11 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
         _ => OnNoServing::Reject,
     };
     assert_eq!(c.on_no_serving, on);
+    let before = match obj.get("before_first_snapshot").and_then(Value::as_str) {
+        Some("reject") => OnNoServing::Reject,
+        _ => OnNoServing::Passthrough,
+    };
+    assert_eq!(c.before_first_snapshot, before);
     let clusters = obj.get("clusters").and_then(Value::as_array).map(|a| {
         a.iter()
             .filter_map(|v| v.as_str().map(String::from))
@@ -512,8 +547,8 @@ fn edit_json(mut v: Value, edits: &[Edit]) -> Value {
 
 /// The tier rule and everything else a plan must satisfy, from the
 /// cluster's joined hosts (KEP-1672: serving and not terminating if any,
-/// else serving and terminating, else none; then the lowest priority; then
-/// the local zone when it holds enough of the weight; duplicates merged).
+/// else serving and terminating, else none; one priority and no zone rule:
+/// the hosts' own weights, duplicates merged).
 fn expected_plan(c: &ClusterHosts, config: &PluginConfig) -> (Tier, Vec<PlannedHost>) {
     let ready: Vec<&HostRecord> = c
         .hosts
@@ -521,28 +556,19 @@ fn expected_plan(c: &ClusterHosts, config: &PluginConfig) -> (Tier, Vec<PlannedH
         .filter(|h| h.conditions().serving && !h.conditions().terminating)
         .collect();
     let serving: Vec<&HostRecord> = c.hosts.iter().filter(|h| h.conditions().serving).collect();
-    let (tier, mut set) = if !ready.is_empty() {
+    let (tier, set) = if !ready.is_empty() {
         (Tier::Ready, ready)
     } else if !serving.is_empty() {
         (Tier::TerminatingFallback, serving)
     } else {
         (Tier::NoServing, Vec::new())
     };
-    if let Some(top) = set.iter().map(|h| h.priority).min() {
-        set.retain(|h| h.priority == top);
-    }
-    if let Some(zone) = &config.selection.local_zone {
-        let local: Vec<&HostRecord> = set
-            .iter()
-            .copied()
-            .filter(|h| h.zone.as_deref() == Some(zone.as_str()))
-            .collect();
-        let weight = |hs: &[&HostRecord]| hs.iter().map(|h| u64::from(h.weight)).sum::<u64>();
-        if !local.is_empty()
-            && weight(&local) as f64 >= config.selection.local_zone_min_share * weight(&set) as f64
-        {
-            set = local;
-        }
+    // Priorities and zones split the load (the core's plan tests check the
+    // shares); here: one priority and no zone rule keep the hosts' weights,
+    // anything else only hosts of the tier, which `check_plans` checks.
+    let top = set.iter().map(|h| h.priority).min();
+    if config.selection.local_zone.is_some() || set.iter().any(|h| Some(h.priority) != top) {
+        return (tier, Vec::new());
     }
     let mut merged: BTreeMap<String, u32> = BTreeMap::new();
     for h in set {
@@ -598,7 +624,9 @@ fn check_plans(joined: &[ClusterHosts], plans: &[ClusterPlan], config: &PluginCo
         // ... and the whole rule.
         let (tier, hosts) = expected_plan(c, config);
         assert_eq!(plan.tier, tier, "{}", plan.cluster);
-        assert_eq!(plan.hosts, hosts, "{}", plan.cluster);
+        if !hosts.is_empty() || tier == Tier::NoServing {
+            assert_eq!(plan.hosts, hosts, "{}", plan.cluster);
+        }
     }
 }
 
@@ -615,7 +643,7 @@ fn table_of(
 }
 
 /// `decide` only ever names hosts of the plan: the picked one first, then
-/// distinct alternates of the same plan; an updated table holds what a fresh
+/// alternates of the same plan (cycled); an updated table holds what a fresh
 /// one would.
 fn check_table(plans: &[ClusterPlan], alternates: usize, previous: Option<RoutingTable>) {
     let table = table_of(plans, alternates, previous);
@@ -640,14 +668,19 @@ fn check_table(plans: &[ClusterPlan], alternates: usize, previous: Option<Routin
                     assert!(n > 0);
                     assert_eq!(tier, plan.tier);
                     let parts: Vec<&str> = host.split(',').collect();
-                    assert_eq!(parts.len(), alternates.min(n - 1) + 1, "{host}");
+                    // One entry per attempt, whatever the tier's size: the
+                    // tier cycles, and no retry runs out of entries.
+                    assert_eq!(parts.len(), alternates + 1, "{host}");
                     assert!(
                         parts.iter().all(|p| hosts.contains(p)),
                         "{host} not in {hosts:?}"
                     );
                     if hosts.len() == n {
-                        let distinct: HashSet<&&str> = parts.iter().collect();
-                        assert_eq!(distinct.len(), parts.len(), "{host}");
+                        // Every host of the tier before any repeats.
+                        let first = &parts[..parts.len().min(n)];
+                        let distinct: HashSet<&&str> = first.iter().collect();
+                        assert_eq!(distinct.len(), first.len(), "{host}");
+                        assert!(parts.iter().zip(parts.iter().skip(n)).all(|(a, b)| a == b));
                     }
                 }
                 Decision::NoServing => assert_eq!(n, 0, "{name}"),
@@ -1215,7 +1248,7 @@ impl DumpSpec {
             let mut groups = Vec::new();
             let mut records = Vec::new();
             let mut host_statuses = Vec::new();
-            let mut live_hosts = HashMap::new();
+            let mut live_hosts: HashMap<String, LiveHost, _> = HashMap::default();
             let mut index = 0;
             for g in &c.groups {
                 let mut lbs = Vec::new();
@@ -1308,7 +1341,13 @@ impl DumpSpec {
                         live_hosts.insert(
                             valid,
                             LiveHost {
-                                eds: EdsHealth::from_name(l.eds),
+                                // Pending removal drains (unless EDS refuses it anyway).
+                                eds: match EdsHealth::from_name(l.eds) {
+                                    EdsHealth::Unhealthy => EdsHealth::Unhealthy,
+                                    EdsHealth::Timeout => EdsHealth::Timeout,
+                                    _ if l.pending_removal => EdsHealth::Draining,
+                                    e => e,
+                                },
                                 failing: l.failed_hc || l.outlier || l.hc_timeout || l.excluded,
                             },
                         );

@@ -40,31 +40,42 @@ impl PickerHttp {
         Action::Continue
     }
 
-    fn reject(&self, cluster: &str) -> Action {
-        self.worker.counters.reject_no_serving.inc();
-        log::debug!("serving_picker: cluster {cluster}: no serving endpoint, 503");
-        let body = format!("no-serving-endpoint: cluster {cluster:?} has no serving endpoint\n");
-        let headers = vec![
-            ("x-serving-picker", "no-serving-endpoint"),
-            ("content-type", "text/plain"),
-        ];
-        if !host::local_response(
-            503,
-            "serving_picker_no_serving_endpoint",
-            &headers,
-            body.as_bytes(),
-        ) {
+    /// A local 503 saying why: `no-serving-endpoint`, or `no-snapshot-yet`
+    /// (`before_first_snapshot: reject`).
+    fn reject(&self, cluster: &str, no_snapshot: bool) -> Action {
+        let (what, why, details) = if no_snapshot {
+            self.worker.counters.reject_no_snapshot.inc();
+            (
+                "no-snapshot-yet",
+                "knows no endpoints yet",
+                "serving_picker_no_snapshot_yet",
+            )
+        } else {
+            self.worker.counters.reject_no_serving.inc();
+            (
+                "no-serving-endpoint",
+                "has no serving endpoint",
+                "serving_picker_no_serving_endpoint",
+            )
+        };
+        log::debug!("serving_picker: cluster {cluster}: {what}, 503");
+        let body = format!("{what}: cluster {cluster:?} {why}\n");
+        let headers = vec![("x-serving-picker", what), ("content-type", "text/plain")];
+        if !host::local_response(503, details, &headers, body.as_bytes()) {
             log::error!("serving_picker: cannot send the 503; passing through");
             return Action::Continue;
         }
         Action::Pause
     }
 
-    fn unknown(&self, cluster: &str) {
+    fn unknown(&self, cluster: &str) -> Action {
         let w = &self.worker;
         if !w.config.manages(cluster) {
             w.counters.passthrough_unmanaged.inc();
-            return;
+            return self.strip_client_header();
+        }
+        if w.table.borrow().is_none() && w.config.before_first_snapshot == OnNoServing::Reject {
+            return self.reject(cluster, true);
         }
         w.counters.passthrough_unknown_cluster.inc();
         if w.logged_unknown.borrow_mut().insert(cluster.to_string()) {
@@ -75,6 +86,7 @@ impl PickerHttp {
             };
             log::warn!("serving_picker: cluster {cluster:?}: {why}; passing through to Envoy's load balancer");
         }
+        self.strip_client_header()
     }
 }
 
@@ -114,7 +126,7 @@ impl HttpContext for PickerHttp {
             Decision::NoServing => match w.config.on_no_serving {
                 OnNoServing::Reject => {
                     drop(table);
-                    self.reject(cluster)
+                    self.reject(cluster, false)
                 }
                 OnNoServing::Passthrough => {
                     w.counters.passthrough_no_serving.inc();
@@ -126,8 +138,7 @@ impl HttpContext for PickerHttp {
             },
             Decision::Unknown => {
                 drop(table);
-                self.unknown(cluster);
-                self.strip_client_header()
+                self.unknown(cluster)
             }
         }
     }

@@ -71,6 +71,7 @@ pub struct RequestCounters {
     pub pick_ready: Batched,
     pub pick_terminating_fallback: Batched,
     pub reject_no_serving: Batched,
+    pub reject_no_snapshot: Batched,
     pub passthrough_no_serving: Batched,
     pub passthrough_unknown_cluster: Batched,
     pub passthrough_unmanaged: Batched,
@@ -83,6 +84,7 @@ impl RequestCounters {
             pick_ready: Batched::define("serving_picker.pick.ready"),
             pick_terminating_fallback: Batched::define("serving_picker.pick.terminating_fallback"),
             reject_no_serving: Batched::define("serving_picker.reject.no_serving"),
+            reject_no_snapshot: Batched::define("serving_picker.reject.no_snapshot"),
             passthrough_no_serving: Batched::define("serving_picker.passthrough.no_serving"),
             passthrough_unknown_cluster: Batched::define(
                 "serving_picker.passthrough.unknown_cluster",
@@ -97,6 +99,7 @@ impl RequestCounters {
             &self.pick_ready,
             &self.pick_terminating_fallback,
             &self.reject_no_serving,
+            &self.reject_no_snapshot,
             &self.passthrough_no_serving,
             &self.passthrough_unknown_cluster,
             &self.passthrough_unmanaged,

@@ -6,11 +6,12 @@ use crate::admin_json::{
     check_admin_response, implied_live_health, needs_live_health, parse_clusters,
     parse_config_dump, EndpointsDump, LiveHealth,
 };
-use crate::change_gate::{ChangeGate, Reason, Verdict};
+use crate::change_gate::{hidden_cluster, ChangeGate, Reason, Verdict};
 use crate::config::PluginConfig;
 use crate::narrow::{merge, narrowed_path, worth_narrowing, KnownClusters, Scope};
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
+use crate::table::FnvBuild;
 use proxy_wasm::hostcalls::dispatch_http_call;
 use proxy_wasm::types::{BufferType, MapType};
 use std::collections::HashSet;
@@ -92,11 +93,13 @@ pub struct Refresher {
     /// Full refreshes since `/clusters` was last fetched.
     since_live: u32,
     last_error: Option<String>,
-    logged_notes: HashSet<String>,
+    logged_notes: HashSet<String, FnvBuild>,
     /// The live health of the last refresh: equal dump and health, equal plans.
     last_live: Option<LiveHealth>,
     /// How long the last complete full refresh took end to end (admin rendering included).
     last_took_ms: u64,
+    /// The refresh under way follows moved stats (not the first or periodic one).
+    stats_moved: bool,
 }
 
 const MAX_LOGGED_NOTES: usize = 10_000;
@@ -105,6 +108,12 @@ const MAX_LOGGED_NOTES: usize = 10_000;
 const PERIODIC_SHARE_DIVISOR: u64 = 50;
 /// `/clusters` is fetched at least every this many refreshes.
 const MAX_REFRESHES_WITHOUT_LIVE: u32 = 10;
+/// Admin answers are rendered on Envoy's main thread: a full refresh (the
+/// whole dump) starts at least this many times the last one's duration after
+/// the previous one, so that it takes at most a quarter of that thread however
+/// large the clusters grow. The change gate's small stats polls, and the
+/// narrowed refreshes they lead to, keep the plain interval.
+pub const ADMIN_SHARE_DIVISOR: u64 = 4;
 
 impl Refresher {
     /// The end-to-end time of the last complete full refresh: Envoy renders
@@ -113,9 +122,9 @@ impl Refresher {
         self.last_took_ms
     }
 
-    /// When the last full refresh started (0: none yet).
-    pub fn last_full_ms(&self) -> u64 {
-        self.last_full_ms
+    /// Whether a full refresh may start now (see `ADMIN_SHARE_DIVISOR`).
+    fn full_allowed(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.last_full_ms) >= self.last_took_ms * ADMIN_SHARE_DIVISOR
     }
 
     /// A refresh failed and none has succeeded since.
@@ -138,6 +147,9 @@ impl Refresher {
             return Start::NotDue;
         }
         if !ChangeGate::enabled(config) {
+            if !self.full_allowed(now_ms) {
+                return Start::NotDue;
+            }
             return if self.start_dump(config, now_ms, None) {
                 Start::Started
             } else {
@@ -182,6 +194,18 @@ impl Refresher {
     fn narrowing(&self, config: &PluginConfig, reason: Reason) -> Option<(String, Vec<String>)> {
         if reason != Reason::StatsMoved || !config.partial_refresh || self.last_dump.is_none() {
             return None;
+        }
+        // Envoy writes `:` as `_` in stat names: with clusters `a:b` and
+        // `a_b`, a stat of one reads as the other's. Ask for everything.
+        if let Some(live) = &self.known_live {
+            let clash = live
+                .clusters
+                .keys()
+                .any(|n| n.contains(':') && live.clusters.contains_key(&n.replace(':', "_")));
+            if clash {
+                log::debug!("serving_picker: refresh not narrowed: cluster names clash in stats");
+                return None;
+            }
         }
         // A cluster's stats carry its Envoy name; the dump lists it under
         // its EDS service name, which only `/clusters` tells.
@@ -268,13 +292,35 @@ impl Refresher {
         };
         match pending {
             Pending::Stats { .. } => {
-                let stats = read_body("stats", config, num_headers, body_size);
+                let mut stats = read_body("stats", config, num_headers, body_size);
+                let managed = self.known_live.as_ref().map(|live| {
+                    live.clusters
+                        .keys()
+                        .map(String::as_str)
+                        .filter(|name| config.manages(name))
+                });
+                // (An empty answer is the gate's own, clearer, complaint.)
+                if let (Ok(body), Some(managed)) = (&stats, managed) {
+                    if let Some(name) = hidden_cluster(body, managed).filter(|_| !body.is_empty()) {
+                        stats = Err(format!(
+                            "the stats answer has no cluster.{name}.membership_total (a stats_matcher, \
+                             e.g. Istio's, or admin_stats_path hides the clusters' stats): every poll is a full refresh"
+                        ));
+                    }
+                }
                 let decision = self.gate.decide(config, now_ms, stats);
                 self.note_gate_problem(decision.problem);
                 match decision.verdict {
                     Verdict::Skip => Outcome::Skipped,
                     Verdict::Fetch(reason) => {
+                        self.stats_moved = reason == Reason::StatsMoved;
                         let narrowed = self.narrowing(config, reason);
+                        if narrowed.is_none() && !self.full_allowed(now_ms) {
+                            // Too soon for the whole dump: the next poll asks again.
+                            log::debug!("serving_picker: full refresh ({reason:?}) deferred: the last one was slow");
+                            self.gate.refresh_failed();
+                            return Outcome::Nothing;
+                        }
                         log::debug!(
                             "serving_picker: refresh ({reason:?}){}",
                             narrowed.as_ref().map_or(String::new(), |(_, c)| format!(
@@ -313,14 +359,16 @@ impl Refresher {
                     live_read: false,
                     took_ms: 0,
                 };
-                if config.admin_health_path.is_empty() {
-                    return self.finish(dump, None, work, started, now_ms, config);
-                }
                 // `/clusters` is the larger answer (per-host stats): skip it while
                 // the dump settles every host's health (its coarse verdict shows
                 // failed checks and ejections too), but not for long.
+                // Stats that moved while the endpoints did not point at what
+                // only `/clusters` shows (a host kept pending removal).
                 let known = self.known_live.as_ref();
-                if self.since_live < MAX_REFRESHES_WITHOUT_LIVE && !needs_live_health(&dump, known)
+                let unexplained = self.stats_moved && !dump_changed;
+                if self.since_live < MAX_REFRESHES_WITHOUT_LIVE
+                    && !unexplained
+                    && !needs_live_health(&dump, known)
                 {
                     if let Some(known) = known {
                         let implied = implied_live_health(&dump, known);

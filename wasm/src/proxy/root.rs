@@ -2,18 +2,17 @@
 
 use super::http::PickerHttp;
 use super::metrics::{Metrics, RequestCounters};
-use super::refresh::{Outcome, Refresher, Start};
+use super::refresh::{Outcome, Refresher, Start, ADMIN_SHARE_DIVISOR};
 use super::shared::SharedKeys;
 use crate::codec::{self, DecodeError};
 use crate::config::{fingerprint, parse_config, PluginConfig};
-use crate::table::RoutingTable;
+use crate::table::{FnvBuild, RoutingTable};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 use std::cell::{Cell, RefCell};
-use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::Hasher;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -24,7 +23,7 @@ pub struct Worker {
     pub counters: RequestCounters,
     pub table: RefCell<Option<RoutingTable>>,
     /// Clusters already logged as unknown since the last snapshot change.
-    pub logged_unknown: RefCell<HashSet<String>>,
+    pub logged_unknown: RefCell<HashSet<String, FnvBuild>>,
 }
 
 pub struct PickerRoot {
@@ -51,10 +50,24 @@ fn tick_period(refresh_interval_ms: u64) -> Duration {
 }
 
 fn random_id() -> u32 {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(now_ms());
+    // WASI's random source (std reads it for RandomState's keys; reading it
+    // directly spares the module SipHash).
+    let mut bytes = [0u8; 4];
+    // SAFETY: WASI writes at most `len` bytes into the buffer it is given.
+    let random = unsafe { wasi_random_get(bytes.as_mut_ptr(), bytes.len()) } == 0;
+    let mut h = crate::table::Fnv::default();
+    h.write_u64(super::now_us());
+    if random {
+        h.write(&bytes);
+    }
     // Never 0: that is the released lease's holder.
     (h.finish() as u32).max(1)
+}
+
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    #[link_name = "random_get"]
+    fn wasi_random_get(buf: *mut u8, len: usize) -> i32;
 }
 
 pub fn now_ms() -> u64 {
@@ -178,14 +191,9 @@ fn summary(plans: &[crate::plan::ClusterPlan]) -> String {
     parts.join(" ")
 }
 
-/// Admin answers are rendered on Envoy's main thread; a full refresh starts
-/// at least this many times the last one's duration after the previous one,
-/// so that it takes at most a quarter of that thread however large the
-/// clusters grow. The change gate's small stats polls keep the plain interval.
-const ADMIN_SHARE_DIVISOR: u64 = 4;
-
 impl PickerRoot {
-    /// A poll is due every `refresh_interval_ms`, once a full refresh may start.
+    /// A poll (the change gate's stats) is due every `refresh_interval_ms`;
+    /// the refresher spaces the full refreshes it may lead to.
     fn poll_due(&mut self, config: &PluginConfig, now: u64) -> bool {
         let stretched = self.refresher.last_took_ms() * ADMIN_SHARE_DIVISOR;
         if stretched > config.refresh_interval_ms && !self.stretch_logged {
@@ -198,7 +206,6 @@ impl PickerRoot {
             );
         }
         now.saturating_sub(self.last_poll_ms) >= config.refresh_interval_ms
-            && now.saturating_sub(self.refresher.last_full_ms()) >= stretched
     }
 }
 
@@ -296,7 +303,7 @@ impl RootContext for PickerRoot {
             metrics: Metrics::define(),
             counters: RequestCounters::define(),
             table: RefCell::new(None),
-            logged_unknown: RefCell::new(HashSet::new()),
+            logged_unknown: RefCell::new(HashSet::default()),
         }));
         self.seen_version = None;
         self.published = None;

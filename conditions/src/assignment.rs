@@ -1,0 +1,292 @@
+//! Endpoints -> Envoy's ClusterLoadAssignment (the EDS resource).
+//!
+//! Every lb_endpoint carries its conditions as metadata
+//! (`filter_metadata[<namespace>]`) and a health status (serving HEALTHY,
+//! not serving UNHEALTHY). Endpoints are grouped by priority and zone
+//! (`locality.zone`), in a stable order.
+//!
+//! With the priority output (for Envoys without serving-picker), serving
+//! and not terminating endpoints are at priority 0, serving and terminating
+//! ones at priority 1, not serving ones are left out, and the
+//! overprovisioning factor is so high that priority 1 gets nothing while a
+//! priority-0 host is healthy: plain round robin then follows KEP-1672.
+
+use std::collections::{BTreeMap, HashMap};
+
+use envoy_types::pb::envoy::config::core::v3::{
+    address, socket_address, Address, HealthStatus, Locality, Metadata, SocketAddress,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    cluster_load_assignment::Policy, lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint,
+    LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
+
+use crate::endpoint::{Endpoint, Health, MetadataValue};
+
+/// Type URL of the EDS resource.
+pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// With the priority output: priority 1 gets load only when priority 0
+/// has no healthy host at all (Envoy's default of 140 spills early).
+pub const OVERPROVISIONING_FACTOR: u32 = 100_000;
+
+/// How endpoints are written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Output {
+    /// filter_metadata namespace of the conditions.
+    pub metadata_namespace: String,
+    /// The priority output (module doc).
+    pub priorities: bool,
+}
+
+impl Default for Output {
+    fn default() -> Self {
+        Output {
+            metadata_namespace: serving_picker_core::config::DEFAULT_METADATA_NAMESPACE.to_string(),
+            priorities: false,
+        }
+    }
+}
+
+fn value(v: &MetadataValue) -> Value {
+    Value {
+        kind: Some(match v {
+            MetadataValue::Bool(b) => Kind::BoolValue(*b),
+            MetadataValue::Str(s) => Kind::StringValue(s.clone()),
+        }),
+    }
+}
+
+/// The conditions metadata struct of one endpoint.
+pub fn conditions_struct(ep: &Endpoint) -> Struct {
+    Struct {
+        fields: ep
+            .metadata_fields()
+            .iter()
+            .map(|(k, v)| (k.to_string(), value(v)))
+            .collect(),
+    }
+}
+
+/// Sets an lb_endpoint's conditions metadata and health status (other
+/// metadata namespaces are kept).
+pub fn set_conditions(lb: &mut LbEndpoint, ep: &Endpoint, out: &Output) {
+    let md = lb.metadata.get_or_insert_with(Metadata::default);
+    md.filter_metadata
+        .insert(out.metadata_namespace.clone(), conditions_struct(ep));
+    lb.health_status = match ep.conditions.health() {
+        Health::Healthy => HealthStatus::Healthy,
+        Health::Unhealthy => HealthStatus::Unhealthy,
+    } as i32;
+}
+
+/// One lb_endpoint.
+pub fn lb_endpoint(ep: &Endpoint, out: &Output) -> LbEndpoint {
+    let address = Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ep.addr.ip().to_string(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                ep.addr.port(),
+            ))),
+            ..Default::default()
+        })),
+    };
+    let mut lb = LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
+            address: Some(address),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    set_conditions(&mut lb, ep, out);
+    lb
+}
+
+/// The ClusterLoadAssignment of `cluster_name` for these endpoints (an
+/// empty one when there are none: the cluster stays, with no hosts).
+pub fn cluster_load_assignment(
+    cluster_name: &str,
+    endpoints: &[Endpoint],
+    out: &Output,
+) -> ClusterLoadAssignment {
+    let mut groups: BTreeMap<(u32, &str), Vec<LbEndpoint>> = BTreeMap::new();
+    for ep in endpoints {
+        let priority = if out.priorities {
+            match ep.conditions.priority() {
+                Some(p) => p,
+                None => continue,
+            }
+        } else {
+            0
+        };
+        groups
+            .entry((priority, ep.zone.as_deref().unwrap_or("")))
+            .or_default()
+            .push(lb_endpoint(ep, out));
+    }
+    ClusterLoadAssignment {
+        cluster_name: cluster_name.to_string(),
+        endpoints: groups
+            .into_iter()
+            .map(|((priority, zone), lb_endpoints)| LocalityLbEndpoints {
+                locality: (!zone.is_empty()).then(|| Locality {
+                    zone: zone.to_string(),
+                    ..Default::default()
+                }),
+                lb_endpoints,
+                priority,
+                ..Default::default()
+            })
+            .collect(),
+        policy: out.priorities.then(|| Policy {
+            overprovisioning_factor: Some(UInt32Value {
+                value: OVERPROVISIONING_FACTOR,
+            }),
+            ..Default::default()
+        }),
+        named_endpoints: HashMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::endpoint::Conditions;
+
+    fn ep(
+        addr: &str,
+        ready: bool,
+        serving: bool,
+        terminating: bool,
+        zone: Option<&str>,
+    ) -> Endpoint {
+        Endpoint {
+            addr: addr.parse().unwrap(),
+            conditions: Conditions {
+                ready,
+                serving,
+                terminating,
+            },
+            zone: zone.map(str::to_string),
+            node_name: Some("node-1".into()),
+            hints_zones: vec!["z1".into(), "z2".into()],
+            hints_nodes: vec![],
+        }
+    }
+
+    fn md<'a>(lb: &'a LbEndpoint, key: &str) -> Option<&'a Kind> {
+        lb.metadata.as_ref()?.filter_metadata["k8s.endpointslice"]
+            .fields
+            .get(key)?
+            .kind
+            .as_ref()
+    }
+
+    fn addr(lb: &LbEndpoint) -> String {
+        match &lb.host_identifier {
+            Some(lb_endpoint::HostIdentifier::Endpoint(e)) => match &e.address {
+                Some(Address {
+                    address: Some(address::Address::SocketAddress(sa)),
+                }) => match sa.port_specifier {
+                    Some(socket_address::PortSpecifier::PortValue(p)) => {
+                        format!("{}:{p}", sa.address)
+                    }
+                    _ => panic!("no port"),
+                },
+                _ => panic!("no address"),
+            },
+            _ => panic!("no endpoint"),
+        }
+    }
+
+    #[test]
+    fn metadata_and_health() {
+        let out = Output::default();
+        let lb = lb_endpoint(&ep("10.0.0.1:80", false, true, true, Some("z1")), &out);
+        assert_eq!(addr(&lb), "10.0.0.1:80");
+        assert_eq!(md(&lb, "ready"), Some(&Kind::BoolValue(false)));
+        assert_eq!(md(&lb, "serving"), Some(&Kind::BoolValue(true)));
+        assert_eq!(md(&lb, "terminating"), Some(&Kind::BoolValue(true)));
+        assert_eq!(md(&lb, "zone"), Some(&Kind::StringValue("z1".into())));
+        assert_eq!(
+            md(&lb, "node_name"),
+            Some(&Kind::StringValue("node-1".into()))
+        );
+        assert_eq!(
+            md(&lb, "hints_zones"),
+            Some(&Kind::StringValue("z1,z2".into()))
+        );
+        assert_eq!(md(&lb, "hints_nodes"), None);
+        assert_eq!(lb.health_status, HealthStatus::Healthy as i32);
+        let lb = lb_endpoint(&ep("10.0.0.1:80", false, false, true, None), &out);
+        assert_eq!(lb.health_status, HealthStatus::Unhealthy as i32);
+        assert_eq!(md(&lb, "zone"), None);
+    }
+
+    #[test]
+    fn grouped_by_zone_all_at_priority_0_without_the_priority_output() {
+        let eps = vec![
+            ep("10.0.0.1:80", true, true, false, Some("z2")),
+            ep("10.0.0.2:80", false, true, true, Some("z1")),
+            ep("10.0.0.3:80", false, false, false, None),
+        ];
+        let cla = cluster_load_assignment("backend", &eps, &Output::default());
+        assert_eq!(cla.cluster_name, "backend");
+        assert!(cla.policy.is_none());
+        let zones: Vec<(u32, String, usize)> = cla
+            .endpoints
+            .iter()
+            .map(|g| {
+                (
+                    g.priority,
+                    g.locality
+                        .as_ref()
+                        .map(|l| l.zone.clone())
+                        .unwrap_or_default(),
+                    g.lb_endpoints.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            zones,
+            vec![(0, "".into(), 1), (0, "z1".into(), 1), (0, "z2".into(), 1)]
+        );
+    }
+
+    #[test]
+    fn priority_output() {
+        let out = Output {
+            priorities: true,
+            ..Output::default()
+        };
+        let eps = vec![
+            ep("10.0.0.1:80", true, true, false, None),
+            ep("10.0.0.2:80", false, true, true, None),
+            ep("10.0.0.3:80", false, false, true, None),
+            ep("10.0.0.4:80", false, false, false, None),
+        ];
+        let cla = cluster_load_assignment("backend", &eps, &out);
+        let got: Vec<(u32, Vec<String>)> = cla
+            .endpoints
+            .iter()
+            .map(|g| (g.priority, g.lb_endpoints.iter().map(addr).collect()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, vec!["10.0.0.1:80".to_string()]),
+                (1, vec!["10.0.0.2:80".to_string()])
+            ]
+        );
+        assert_eq!(
+            cla.policy.unwrap().overprovisioning_factor.unwrap().value,
+            OVERPROVISIONING_FACTOR
+        );
+        // No endpoint: an empty assignment, not a missing one.
+        let empty = cluster_load_assignment("backend", &[], &out);
+        assert!(empty.endpoints.is_empty());
+        assert_eq!(empty.cluster_name, "backend");
+    }
+}

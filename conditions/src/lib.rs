@@ -1,0 +1,25 @@
+//! serving-picker-conditions: watches EndpointSlices and gives Envoy each
+//! endpoint's exact conditions.
+//!
+//! ```text
+//! source (kube API | files) --Update--> publish (index -> assignments) --Snapshot--> eds (xDS streams) --> Envoy
+//! ```
+//!
+//! - `slice`: an EndpointSlice as kept; `index`: slices by Service, endpoints
+//!   by address:port (which copy wins); `endpoint`: one endpoint's conditions,
+//!   health and priority; `assignment`: endpoints -> ClusterLoadAssignment;
+//!   `cluster`: `--cluster` specs.
+//! - `source::kube`, `source::files`: where slices come from.
+//! - `publish`: applies updates, publishes snapshots (never half built).
+//! - `eds`: the xDS protocol per stream, and the gRPC services.
+//! - `metrics`: Prometheus, `/healthz`, `/readyz`.
+
+pub mod assignment;
+pub mod cluster;
+pub mod eds;
+pub mod endpoint;
+pub mod index;
+pub mod metrics;
+pub mod publish;
+pub mod slice;
+pub mod source;

@@ -1,0 +1,375 @@
+//! EndpointSlices from a directory of files, as `kubectl get endpointslices
+//! -o yaml|json` prints them: one object, a List, or several YAML
+//! documents per file. Only `*.yaml`, `*.yml` and `*.json` count (dot files
+//! are skipped, so a file written beside and renamed into place is read
+//! once, whole).
+//!
+//! The directory is watched (inotify through `notify`, and a rescan every
+//! two seconds as a safety net); each change sends the whole set as a full
+//! list, which the index diffs. A file that does not parse is logged (once
+//! per version of it) and its last good content is kept; a file that is
+//! removed takes its slices with it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+use crate::publish::{Change, Update};
+use crate::slice::{Slice, SliceKey};
+
+const RESCAN_EVERY: Duration = Duration::from_secs(2);
+/// Events that come together (a rename is several) are read as one.
+const DEBOUNCE: Duration = Duration::from_millis(20);
+
+/// Parses one file's text into EndpointSlice objects.
+pub fn parse(text: &str, json: bool) -> Result<Vec<EndpointSlice>, String> {
+    let docs: Vec<Value> = if json {
+        vec![serde_json::from_str(text).map_err(|e| format!("JSON: {e}"))?]
+    } else {
+        serde_saphyr::from_multiple::<Value>(text).map_err(|e| format!("YAML: {e}"))?
+    };
+    let mut out = Vec::new();
+    for doc in docs {
+        if doc.is_null() {
+            continue;
+        }
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+        if kind == "List" || kind.ends_with("List") {
+            let items = doc
+                .get("items")
+                .and_then(Value::as_array)
+                .ok_or_else(|| format!("a {kind} without items"))?;
+            for item in items {
+                if let Some(s) = object(item.clone(), kind == "EndpointSliceList")? {
+                    out.push(s);
+                }
+            }
+        } else if let Some(s) = object(doc, false)? {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+/// One object: an EndpointSlice, `None` for another kind (skipped).
+fn object(mut v: Value, typed_list: bool) -> Result<Option<EndpointSlice>, String> {
+    let Some(obj) = v.as_object_mut() else {
+        return Err("an item that is not an object".into());
+    };
+    if typed_list {
+        // Items of an EndpointSliceList (the API's own list) carry no type.
+        obj.entry("apiVersion")
+            .or_insert("discovery.k8s.io/v1".into());
+        obj.entry("kind").or_insert("EndpointSlice".into());
+    }
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != "EndpointSlice" {
+        tracing::debug!(kind, "not an EndpointSlice: skipped");
+        return Ok(None);
+    }
+    let api = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    if api != "discovery.k8s.io/v1" {
+        return Err(format!(
+            "EndpointSlice of apiVersion {api:?}: only discovery.k8s.io/v1 is read"
+        ));
+    }
+    let name = obj
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_string();
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| format!("EndpointSlice {name}: {e}"))
+}
+
+/// A file's identity for change detection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Signature {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    inode: u64,
+}
+
+fn signature(meta: &std::fs::Metadata) -> Signature {
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(meta);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Signature {
+        len: meta.len(),
+        modified: meta.modified().ok(),
+        inode,
+    }
+}
+
+struct FileState {
+    /// The version read last (good or not).
+    seen: Signature,
+    /// The last good content.
+    slices: Vec<Slice>,
+}
+
+/// The directory's files and their last good content.
+pub struct Directory {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, FileState>,
+    metrics: Arc<Metrics>,
+}
+
+fn counts(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.starts_with('.') {
+        return false;
+    }
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
+impl Directory {
+    pub fn new(dir: &Path, metrics: Arc<Metrics>) -> Directory {
+        Directory {
+            dir: dir.to_path_buf(),
+            files: BTreeMap::new(),
+            metrics,
+        }
+    }
+
+    /// Reads what changed since the last scan; true when the set of good
+    /// slices may have changed.
+    pub fn scan(&mut self) -> std::io::Result<bool> {
+        let mut present = BTreeMap::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let Ok(entry) = entry else { continue };
+            let path = entry.path();
+            if !counts(&path) {
+                continue;
+            }
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => {
+                    present.insert(path, signature(&m));
+                }
+                _ => {}
+            }
+        }
+        let before = self.files.len();
+        self.files.retain(|p, _| present.contains_key(p));
+        let mut changed = self.files.len() != before;
+        for (path, sig) in present {
+            if self.files.get(&path).is_some_and(|f| f.seen == sig) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path);
+            let json = path.extension().and_then(|e| e.to_str()) == Some("json");
+            let parsed = text
+                .map_err(|e| format!("read: {e}"))
+                .and_then(|t| parse(&t, json));
+            match parsed {
+                Ok(objects) => {
+                    let origin = path.display().to_string();
+                    let slices = objects
+                        .iter()
+                        .filter_map(|o| super::read_slice(o, &origin))
+                        .collect();
+                    tracing::info!(file = %path.display(), objects = objects.len(), "slice file read");
+                    self.files.insert(path, FileState { seen: sig, slices });
+                    changed = true;
+                }
+                Err(e) => {
+                    self.metrics.source_error("file");
+                    let kept = self.files.get(&path).map(|f| f.slices.len());
+                    tracing::error!(
+                        file = %path.display(),
+                        error = %e,
+                        kept_slices = ?kept,
+                        "malformed slice file: its last good content is kept"
+                    );
+                    let slices = self
+                        .files
+                        .remove(&path)
+                        .map(|f| f.slices)
+                        .unwrap_or_default();
+                    self.files.insert(path, FileState { seen: sig, slices });
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Every good slice (a slice named in several files: the last file by
+    /// name wins, logged).
+    pub fn slices(&self) -> Vec<Slice> {
+        let mut by_key: BTreeMap<SliceKey, (&Path, &Slice)> = BTreeMap::new();
+        for (path, f) in &self.files {
+            for s in &f.slices {
+                if let Some((other, _)) = by_key.insert(s.key.clone(), (path, s)) {
+                    tracing::warn!(
+                        slice = %s.key,
+                        file = %path.display(),
+                        earlier = %other.display(),
+                        "EndpointSlice defined in two files: the later file wins"
+                    );
+                }
+            }
+        }
+        by_key.into_values().map(|(_, s)| s.clone()).collect()
+    }
+}
+
+/// Watches `dir` and sends full lists until the receiver goes.
+pub async fn run(
+    dir: PathBuf,
+    updates: mpsc::Sender<Update>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<()> {
+    let mut directory = Directory::new(&dir, metrics.clone());
+    directory
+        .scan()
+        .map_err(|e| anyhow::anyhow!("--slices-dir {}: {e}", dir.display()))?;
+    metrics.watch_event("files_reload");
+    if updates
+        .send(Update::now(Change::Replace(directory.slices())))
+        .await
+        .is_err()
+    {
+        return Ok(());
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            let _ = tx.send(());
+        }
+    })?;
+    notify::Watcher::watch(&mut watcher, &dir, notify::RecursiveMode::NonRecursive)?;
+    tracing::info!(dir = %dir.display(), "watching slice files");
+    let mut tick = tokio::time::interval(RESCAN_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                if ev.is_none() {
+                    break;
+                }
+                tokio::time::sleep(DEBOUNCE).await;
+                while rx.try_recv().is_ok() {}
+            }
+            _ = tick.tick() => {}
+        }
+        match directory.scan() {
+            Ok(true) => {
+                metrics.watch_event("files_reload");
+                if updates
+                    .send(Update::now(Change::Replace(directory.slices())))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                metrics.source_error("file");
+                tracing::error!(dir = %dir.display(), error = %e, "cannot read the slice directory: last good state kept");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    const ONE: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 80, protocol: TCP}]
+endpoints:
+- addresses: [10.0.0.1]
+  conditions: {ready: true, serving: true, terminating: false}
+"#;
+
+    #[test]
+    fn parses_one_object_a_list_multi_docs_and_json() {
+        assert_eq!(parse(ONE, false).unwrap().len(), 1);
+        let list = format!(
+            "apiVersion: v1\nkind: List\nitems:\n{}",
+            ONE.lines()
+                .filter(|l| !l.is_empty())
+                .enumerate()
+                .map(|(i, l)| if i == 0 {
+                    format!("- {l}")
+                } else {
+                    format!("  {l}")
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert_eq!(parse(&list, false).unwrap().len(), 1, "{list}");
+        let two = format!("{ONE}---\n{}", ONE.replace("web-1", "web-2"));
+        assert_eq!(parse(&two, false).unwrap().len(), 2);
+        let json = serde_json::json!({
+            "kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+            "items": [{"metadata": {"name": "x", "labels": {"kubernetes.io/service-name": "web"}},
+                       "addressType": "IPv4", "endpoints": []}]
+        });
+        assert_eq!(parse(&json.to_string(), true).unwrap().len(), 1);
+        // Other kinds are skipped, not errors.
+        let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\n";
+        assert_eq!(parse(svc, false).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn malformed_input_is_an_error() {
+        assert!(parse("{not json", true).is_err());
+        assert!(parse(
+            "kind: EndpointSlice\napiVersion: discovery.k8s.io/v1\nmetadata: [",
+            false
+        )
+        .is_err());
+        let wrong_type = ONE.replace("addressType: IPv4", "addressType: {a: 1}");
+        assert!(parse(&wrong_type, false).is_err());
+        let beta = ONE.replace("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1");
+        assert!(parse(&beta, false).unwrap_err().contains("v1beta1"));
+    }
+
+    #[test]
+    fn directory_keeps_the_last_good_content_of_a_malformed_file() {
+        let dir = std::env::temp_dir().join(format!("spc-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut d = Directory::new(&dir, Arc::new(Metrics::new()));
+        assert!(!d.scan().unwrap());
+        std::fs::write(dir.join("web.yaml"), ONE).unwrap();
+        std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
+        std::fs::write(dir.join(".web.yaml.tmp.yaml"), "ignored: [").unwrap();
+        assert!(d.scan().unwrap());
+        assert_eq!(d.slices().len(), 1);
+        assert!(!d.scan().unwrap(), "nothing changed");
+        std::fs::write(dir.join("web.yaml"), "kind: EndpointSlice\nmetadata: [\n").unwrap();
+        assert!(!d.scan().unwrap());
+        assert_eq!(d.slices().len(), 1, "last good content kept");
+        std::fs::write(dir.join("web.yaml"), ONE.replace("10.0.0.1", "10.0.0.2")).unwrap();
+        assert!(d.scan().unwrap());
+        assert_eq!(d.slices()[0].endpoints[0].address.to_string(), "10.0.0.2");
+        std::fs::remove_file(dir.join("web.yaml")).unwrap();
+        assert!(d.scan().unwrap());
+        assert!(d.slices().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,209 @@
+//! EndpointSlices from the Kubernetes API through kube-rs's watcher:
+//! list, then watch from the list's resourceVersion with bookmarks; on 410
+//! Gone (or any desync) the watcher lists again; errors back off
+//! exponentially while the API server is away.
+//!
+//! The watcher reports a (re-)list as `Init`, `InitApply`..., `InitDone`;
+//! the objects are collected and sent as one full list at `InitDone`, so
+//! the index is never half built, and a re-list replaces it as a whole
+//! (slices deleted while the watch was down go away). Then every `Apply` or
+//! `Delete` is sent as it comes.
+//!
+//! Only the slices of the configured Services are asked for (label selector
+//! `kubernetes.io/service-name in (...)`), in their namespace when they all
+//! share one (a Role suffices), else cluster-wide.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use tokio::sync::mpsc;
+
+use crate::cluster::ClusterSpec;
+use crate::metrics::Metrics;
+use crate::publish::{Change, Update};
+use crate::slice::{SliceKey, SERVICE_NAME_LABEL};
+
+/// Exponential back-off with a reset: `min`, doubling up to `max`.
+#[derive(Clone, Debug)]
+pub struct ExpBackoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl ExpBackoff {
+    pub fn new(min: Duration, max: Duration) -> ExpBackoff {
+        ExpBackoff {
+            min,
+            max,
+            next: min,
+        }
+    }
+}
+
+impl Default for ExpBackoff {
+    /// kube-rs's defaults: 0.8 s doubling to 30 s.
+    fn default() -> Self {
+        ExpBackoff::new(Duration::from_millis(800), Duration::from_secs(30))
+    }
+}
+
+impl Iterator for ExpBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = self.next.checked_mul(2).unwrap_or(self.max).min(self.max);
+        Some(d)
+    }
+}
+
+impl Backoff for ExpBackoff {
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// Which slices to watch for these clusters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selection {
+    /// `Some(ns)` when every cluster's Service is in `ns`.
+    pub namespace: Option<String>,
+    pub label_selector: String,
+}
+
+pub fn selection(clusters: &[ClusterSpec]) -> Selection {
+    let namespaces: BTreeSet<&str> = clusters
+        .iter()
+        .map(|c| c.service.namespace.as_str())
+        .collect();
+    let names: BTreeSet<&str> = clusters.iter().map(|c| c.service.name.as_str()).collect();
+    Selection {
+        namespace: (namespaces.len() == 1)
+            .then(|| namespaces.into_iter().next().map(str::to_string))
+            .flatten(),
+        label_selector: format!(
+            "{SERVICE_NAME_LABEL} in ({})",
+            names.into_iter().collect::<Vec<_>>().join(",")
+        ),
+    }
+}
+
+fn key_of(obj: &EndpointSlice) -> Option<SliceKey> {
+    Some(SliceKey {
+        namespace: obj
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: obj.metadata.name.clone()?,
+    })
+}
+
+/// Watches until the receiver goes. `backoff` paces retries after errors.
+pub async fn run<B: Backoff + 'static>(
+    client: Client,
+    clusters: &[ClusterSpec],
+    updates: mpsc::Sender<Update>,
+    metrics: Arc<Metrics>,
+    backoff: B,
+) {
+    let sel = selection(clusters);
+    let api: Api<EndpointSlice> = match &sel.namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    tracing::info!(
+        namespace = sel.namespace.as_deref().unwrap_or("(all)"),
+        selector = %sel.label_selector,
+        "watching EndpointSlices"
+    );
+    let config = watcher::Config::default().labels(&sel.label_selector);
+    let mut stream = watcher::watcher(api, config).backoff(backoff).boxed();
+    let mut listing: Option<Vec<crate::slice::Slice>> = None;
+    while let Some(item) = stream.next().await {
+        let change = match item {
+            Ok(Event::Init) => {
+                metrics.watch_event("init");
+                tracing::info!("listing EndpointSlices");
+                listing = Some(Vec::new());
+                None
+            }
+            Ok(Event::InitApply(obj)) => {
+                metrics.watch_event("init_apply");
+                if let (Some(list), Some(s)) = (listing.as_mut(), super::read_slice(&obj, "api")) {
+                    list.push(s);
+                }
+                None
+            }
+            Ok(Event::InitDone) => {
+                metrics.watch_event("init_done");
+                let all = listing.take().unwrap_or_default();
+                tracing::info!(slices = all.len(), "EndpointSlices listed");
+                Some(Change::Replace(all))
+            }
+            Ok(Event::Apply(obj)) => {
+                metrics.watch_event("apply");
+                match super::read_slice(&obj, "api") {
+                    Some(s) => Some(Change::Apply(s)),
+                    // Unusable now: whatever it said before no longer holds.
+                    None => key_of(&obj).map(Change::Delete),
+                }
+            }
+            Ok(Event::Delete(obj)) => {
+                metrics.watch_event("delete");
+                key_of(&obj).map(Change::Delete)
+            }
+            Err(e) => {
+                metrics.source_error("watch");
+                tracing::warn!(error = %e, "EndpointSlice watch error: retrying with back-off; the last good state is served");
+                None
+            }
+        };
+        if let Some(change) = change {
+            if updates.send(Update::now(change)).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn selection_narrows_to_the_services_and_their_namespace() {
+        let one: Vec<ClusterSpec> = vec![
+            "a=shop/web:http".parse().unwrap(),
+            "b=shop/api:grpc".parse().unwrap(),
+        ];
+        let s = selection(&one);
+        assert_eq!(s.namespace.as_deref(), Some("shop"));
+        assert_eq!(s.label_selector, "kubernetes.io/service-name in (api,web)");
+        let two: Vec<ClusterSpec> = vec![
+            "a=shop/web:http".parse().unwrap(),
+            "b=blog/web:http".parse().unwrap(),
+        ];
+        let s = selection(&two);
+        assert_eq!(s.namespace, None);
+        assert_eq!(s.label_selector, "kubernetes.io/service-name in (web)");
+    }
+
+    #[test]
+    fn backoff_doubles_and_resets() {
+        let mut b = ExpBackoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let v: Vec<u128> = (&mut b).take(4).map(|d| d.as_millis()).collect();
+        assert_eq!(v, vec![100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next().map(|d| d.as_millis()), Some(100));
+    }
+}

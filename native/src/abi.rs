@@ -1,0 +1,452 @@
+//! The Envoy 1.40 dynamic-module ABI this module uses: the callbacks Envoy
+//! exports (declared here, and only here) and safe wrappers around them.
+//! This is the one file with raw pointers into Envoy.
+//!
+//! Every declaration was checked against the pinned binary
+//! (`nm -D --defined-only envoy`, tests/native_abi.rs)
+//! and its behaviour against the real Envoy (the e2e tests). Stored versions
+//! of upstream's abi.h differ; the signatures below are 1.40's.
+
+use std::ffi::c_void;
+use std::os::raw::c_int;
+
+/// A buffer owned by Envoy (`envoy_dynamic_module_type_envoy_buffer`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EnvoyBuffer {
+    pub ptr: *const u8,
+    pub length: usize,
+}
+
+impl EnvoyBuffer {
+    pub const EMPTY: EnvoyBuffer = EnvoyBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+
+    /// The bytes, valid as long as Envoy says the buffer is (the hook call).
+    ///
+    /// # Safety
+    /// `ptr` must point to `length` readable bytes for the returned lifetime.
+    pub unsafe fn bytes<'a>(self) -> &'a [u8] {
+        if self.ptr.is_null() || self.length == 0 {
+            &[]
+        } else {
+            // SAFETY: non-null, and the caller vouches for the length.
+            unsafe { std::slice::from_raw_parts(self.ptr, self.length) }
+        }
+    }
+}
+
+/// A buffer owned by the module (`envoy_dynamic_module_type_module_buffer`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ModuleBuffer {
+    pub ptr: *const u8,
+    pub length: usize,
+}
+
+impl ModuleBuffer {
+    pub fn of(s: &str) -> ModuleBuffer {
+        ModuleBuffer {
+            ptr: s.as_ptr(),
+            length: s.len(),
+        }
+    }
+}
+
+// `envoy_dynamic_module_type_log_level`.
+pub const LOG_DEBUG: c_int = 1;
+pub const LOG_INFO: c_int = 2;
+pub const LOG_WARN: c_int = 3;
+pub const LOG_ERROR: c_int = 4;
+
+// `envoy_dynamic_module_type_host_health` as Envoy 1.40 returns it.
+pub const HEALTH_UNHEALTHY: c_int = 0;
+pub const HEALTH_DEGRADED: c_int = 1;
+pub const HEALTH_HEALTHY: c_int = 2;
+
+// The callbacks, named as Envoy exports them. The symbol test
+// (tests/native_abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
+// of this file and looks each up in the pinned Envoy binary.
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: c_int, message: ModuleBuffer);
+    fn envoy_dynamic_module_callback_log_enabled(level: c_int) -> bool;
+
+    fn envoy_dynamic_module_callback_lb_get_cluster_name(lb: *mut c_void, out: *mut EnvoyBuffer);
+    fn envoy_dynamic_module_callback_lb_get_priority_set_size(lb: *mut c_void) -> usize;
+    fn envoy_dynamic_module_callback_lb_get_hosts_count(lb: *mut c_void, priority: u32) -> usize;
+    fn envoy_dynamic_module_callback_lb_get_healthy_hosts_count(
+        lb: *mut c_void,
+        priority: u32,
+    ) -> usize;
+    fn envoy_dynamic_module_callback_lb_get_healthy_host_address(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_lb_get_host_address(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_lb_get_host_weight(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_lb_get_host_health(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_lb_get_host_locality(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+        region: *mut EnvoyBuffer,
+        zone: *mut EnvoyBuffer,
+        sub_zone: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_lb_get_host_metadata_bool(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+        filter_name: ModuleBuffer,
+        key: ModuleBuffer,
+        out: *mut bool,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_lb_get_host_metadata_string(
+        lb: *mut c_void,
+        priority: u32,
+        index: usize,
+        filter_name: ModuleBuffer,
+        key: ModuleBuffer,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_lb_context_get_host_selection_retry_count(
+        context: *mut c_void,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_lb_context_should_select_another_host(
+        lb: *mut c_void,
+        context: *mut c_void,
+        priority: u32,
+        index: usize,
+    ) -> bool;
+
+    fn envoy_dynamic_module_callback_lb_config_define_counter(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        out_id: *mut usize,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_lb_config_increment_counter(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_lb_config_define_gauge(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        out_id: *mut usize,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_lb_config_set_gauge(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_lb_config_increment_gauge(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_lb_config_decrement_gauge(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
+}
+
+/// Logs through Envoy's logger (component `dynamic_modules`).
+pub fn log(level: c_int, message: &str) {
+    // SAFETY: the buffer points into `message`, alive for the call.
+    unsafe { envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message)) }
+}
+
+/// Whether Envoy would print a line at this level (skip building it if not).
+pub fn log_enabled(level: c_int) -> bool {
+    // SAFETY: plain value in, plain value out.
+    unsafe { envoy_dynamic_module_callback_log_enabled(level) }
+}
+
+fn utf8(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
+}
+
+/// Envoy's load balancer object (`lb_envoy_ptr`), non-null, valid for the
+/// duration of the hook call it was passed to.
+#[derive(Clone, Copy)]
+pub struct Lb(*mut c_void);
+
+impl Lb {
+    pub fn new(ptr: *mut c_void) -> Option<Lb> {
+        (!ptr.is_null()).then_some(Lb(ptr))
+    }
+
+    pub fn cluster_name(&self) -> String {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: non-null lb pointer from Envoy, `out` is a valid buffer slot;
+        // the name lives as long as the cluster and is copied right away.
+        unsafe {
+            envoy_dynamic_module_callback_lb_get_cluster_name(self.0, &mut out);
+            String::from_utf8_lossy(out.bytes()).into_owned()
+        }
+    }
+
+    pub fn priority_count(&self) -> usize {
+        // SAFETY: non-null lb pointer from Envoy.
+        unsafe { envoy_dynamic_module_callback_lb_get_priority_set_size(self.0) }
+    }
+
+    pub fn host_count(&self, priority: u32) -> usize {
+        // SAFETY: non-null lb pointer; Envoy checks the priority.
+        unsafe { envoy_dynamic_module_callback_lb_get_hosts_count(self.0, priority) }
+    }
+
+    pub fn healthy_count(&self, priority: u32) -> usize {
+        // SAFETY: as above.
+        unsafe { envoy_dynamic_module_callback_lb_get_healthy_hosts_count(self.0, priority) }
+    }
+
+    /// Address of a host of the healthy list; borrowed from Envoy's host
+    /// (alive for the hook call: the host set does not change during it).
+    pub fn healthy_address(&self, priority: u32, index: usize) -> Option<&str> {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: Envoy bounds-checks and fills `out` with a view of the
+        // host's address string, which outlives this hook call.
+        unsafe {
+            envoy_dynamic_module_callback_lb_get_healthy_host_address(
+                self.0, priority, index, &mut out,
+            )
+            .then(|| utf8(out.bytes()))
+            .flatten()
+        }
+    }
+
+    pub fn address(&self, priority: u32, index: usize) -> Option<&str> {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: as for `healthy_address`.
+        unsafe {
+            envoy_dynamic_module_callback_lb_get_host_address(self.0, priority, index, &mut out)
+                .then(|| utf8(out.bytes()))
+                .flatten()
+        }
+    }
+
+    pub fn weight(&self, priority: u32, index: usize) -> u32 {
+        // SAFETY: Envoy bounds-checks (0 when out of range).
+        unsafe { envoy_dynamic_module_callback_lb_get_host_weight(self.0, priority, index) }
+    }
+
+    pub fn health(&self, priority: u32, index: usize) -> c_int {
+        // SAFETY: Envoy bounds-checks (Unhealthy when out of range).
+        unsafe { envoy_dynamic_module_callback_lb_get_host_health(self.0, priority, index) }
+    }
+
+    pub fn locality_zone(&self, priority: u32, index: usize) -> Option<&str> {
+        let (mut region, mut zone, mut sub_zone) =
+            (EnvoyBuffer::EMPTY, EnvoyBuffer::EMPTY, EnvoyBuffer::EMPTY);
+        // SAFETY: three valid buffer slots; the views point into the host's
+        // locality, alive for the hook call.
+        unsafe {
+            envoy_dynamic_module_callback_lb_get_host_locality(
+                self.0,
+                priority,
+                index,
+                &mut region,
+                &mut zone,
+                &mut sub_zone,
+            )
+            .then(|| utf8(zone.bytes()))
+            .flatten()
+        }
+    }
+
+    /// A bool in the host's filter_metadata[`ns`][`key`]; `None` when absent
+    /// or not a bool.
+    pub fn metadata_bool(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<bool> {
+        let mut out = false;
+        // SAFETY: module buffers point into live &strs; `out` is a valid slot.
+        unsafe {
+            envoy_dynamic_module_callback_lb_get_host_metadata_bool(
+                self.0,
+                priority,
+                index,
+                ModuleBuffer::of(ns),
+                ModuleBuffer::of(key),
+                &mut out,
+            )
+        }
+        .then_some(out)
+    }
+
+    /// A string in the host's filter_metadata[`ns`][`key`]; `None` when
+    /// absent, not a string or not UTF-8.
+    pub fn metadata_str(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<&str> {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: as for `metadata_bool`; the view points into the host's
+        // metadata, alive for the hook call.
+        unsafe {
+            envoy_dynamic_module_callback_lb_get_host_metadata_string(
+                self.0,
+                priority,
+                index,
+                ModuleBuffer::of(ns),
+                ModuleBuffer::of(key),
+                &mut out,
+            )
+            .then(|| utf8(out.bytes()))
+            .flatten()
+        }
+    }
+}
+
+/// The request's `LoadBalancerContext`, non-null, valid during choose_host.
+#[derive(Clone, Copy)]
+pub struct Context(*mut c_void);
+
+impl Context {
+    pub fn new(ptr: *mut c_void) -> Option<Context> {
+        (!ptr.is_null()).then_some(Context(ptr))
+    }
+
+    /// The route's `host_selection_retry_max_attempts` (0 without one).
+    pub fn host_selection_retry_count(&self) -> u32 {
+        // SAFETY: non-null context pointer from Envoy.
+        unsafe { envoy_dynamic_module_callback_lb_context_get_host_selection_retry_count(self.0) }
+    }
+
+    /// Whether the route's retry host predicates (e.g. previous_hosts) ask
+    /// for another host than host `index` (all hosts of `priority`).
+    pub fn should_select_another_host(&self, lb: Lb, priority: u32, index: usize) -> bool {
+        // SAFETY: both pointers non-null and from this choose_host call;
+        // Envoy bounds-checks priority and index.
+        unsafe {
+            envoy_dynamic_module_callback_lb_context_should_select_another_host(
+                lb.0, self.0, priority, index,
+            )
+        }
+    }
+}
+
+/// Envoy's LB config object (`lb_config_envoy_ptr`): metrics are defined on
+/// it in config_new and updated through it from any thread.
+#[derive(Clone, Copy)]
+pub struct ConfigHandle(*mut c_void);
+
+// SAFETY: Envoy's metric updates through this pointer are thread-safe
+// (atomic stats, read-only id tables after config_new); it outlives every
+// LB instance of the config.
+unsafe impl Send for ConfigHandle {}
+// SAFETY: as above.
+unsafe impl Sync for ConfigHandle {}
+
+impl ConfigHandle {
+    pub fn new(ptr: *mut c_void) -> Option<ConfigHandle> {
+        (!ptr.is_null()).then_some(ConfigHandle(ptr))
+    }
+
+    /// Defines an unlabelled counter (config_new only); its id.
+    pub fn define_counter(&self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: no labels (null, 0); `id` is a valid slot.
+        let rc = unsafe {
+            envoy_dynamic_module_callback_lb_config_define_counter(
+                self.0,
+                ModuleBuffer::of(name),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (rc == 0).then_some(id)
+    }
+
+    /// Defines an unlabelled gauge (config_new only); its id.
+    pub fn define_gauge(&self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: as for `define_counter`.
+        let rc = unsafe {
+            envoy_dynamic_module_callback_lb_config_define_gauge(
+                self.0,
+                ModuleBuffer::of(name),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (rc == 0).then_some(id)
+    }
+
+    pub fn increment_counter(&self, id: usize, by: u64) {
+        // SAFETY: an id this config defined, no labels.
+        unsafe {
+            envoy_dynamic_module_callback_lb_config_increment_counter(
+                self.0,
+                id,
+                std::ptr::null_mut(),
+                0,
+                by,
+            );
+        }
+    }
+
+    pub fn set_gauge(&self, id: usize, value: u64) {
+        // SAFETY: as above.
+        unsafe {
+            envoy_dynamic_module_callback_lb_config_set_gauge(
+                self.0,
+                id,
+                std::ptr::null_mut(),
+                0,
+                value,
+            );
+        }
+    }
+
+    pub fn add_gauge(&self, id: usize, delta: i64) {
+        // SAFETY: as above.
+        unsafe {
+            if delta >= 0 {
+                envoy_dynamic_module_callback_lb_config_increment_gauge(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    delta.unsigned_abs(),
+                );
+            } else {
+                envoy_dynamic_module_callback_lb_config_decrement_gauge(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    delta.unsigned_abs(),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The policy configuration: the JSON in `lb_policy_config` (a
+//! `google.protobuf.StringValue`), parsed once in config_new.
+//!
+//! The native policy takes the keys that shape the choice of hosts, shared
+//! with the wasm filter (same names, same meanings): `metadata_namespace`,
+//! `local_zone`, `local_zone_min_share`. The wasm filter's own keys (admin
+//! polling, the override header, passthrough) have no meaning here and are
+//! refused with a message that says so; any other key is refused as unknown.
+
+use serving_picker_core::config::{err, json_object, ConfigError, SelectionConfig};
+
+/// The one `lb_policy_name` this module serves.
+pub const POLICY_NAME: &str = "serving_picker";
+
+/// Keys of the wasm filter that do not apply to the native policy.
+pub const WASM_ONLY_KEYS: [&str; 13] = [
+    "admin_cluster",
+    "admin_path",
+    "admin_health_path",
+    "admin_stats_path",
+    "admin_timeout_ms",
+    "clusters",
+    "full_refresh_interval_ms",
+    "max_admin_body_bytes",
+    "on_no_serving",
+    "override_header",
+    "partial_refresh",
+    "refresh_interval_ms",
+    "retry_alternates",
+];
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct NativeConfig {
+    pub selection: SelectionConfig,
+}
+
+/// Parses the policy configuration; empty means every default.
+pub fn parse(raw: &[u8]) -> Result<NativeConfig, ConfigError> {
+    let mut config = NativeConfig::default();
+    let Some(map) = json_object(raw)? else {
+        return Ok(config);
+    };
+    for (key, value) in map {
+        if SelectionConfig::KEYS.contains(&key.as_str()) {
+            config.selection.set(&key, value)?;
+        } else if WASM_ONLY_KEYS.contains(&key.as_str()) {
+            return Err(err(
+                &key,
+                "applies to the wasm filter only, not to the native load-balancing policy",
+            ));
+        } else {
+            return Err(err(
+                &key,
+                format!(
+                    "unknown key (the native policy takes {})",
+                    SelectionConfig::KEYS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_all_defaults() {
+        for raw in ["", "  ", "{}"] {
+            assert_eq!(parse(raw.as_bytes()).unwrap(), NativeConfig::default());
+        }
+        let d = parse(b"").unwrap().selection;
+        assert_eq!(d.metadata_namespace, "k8s.endpointslice");
+        assert_eq!(d.local_zone, None);
+    }
+
+    #[test]
+    fn shared_keys() {
+        let c = parse(
+            br#"{"metadata_namespace": "ns", "local_zone": "z1", "local_zone_min_share": 0.5}"#,
+        )
+        .unwrap()
+        .selection;
+        assert_eq!(c.metadata_namespace, "ns");
+        assert_eq!(c.local_zone.as_deref(), Some("z1"));
+        assert_eq!(c.local_zone_min_share, 0.5);
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        for (raw, key, says) in [
+            (r#"{"local_zone_min_share": 2}"#, "local_zone_min_share", "outside"),
+            (r#"{"local_zone": ""}"#, "local_zone", "empty"),
+            (r#"{"metadata_namespace": 7}"#, "metadata_namespace", "invalid type"),
+            (r#"{"refresh_interval_ms": 100}"#, "refresh_interval_ms", "wasm filter only"),
+            (r#"{"on_no_serving": "reject"}"#, "on_no_serving", "wasm filter only"),
+            (r#"{"bogus": 1}"#, "bogus", "unknown key"),
+        ] {
+            let e = parse(raw.as_bytes()).unwrap_err();
+            assert_eq!(e.key, key, "{raw}");
+            assert!(e.reason.contains(says), "{raw}: {e}");
+            assert!(e.to_string().contains(key));
+        }
+        assert!(parse(b"[1]").unwrap_err().reason.contains("JSON object"));
+        assert!(parse(b"{").unwrap_err().reason.contains("not valid JSON"));
+    }
+}

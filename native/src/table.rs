@@ -1,0 +1,842 @@
+//! A worker's routing table for one cluster: built from Envoy's hosts when
+//! the load balancer is created and on every membership update (adds,
+//! removals, and the 0/0 updates Envoy sends for metadata, weight and health
+//! changes), then read per request with an O(1) pick.
+//!
+//! The decision is the core's (`plan_cluster`); this module only reads hosts
+//! into `HostRecord`s and maps the planned hosts back to what `choose_host`
+//! must answer: (priority, index into that priority's healthy hosts).
+//! Indexes shift between updates, so everything is keyed by address and the
+//! table is rebuilt whole.
+
+use std::collections::HashMap;
+
+use serving_picker_core::conditions::{effective, EdsHealth, Health, MetaFlags};
+use serving_picker_core::config::SelectionConfig;
+use serving_picker_core::host::{ClusterHosts, HostRecord};
+use serving_picker_core::picker::Picker;
+use serving_picker_core::plan::{plan_cluster, Tier};
+
+/// Envoy's coarse view of a host (`lb_get_host_health`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coarse {
+    Unhealthy,
+    Degraded,
+    Healthy,
+}
+
+/// What the table reads of a cluster's hosts: Envoy through the ABI in
+/// production, plain vectors in tests and benchmarks.
+pub trait HostSource {
+    fn priority_count(&self) -> usize;
+    fn host_count(&self, priority: u32) -> usize;
+    fn healthy_count(&self, priority: u32) -> usize;
+    fn healthy_address(&self, priority: u32, index: usize) -> Option<&str>;
+    fn address(&self, priority: u32, index: usize) -> Option<&str>;
+    fn weight(&self, priority: u32, index: usize) -> u32;
+    fn health(&self, priority: u32, index: usize) -> Coarse;
+    fn locality_zone(&self, priority: u32, index: usize) -> Option<&str>;
+    fn metadata_bool(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<bool>;
+    fn metadata_str(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<&str>;
+}
+
+/// One pickable host: where Envoy has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    pub priority: u32,
+    /// Index into the priority's healthy hosts: `choose_host`'s answer.
+    pub healthy_index: u32,
+    /// Index into the priority's hosts (what `should_select_another_host` takes).
+    pub host_index: u32,
+}
+
+/// The per-worker table: the tier and its hosts, ready for O(1) picks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    pub tier: Tier,
+    slots: Vec<Slot>,
+    picker: Option<Picker>,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            tier: Tier::NoServing,
+            slots: Vec::new(),
+            picker: None,
+        }
+    }
+}
+
+/// A rebuild's result: the table, and what it found on the way.
+#[derive(Debug)]
+pub struct Built {
+    pub table: Table,
+    /// Hosts the metadata (or EDS status) calls serving that Envoy does not
+    /// offer as healthy (EDS DRAINING/UNHEALTHY/DEGRADED, failed active
+    /// health checks, outlier ejection): they cannot be picked. Sorted.
+    pub not_offered: Vec<String>,
+    /// All hosts read, all priorities.
+    pub hosts: usize,
+    /// Hosts skipped because Envoy gave no (UTF-8) address.
+    pub unreadable: usize,
+}
+
+const KEYS: [&str; 4] = ["ready", "serving", "terminating", "zone"];
+
+/// FxHash (rustc's): a fast, non-cryptographic hash for the address maps
+/// built on every rebuild (the addresses come from Envoy, not from clients).
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        for b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(K);
+        }
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
+/// Each host's index in its priority's healthy list. Envoy builds that list
+/// by filtering the hosts in order, so one merge pass matches them; if the
+/// order ever differs, an address map does it.
+fn healthy_indexes(src: &impl HostSource, p: u32, hosts: &[Option<&str>]) -> Vec<Option<u32>> {
+    let healthy = src.healthy_count(p).min(u32::MAX as usize);
+    let mut out = vec![None; hosts.len()];
+    let mut h = 0usize;
+    let mut next = if healthy > 0 { src.healthy_address(p, 0) } else { None };
+    for (i, addr) in hosts.iter().enumerate() {
+        if h < healthy && addr.is_some() && *addr == next {
+            out[i] = Some(h as u32);
+            h += 1;
+            next = if h < healthy { src.healthy_address(p, h) } else { None };
+        }
+    }
+    if h == healthy {
+        return out;
+    }
+    // Not a subsequence in order: match by address.
+    let mut by_addr: FxMap<&str, u32> = FxMap::default();
+    for k in 0..healthy {
+        if let Some(a) = src.healthy_address(p, k) {
+            by_addr.entry(a).or_insert(k as u32);
+        }
+    }
+    hosts
+        .iter()
+        .map(|a| a.and_then(|a| by_addr.get(a).copied()))
+        .collect()
+}
+
+/// Reads every host and plans the cluster.
+pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Built {
+    let ns = cfg.metadata_namespace.as_str();
+    let want_zone = cfg.local_zone.is_some();
+    let priorities = src.priority_count().min(u32::MAX as usize) as u32;
+    let total: usize = (0..priorities).map(|p| src.host_count(p)).sum();
+    let mut records = Vec::with_capacity(total);
+    // Address -> where it can be picked (the lowest priority that offers it).
+    let mut offered: FxMap<&str, Slot> = FxMap::default();
+    offered.reserve(total);
+    let mut not_offered = Vec::new();
+    let mut unreadable = 0usize;
+    for p in 0..priorities {
+        let count = src.host_count(p).min(u32::MAX as usize);
+        let addresses: Vec<Option<&str>> = (0..count).map(|i| src.address(p, i)).collect();
+        let healthy = healthy_indexes(src, p, &addresses);
+        for (i, (addr, healthy_index)) in addresses.iter().zip(healthy).enumerate() {
+            let Some(addr) = *addr else {
+                unreadable += 1;
+                continue;
+            };
+            // A present `serving` wins over `ready`: skip the read then.
+            let serving = src.metadata_bool(p, i, ns, KEYS[1]);
+            let flags = MetaFlags {
+                ready: match serving {
+                    Some(_) => None,
+                    None => src.metadata_bool(p, i, ns, KEYS[0]),
+                },
+                serving,
+                terminating: src.metadata_bool(p, i, ns, KEYS[2]),
+            };
+            let zone = if want_zone {
+                src.metadata_str(p, i, ns, KEYS[3])
+                    .filter(|z| !z.is_empty())
+                    .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
+                    .map(str::to_string)
+            } else {
+                None
+            };
+            let (health, weight) = match healthy_index {
+                // In the healthy list: healthy, by Envoy's definition.
+                Some(h) => {
+                    offered.entry(addr).or_insert(Slot {
+                        priority: p,
+                        healthy_index: h,
+                        host_index: i as u32,
+                    });
+                    let health = Health {
+                        eds: None,
+                        coarse: EdsHealth::Healthy,
+                        failing: false,
+                    };
+                    (health, src.weight(p, i))
+                }
+                None => {
+                    let coarse = match src.health(p, i) {
+                        Coarse::Healthy => EdsHealth::Healthy,
+                        Coarse::Degraded => EdsHealth::Degraded,
+                        Coarse::Unhealthy => EdsHealth::Unhealthy,
+                    };
+                    let mut health = Health {
+                        eds: None,
+                        coarse,
+                        failing: false,
+                    };
+                    if effective(&flags, &health).serving {
+                        not_offered.push(addr.to_string());
+                    }
+                    // Envoy will not route to it: not serving, whatever the metadata says.
+                    health.failing = true;
+                    // Never planned: its weight does not matter.
+                    (health, 1)
+                }
+            };
+            records.push(HostRecord {
+                address: addr.to_string(),
+                weight,
+                priority: p,
+                flags,
+                zone,
+                health,
+            });
+        }
+    }
+    let hosts = records.len() + unreadable;
+    let plan = plan_cluster(
+        &ClusterHosts {
+            name: cluster.to_string(),
+            hosts: records,
+        },
+        cfg.zone_preference().as_ref(),
+    );
+    let mut slots = Vec::with_capacity(plan.hosts.len());
+    let mut weights = Vec::with_capacity(plan.hosts.len());
+    for h in &plan.hosts {
+        // Every planned host is offered (the others are not serving).
+        if let Some(slot) = offered.get(h.address.as_str()) {
+            slots.push(*slot);
+            weights.push(h.weight);
+        }
+    }
+    let picker = Picker::new(&weights);
+    let tier = if picker.is_some() {
+        plan.tier
+    } else {
+        Tier::NoServing
+    };
+    not_offered.sort();
+    not_offered.dedup();
+    Built {
+        table: Table {
+            tier,
+            slots,
+            picker,
+        },
+        not_offered,
+        hosts,
+        unreadable,
+    }
+}
+
+/// One request's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Host {
+        slot: Slot,
+        tier: Tier,
+        /// A retry predicate refused the first pick and another host was taken.
+        moved: bool,
+    },
+    NoServing,
+}
+
+impl Table {
+    /// Hosts that new requests may go to.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Heap bytes held by the table.
+    pub fn heap_bytes(&self) -> usize {
+        let picker = match &self.picker {
+            Some(Picker::Alias(_)) => self.slots.len() * (8 + 4),
+            _ => 0,
+        };
+        self.slots.capacity() * std::mem::size_of::<Slot>() + picker
+    }
+
+    /// The `sequence`-th pick. When `avoid` refuses the pick (a retry whose
+    /// predicate wants another host), up to `attempts` other hosts of the
+    /// tier are tried in turn; if all are refused, the last one stands (as
+    /// Envoy's own load balancers do).
+    #[inline]
+    pub fn choose(
+        &self,
+        sequence: u64,
+        attempts: u32,
+        mut avoid: impl FnMut(&Slot) -> bool,
+    ) -> Choice {
+        let Some(picker) = &self.picker else {
+            return Choice::NoServing;
+        };
+        let n = self.slots.len();
+        let first = picker.pick(sequence);
+        let Some(mut slot) = self.slots.get(first).copied() else {
+            return Choice::NoServing;
+        };
+        let mut moved = false;
+        let tries = (attempts as usize).min(n.saturating_sub(1));
+        for k in 1..=tries {
+            if !avoid(&slot) {
+                break;
+            }
+            match self.slots.get((first + k) % n) {
+                Some(next) => {
+                    slot = *next;
+                    moved = true;
+                }
+                None => break,
+            }
+        }
+        Choice::Host {
+            slot,
+            tier: self.tier,
+            moved,
+        }
+    }
+}
+
+/// Plain-vector hosts for tests and benchmarks.
+pub mod fake {
+    use super::{Coarse, HostSource};
+
+    #[derive(Clone, Debug)]
+    pub struct FakeHost {
+        pub address: String,
+        pub weight: u32,
+        pub health: Coarse,
+        /// In the priority's healthy list (Envoy would route to it).
+        pub offered: bool,
+        pub locality_zone: Option<String>,
+        /// (namespace, key, value)
+        pub bools: Vec<(String, String, bool)>,
+        pub strings: Vec<(String, String, String)>,
+    }
+
+    impl FakeHost {
+        pub fn new(address: &str) -> FakeHost {
+            FakeHost {
+                address: address.into(),
+                weight: 1,
+                health: Coarse::Healthy,
+                offered: true,
+                locality_zone: None,
+                bools: Vec::new(),
+                strings: Vec::new(),
+            }
+        }
+
+        /// EndpointSlice conditions in `k8s.endpointslice`.
+        pub fn conditions(mut self, ready: bool, serving: bool, terminating: bool) -> FakeHost {
+            for (k, v) in [
+                ("ready", ready),
+                ("serving", serving),
+                ("terminating", terminating),
+            ] {
+                self.bools
+                    .push(("k8s.endpointslice".into(), k.into(), v));
+            }
+            self
+        }
+
+        pub fn weight(mut self, w: u32) -> FakeHost {
+            self.weight = w;
+            self
+        }
+
+        /// Envoy keeps it out of the healthy list (failed check, ejection,
+        /// EDS DRAINING/UNHEALTHY).
+        pub fn not_offered(mut self) -> FakeHost {
+            self.offered = false;
+            self.health = Coarse::Unhealthy;
+            self
+        }
+
+        pub fn zone(mut self, z: &str) -> FakeHost {
+            self.locality_zone = Some(z.into());
+            self
+        }
+    }
+
+    /// Hosts per priority.
+    #[derive(Clone, Debug, Default)]
+    pub struct FakeCluster {
+        pub priorities: Vec<Vec<FakeHost>>,
+    }
+
+    impl FakeCluster {
+        fn host(&self, p: u32, i: usize) -> Option<&FakeHost> {
+            self.priorities.get(p as usize)?.get(i)
+        }
+
+        fn healthy(&self, p: u32) -> impl Iterator<Item = &FakeHost> {
+            self.priorities
+                .get(p as usize)
+                .into_iter()
+                .flatten()
+                .filter(|h| h.offered)
+        }
+    }
+
+    impl HostSource for FakeCluster {
+        fn priority_count(&self) -> usize {
+            self.priorities.len()
+        }
+        fn host_count(&self, p: u32) -> usize {
+            self.priorities.get(p as usize).map_or(0, Vec::len)
+        }
+        fn healthy_count(&self, p: u32) -> usize {
+            self.healthy(p).count()
+        }
+        fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
+            self.healthy(p).nth(i).map(|h| h.address.as_str())
+        }
+        fn address(&self, p: u32, i: usize) -> Option<&str> {
+            // An empty address stands for one Envoy could not give (not UTF-8).
+            self.host(p, i)
+                .map(|h| h.address.as_str())
+                .filter(|a| !a.is_empty())
+        }
+        fn weight(&self, p: u32, i: usize) -> u32 {
+            self.host(p, i).map_or(0, |h| h.weight)
+        }
+        fn health(&self, p: u32, i: usize) -> Coarse {
+            self.host(p, i).map_or(Coarse::Unhealthy, |h| h.health)
+        }
+        fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
+            self.host(p, i)?.locality_zone.as_deref()
+        }
+        fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
+            let h = self.host(p, i)?;
+            h.bools
+                .iter()
+                .rev()
+                .find(|(n, k, _)| n == ns && k == key)
+                .map(|(_, _, v)| *v)
+        }
+        fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
+            let h = self.host(p, i)?;
+            h.strings
+                .iter()
+                .rev()
+                .find(|(n, k, _)| n == ns && k == key)
+                .map(|(_, _, v)| v.as_str())
+        }
+    }
+
+    /// A `FakeCluster` with its healthy lists indexed (O(1) reads, as
+    /// Envoy's are): what the benchmark reads.
+    pub struct Indexed<'a> {
+        cluster: &'a FakeCluster,
+        healthy: Vec<Vec<usize>>,
+    }
+
+    impl<'a> Indexed<'a> {
+        pub fn new(cluster: &'a FakeCluster) -> Indexed<'a> {
+            let healthy = cluster
+                .priorities
+                .iter()
+                .map(|hs| (0..hs.len()).filter(|i| hs[*i].offered).collect())
+                .collect();
+            Indexed { cluster, healthy }
+        }
+    }
+
+    impl HostSource for Indexed<'_> {
+        fn priority_count(&self) -> usize {
+            self.cluster.priority_count()
+        }
+        fn host_count(&self, p: u32) -> usize {
+            self.cluster.host_count(p)
+        }
+        fn healthy_count(&self, p: u32) -> usize {
+            self.healthy.get(p as usize).map_or(0, Vec::len)
+        }
+        fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
+            let at = *self.healthy.get(p as usize)?.get(i)?;
+            self.cluster.address(p, at)
+        }
+        fn address(&self, p: u32, i: usize) -> Option<&str> {
+            self.cluster.address(p, i)
+        }
+        fn weight(&self, p: u32, i: usize) -> u32 {
+            self.cluster.weight(p, i)
+        }
+        fn health(&self, p: u32, i: usize) -> Coarse {
+            self.cluster.health(p, i)
+        }
+        fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
+            self.cluster.locality_zone(p, i)
+        }
+        fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
+            self.cluster.metadata_bool(p, i, ns, key)
+        }
+        fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
+            self.cluster.metadata_str(p, i, ns, key)
+        }
+    }
+
+    /// `n` ready hosts at priority 0 (10.x.y.z:8080), every `healthy_every`-th
+    /// one (when not 0) out of Envoy's healthy list.
+    pub fn big_cluster(n: usize, unhealthy_every: usize) -> FakeCluster {
+        let hosts = (0..n)
+            .map(|i| {
+                let h = FakeHost::new(&format!(
+                    "10.{}.{}.{}:8080",
+                    (i >> 16) & 255,
+                    (i >> 8) & 255,
+                    i & 255
+                ))
+                .conditions(true, true, false)
+                .zone(if i % 3 == 0 { "zone-a" } else { "zone-b" });
+                if unhealthy_every != 0 && i % unhealthy_every == 0 {
+                    h.not_offered()
+                } else {
+                    h
+                }
+            })
+            .collect();
+        FakeCluster {
+            priorities: vec![hosts],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{FakeCluster, FakeHost};
+    use super::*;
+
+    fn cluster(hosts: Vec<FakeHost>) -> FakeCluster {
+        FakeCluster {
+            priorities: vec![hosts],
+        }
+    }
+
+    fn built(c: &FakeCluster) -> Built {
+        build(c, "backend", &SelectionConfig::default())
+    }
+
+    /// Addresses picked over `n` picks (no retries).
+    fn picks(c: &FakeCluster, n: u64) -> Vec<String> {
+        let b = built(c);
+        (0..n)
+            .filter_map(|s| match b.table.choose(s, 0, |_| false) {
+                Choice::Host { slot, .. } => Some(
+                    c.healthy_address(slot.priority, slot.healthy_index as usize)
+                        .unwrap()
+                        .to_string(),
+                ),
+                Choice::NoServing => None,
+            })
+            .collect()
+    }
+
+    const A: &str = "10.0.0.1:80";
+    const B: &str = "10.0.0.2:80";
+    const C: &str = "10.0.0.3:80";
+
+    #[test]
+    fn the_table_rows() {
+        let ready = |a| FakeHost::new(a).conditions(true, true, false);
+        let st = |a| FakeHost::new(a).conditions(false, true, true);
+        let ns = |a| FakeHost::new(a).conditions(false, false, false);
+        let tns = |a| FakeHost::new(a).conditions(false, false, true);
+        assert_eq!(built(&cluster(vec![ready(A)])).table.tier, Tier::Ready);
+        assert_eq!(picks(&cluster(vec![ready(A)]), 3), [A, A, A]);
+        for rows in [vec![ns(A)], vec![tns(A)], vec![]] {
+            let b = built(&cluster(rows));
+            assert_eq!(b.table.tier, Tier::NoServing);
+            assert_eq!(b.table.choose(0, 0, |_| false), Choice::NoServing);
+        }
+        let b = built(&cluster(vec![st(A)]));
+        assert_eq!(b.table.tier, Tier::TerminatingFallback);
+        assert_eq!(picks(&cluster(vec![st(A), ns(B)]), 2), [A, A]);
+        assert_eq!(picks(&cluster(vec![st(A), ready(B)]), 2), [B, B]);
+        assert_eq!(picks(&cluster(vec![tns(A), ready(B)]), 2), [B, B]);
+    }
+
+    #[test]
+    fn answers_index_the_healthy_list() {
+        // A is out of Envoy's healthy list: B is healthy index 0, C index 1.
+        let c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false).not_offered(),
+            FakeHost::new(B).conditions(true, true, false),
+            FakeHost::new(C).conditions(true, true, false),
+        ]);
+        let b = built(&c);
+        let mut seen: Vec<Slot> = (0..4)
+            .filter_map(|s| match b.table.choose(s, 0, |_| false) {
+                Choice::Host { slot, .. } => Some(slot),
+                Choice::NoServing => None,
+            })
+            .collect();
+        seen.sort_by_key(|s| s.healthy_index);
+        seen.dedup();
+        assert_eq!(
+            seen,
+            [
+                Slot {
+                    priority: 0,
+                    healthy_index: 0,
+                    host_index: 1
+                },
+                Slot {
+                    priority: 0,
+                    healthy_index: 1,
+                    host_index: 2
+                }
+            ]
+        );
+        assert_eq!(b.not_offered, [A]);
+    }
+
+    #[test]
+    fn serving_but_not_offered_falls_back_to_terminating() {
+        // Ready A is ejected: terminating B is the only pickable serving host.
+        let c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false).not_offered(),
+            FakeHost::new(B).conditions(false, true, true),
+        ]);
+        let b = built(&c);
+        assert_eq!(b.table.tier, Tier::TerminatingFallback);
+        assert_eq!(picks(&c, 2), [B, B]);
+        assert_eq!(b.not_offered, [A]);
+        // Not serving by metadata and not offered: not counted.
+        let c = cluster(vec![FakeHost::new(A)
+            .conditions(false, false, false)
+            .not_offered()]);
+        assert!(built(&c).not_offered.is_empty());
+        // No metadata, Envoy says unhealthy (EDS UNHEALTHY/DRAINING): not counted.
+        assert!(built(&cluster(vec![FakeHost::new(A).not_offered()]))
+            .not_offered
+            .is_empty());
+    }
+
+    #[test]
+    fn no_metadata_reads_coarse_health() {
+        let c = cluster(vec![FakeHost::new(A), FakeHost::new(B)]);
+        let mut got = picks(&c, 4);
+        got.sort();
+        assert_eq!(got, [A, A, B, B]);
+        // Degraded: Envoy keeps it out of the healthy list; serving by status.
+        let mut d = FakeHost::new(C);
+        d.health = Coarse::Degraded;
+        d.offered = false;
+        let b = built(&cluster(vec![d]));
+        assert_eq!(b.table.tier, Tier::NoServing);
+        assert_eq!(b.not_offered, [C]);
+    }
+
+    #[test]
+    fn lowest_priority_with_a_serving_host() {
+        let c = FakeCluster {
+            priorities: vec![
+                vec![FakeHost::new(A).conditions(false, false, false)],
+                vec![FakeHost::new(B).conditions(true, true, false)],
+            ],
+        };
+        let b = built(&c);
+        match b.table.choose(0, 0, |_| false) {
+            Choice::Host { slot, tier, .. } => {
+                assert_eq!((slot.priority, slot.healthy_index, tier), (1, 0, Tier::Ready))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn weights_and_zone() {
+        let c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false).weight(1),
+            FakeHost::new(B).conditions(true, true, false).weight(3),
+        ]);
+        let got = picks(&c, 400);
+        let b_share = got.iter().filter(|a| *a == B).count() as f64 / 400.0;
+        assert!((b_share - 0.75).abs() < 0.02, "{b_share}");
+
+        let c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false).zone("z1"),
+            FakeHost::new(B).conditions(true, true, false).zone("z2"),
+        ]);
+        let cfg = SelectionConfig {
+            local_zone: Some("z1".into()),
+            ..SelectionConfig::default()
+        };
+        let b = build(&c, "backend", &cfg);
+        assert_eq!(b.table.len(), 1);
+        // The metadata zone wins over the locality's.
+        let mut a = FakeHost::new(A).conditions(true, true, false).zone("z2");
+        a.strings
+            .push(("k8s.endpointslice".into(), "zone".into(), "z1".into()));
+        let c = cluster(vec![a, FakeHost::new(B).conditions(true, true, false).zone("z2")]);
+        let b = build(&c, "backend", &cfg);
+        assert_eq!(b.table.len(), 1);
+        assert_eq!(b.table.choose(0, 0, |_| false), b.table.choose(1, 0, |_| false));
+    }
+
+    #[test]
+    fn retries_move_to_another_host_of_the_tier() {
+        let c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false),
+            FakeHost::new(B).conditions(true, true, false),
+            FakeHost::new(C).conditions(true, true, false),
+        ]);
+        let t = built(&c).table;
+        // Refuse whatever host index 0 is: the pick moves on.
+        for s in 0..6 {
+            match t.choose(s, 3, |slot| slot.host_index == 0) {
+                Choice::Host { slot, moved, .. } => {
+                    assert_ne!(slot.host_index, 0);
+                    assert_eq!(moved, s % 3 == 0);
+                }
+                Choice::NoServing => panic!(),
+            }
+        }
+        // No attempts allowed: the predicate is not even asked.
+        assert!(matches!(
+            t.choose(0, 0, |_| panic!("asked")),
+            Choice::Host { moved: false, .. }
+        ));
+        // A single-host tier stays put.
+        let one = built(&cluster(vec![FakeHost::new(A)])).table;
+        assert!(matches!(
+            one.choose(0, 5, |_| true),
+            Choice::Host { moved: false, .. }
+        ));
+        // Everything refused: bounded, the last one stands.
+        assert!(matches!(t.choose(0, 100, |_| true), Choice::Host { moved: true, .. }));
+    }
+
+    #[test]
+    fn duplicate_addresses_and_unreadable_hosts() {
+        let mut c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false),
+            FakeHost::new(A).conditions(true, true, false).weight(2),
+        ]);
+        let b = built(&c);
+        assert_eq!(b.table.len(), 1);
+        assert_eq!(b.hosts, 2);
+        // A host whose address cannot be read (the fake: an empty one) is
+        // counted and skipped.
+        c.priorities[0].push(FakeHost::new(""));
+        c.priorities[0].push(FakeHost::new(B));
+        let b = built(&c);
+        assert_eq!((b.table.len(), b.unreadable, b.hosts), (2, 1, 4));
+    }
+
+    /// Healthy hosts listed in another order than all hosts: matched by address.
+    struct Reordered(FakeCluster);
+
+    impl HostSource for Reordered {
+        fn priority_count(&self) -> usize {
+            self.0.priority_count()
+        }
+        fn host_count(&self, p: u32) -> usize {
+            self.0.host_count(p)
+        }
+        fn healthy_count(&self, p: u32) -> usize {
+            self.0.healthy_count(p)
+        }
+        fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
+            let n = self.0.healthy_count(p);
+            self.0.healthy_address(p, n.checked_sub(i + 1)?)
+        }
+        fn address(&self, p: u32, i: usize) -> Option<&str> {
+            self.0.address(p, i)
+        }
+        fn weight(&self, p: u32, i: usize) -> u32 {
+            self.0.weight(p, i)
+        }
+        fn health(&self, p: u32, i: usize) -> Coarse {
+            self.0.health(p, i)
+        }
+        fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
+            self.0.locality_zone(p, i)
+        }
+        fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
+            self.0.metadata_bool(p, i, ns, key)
+        }
+        fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
+            self.0.metadata_str(p, i, ns, key)
+        }
+    }
+
+    #[test]
+    fn healthy_list_in_another_order_is_matched_by_address() {
+        let src = Reordered(cluster(vec![
+            FakeHost::new(A).conditions(true, true, false),
+            FakeHost::new(B).conditions(true, true, false).not_offered(),
+            FakeHost::new(C).conditions(false, true, true),
+        ]));
+        // Healthy list (reversed): [C, A]. Ready A is healthy index 1.
+        let b = build(&src, "backend", &SelectionConfig::default());
+        assert_eq!(
+            b.table.choose(0, 0, |_| false),
+            Choice::Host {
+                slot: Slot {
+                    priority: 0,
+                    healthy_index: 1,
+                    host_index: 0
+                },
+                tier: Tier::Ready,
+                moved: false
+            }
+        );
+        assert_eq!(b.not_offered, [B]);
+    }
+
+    #[test]
+    fn ten_thousand_hosts_fit_in_memory_and_pick_in_range() {
+        let c = fake::big_cluster(10_000, 10);
+        let b = built(&c);
+        assert_eq!(b.table.len(), 9_000);
+        assert_eq!(b.not_offered.len(), 1_000);
+        assert!(b.table.heap_bytes() < 2 << 20);
+        for s in 0..20_000 {
+            match b.table.choose(s, 0, |_| false) {
+                Choice::Host { slot, .. } => assert!((slot.healthy_index as usize) < 9_000),
+                Choice::NoServing => panic!(),
+            }
+        }
+    }
+}

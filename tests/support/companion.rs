@@ -1,0 +1,343 @@
+//! The conditions companion in the chain: EndpointSlice files -> the real
+//! `serving-picker-conditions eds` process -> Envoy (EDS over gRPC, ADS or
+//! plain EDS) -> whatever form the EnvoyBuilder loads -> backends.
+//!
+//! Form-agnostic: `eds_from_companion` is a bootstrap hook that points every
+//! EDS cluster of any EnvoyBuilder at the companion; the filter or LB policy
+//! stays the builder's business (`plain_round_robin` swaps the policy for
+//! Envoy's own round robin, for the priority output).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::eds::Endpoint;
+use super::envoy::fresh_dir;
+use super::http;
+use super::ports::free_port;
+use super::tweak::cluster_mut;
+
+/// Name of the bootstrap cluster that reaches the companion.
+pub const XDS_CLUSTER: &str = "serving_picker_conditions";
+/// Namespace of the test Services.
+pub const NAMESPACE: &str = "e2e";
+/// Port name of the test Services.
+pub const PORT_NAME: &str = "http";
+
+/// `SERVING_PICKER_CONDITIONS`, or `<repo>/target/release/serving-picker-conditions`.
+pub fn companion_bin() -> PathBuf {
+    let p = std::env::var_os("SERVING_PICKER_CONDITIONS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/serving-picker-conditions")
+        });
+    if !p.is_file() {
+        panic!(
+            "companion binary not found at {} (SERVING_PICKER_CONDITIONS): run `make build` first",
+            p.display()
+        );
+    }
+    p
+}
+
+/// A JSON EndpointSlice (as kubectl prints it) for one endpoint of the
+/// harness: its conditions (absent ones left nil), zone, port named `http`.
+/// One slice per endpoint, since every test backend has its own port.
+pub fn slice_for(service: &str, ep: &Endpoint) -> Value {
+    let mut conditions = serde_json::Map::new();
+    for (k, v) in [
+        ("ready", &ep.ready),
+        ("serving", &ep.serving),
+        ("terminating", &ep.terminating),
+    ] {
+        if let Some(v) = v {
+            conditions.insert(k.into(), v.clone());
+        }
+    }
+    let mut endpoint = json!({
+        "addresses": [ep.addr.ip().to_string()],
+        "conditions": conditions,
+    });
+    if let Some(z) = &ep.zone {
+        endpoint["zone"] = json!(z);
+    }
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": format!("{service}-{}", ep.addr.port()),
+            "namespace": NAMESPACE,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": if ep.addr.is_ipv4() { "IPv4" } else { "IPv6" },
+        "ports": [{"name": PORT_NAME, "port": ep.addr.port(), "protocol": "TCP"}],
+        "endpoints": [endpoint],
+    })
+}
+
+/// The directory of slice files the companion watches.
+pub struct SliceDir {
+    dir: PathBuf,
+    writes: AtomicU64,
+}
+
+impl SliceDir {
+    pub fn create(dir: &Path) -> SliceDir {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        SliceDir {
+            dir: dir.to_path_buf(),
+            writes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `file` (beside, then renamed into place).
+    pub fn write_raw(&self, file: &str, text: &str) {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst);
+        let tmp = self.dir.join(format!(".{file}.{n}.tmp"));
+        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+        let dst = self.dir.join(file);
+        std::fs::rename(&tmp, &dst)
+            .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), dst.display()));
+    }
+
+    /// `<service>.json`: a kubectl List of the Service's slices, one per endpoint.
+    pub fn set_endpoints(&self, service: &str, endpoints: &[Endpoint]) {
+        let items: Vec<Value> = endpoints.iter().map(|e| slice_for(service, e)).collect();
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+        self.write_raw(&format!("{service}.json"), &list.to_string());
+    }
+}
+
+/// A running companion (`eds` mode over a slice directory).
+pub struct Companion {
+    child: Option<Child>,
+    listen: SocketAddr,
+    metrics: SocketAddr,
+    args: Vec<String>,
+    log: PathBuf,
+    starts: u32,
+}
+
+impl Companion {
+    /// Starts `serving-picker-conditions eds --slices-dir DIR` with one
+    /// `--cluster CLUSTER=e2e/SERVICE:http` per (cluster, service) and
+    /// `extra` arguments; waits for /healthz.
+    pub fn start(slices: &Path, clusters: &[(&str, &str)], extra: &[&str]) -> Companion {
+        let mut args = vec![
+            "eds".to_string(),
+            "--slices-dir".into(),
+            slices.to_string_lossy().into_owned(),
+        ];
+        for (cluster, service) in clusters {
+            args.push("--cluster".into());
+            args.push(format!("{cluster}={NAMESPACE}/{service}:{PORT_NAME}"));
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log_dir = fresh_dir("companion");
+        let mut c = Companion {
+            child: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            metrics: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            args,
+            log: log_dir.join("companion.log"),
+            starts: 0,
+        };
+        c.spawn();
+        c
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.log.display()));
+        let err = log.try_clone().unwrap_or_else(|e| panic!("log clone: {e}"));
+        let child = Command::new(companion_bin())
+            .args(&self.args)
+            .arg("--listen")
+            .arg(self.listen.to_string())
+            .arg("--metrics-listen")
+            .arg(self.metrics.to_string())
+            .env("RUST_LOG", "info,serving_picker_conditions=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn companion: {e}"));
+        self.child = Some(child);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!(
+                        "companion exited at start-up ({status}):\n{}",
+                        self.log_text()
+                    );
+                }
+            }
+            if self.get("/healthz").status == 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "companion /healthz not 200 within 10 s:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// The gRPC address Envoy connects to.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub fn get(&self, path: &str) -> http::Response {
+        http::request(self.metrics, "GET", path, &[], Duration::from_secs(2))
+    }
+
+    /// A metric's value (sum over its label sets when `name` has none).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let r = self.get("/metrics");
+        if r.status != 200 {
+            return None;
+        }
+        let mut total = None;
+        for line in r.body.lines() {
+            let Some((k, v)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let base = k.split('{').next().unwrap_or(k);
+            if k == name || (base == name && !name.contains('{')) {
+                if let Ok(v) = v.parse::<f64>() {
+                    *total.get_or_insert(0.0) += v;
+                }
+            }
+        }
+        total
+    }
+
+    /// SIGKILL, nothing flushed: a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same ports (after `kill`).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+}
+
+impl Drop for Companion {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "\n===== companion (log {}) =====\n{}\n===== end companion =====",
+                self.log.display(),
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+    }
+}
+
+/// How Envoy subscribes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdsApi {
+    /// `eds_config: {ads: {}}` with `dynamic_resources.ads_config`.
+    Ads,
+    /// `eds_config: {api_config_source: {api_type: GRPC ...}}`.
+    Eds,
+}
+
+/// A bootstrap hook: a STATIC HTTP/2 cluster to the companion, and every
+/// EDS cluster's endpoints from it.
+pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, &Path) + 'static {
+    move |bootstrap: &mut Value, _dir: &Path| {
+        let grpc = json!([{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]);
+        let clusters = bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .unwrap_or_else(|| panic!("bootstrap without clusters"));
+        for c in clusters.iter_mut() {
+            if c["type"] == "EDS" {
+                c["eds_cluster_config"]["eds_config"] = match api {
+                    XdsApi::Ads => json!({"resource_api_version": "V3", "ads": {}}),
+                    XdsApi::Eds => json!({"resource_api_version": "V3", "api_config_source": {
+                        "api_type": "GRPC", "transport_api_version": "V3", "grpc_services": grpc
+                    }}),
+                };
+            }
+        }
+        clusters.push(json!({
+            "name": XDS_CLUSTER,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}
+                }
+            },
+            "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {
+                    "address": addr.ip().to_string(), "port_value": addr.port()
+                }}}}
+            ]}]}
+        }));
+        if api == XdsApi::Ads {
+            bootstrap["dynamic_resources"] = json!({"ads_config": {
+                "api_type": "GRPC", "transport_api_version": "V3", "grpc_services": grpc
+            }});
+        }
+    }
+}
+
+/// A bootstrap hook: cluster `name` on Envoy's plain round robin (no
+/// override_host, no module).
+pub fn plain_round_robin(name: &str) -> impl Fn(&mut Value, &Path) + 'static {
+    let name = name.to_string();
+    move |bootstrap: &mut Value, _dir: &Path| {
+        let c = cluster_mut(bootstrap, &name);
+        if let Some(o) = c.as_object_mut() {
+            o.remove("common_lb_config");
+            o.insert(
+                "load_balancing_policy".into(),
+                json!({"policies": [{"typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.round_robin",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
+                }}]}),
+            );
+        }
+    }
+}
