@@ -6,7 +6,7 @@
 //! Envoy's main thread) is not asked for.
 
 use crate::config::PluginConfig;
-use crate::narrow::{moved_clusters, KnownClusters, Scope};
+use crate::narrow::{hosts_moved, moved_clusters, KnownClusters, Scope};
 
 /// What to do with this poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +128,15 @@ impl ChangeGate {
         match (&self.recorded, &self.pending) {
             (Some(last), Some(now)) => moved_clusters(&last.body, &now.body, known),
             _ => Scope::All("no earlier stats to compare"),
+        }
+    }
+
+    /// After a `StatsMoved` verdict: whether more than config-update counters
+    /// moved (see `narrow::hosts_moved`).
+    pub fn hosts_moved(&self) -> bool {
+        match (&self.recorded, &self.pending) {
+            (Some(last), Some(now)) => hosts_moved(&last.body, &now.body),
+            _ => true,
         }
     }
 

@@ -117,6 +117,32 @@ pub fn moved_clusters(before: &[u8], after: &[u8], known: &KnownClusters) -> Sco
     Scope::Only(clusters)
 }
 
+/// Whether the stats that moved between two answers may mean a host change
+/// that only `/clusters` shows: membership, health checks, ejections, or a
+/// config update of a cluster with active health checks (those keep a host
+/// that left EDS while it passes them: `pending_dynamic_removal`, which the
+/// dump does not show). A DNS cluster's resolutions, every few seconds, move
+/// only `update_success` of a cluster without checks: nothing to read there.
+/// Answers that cannot be compared may mean anything.
+pub fn hosts_moved(before: &[u8], after: &[u8]) -> bool {
+    let (Some(old), Some(new)) = (stat_lines(before), stat_lines(after)) else {
+        return true;
+    };
+    let checked = |prefix: &str| {
+        new.iter()
+            .any(|(name, _)| name.strip_prefix(prefix) == Some("health_check.healthy"))
+    };
+    moved_lines(&old, &new).iter().any(|stat| {
+        match stat
+            .strip_suffix("update_success")
+            .or_else(|| stat.strip_suffix("update_empty"))
+        {
+            Some(prefix) => checked(prefix),
+            None => true,
+        }
+    })
+}
+
 /// Whether fetching only `asked` saves much: not when their hosts are most
 /// of the view's (one big cluster of 10,000 hosts costs the same either way,
 /// and only a full refresh restarts the periodic timer).
@@ -249,6 +275,23 @@ mod tests {
             listed_as: &lookup,
         };
         moved_clusters(before, after, &known)
+    }
+
+    #[test]
+    fn config_updates_move_hosts_only_in_checked_clusters() {
+        let dns = b"cluster.dns.update_success: 8\ncluster.eds.membership_total: 2\n";
+        let before = b"cluster.dns.update_success: 7\ncluster.eds.membership_total: 2\n";
+        assert!(!hosts_moved(before, dns));
+        // An EDS push to a cluster with active checks may leave a host
+        // pending removal that only `/clusters` shows.
+        let checked = b"cluster.eds.health_check.healthy: 2\ncluster.eds.update_success: 4\n";
+        let pushed = b"cluster.eds.health_check.healthy: 2\ncluster.eds.update_success: 5\n";
+        assert!(hosts_moved(checked, pushed));
+        let removal = b"cluster.dns.update_success: 7\ncluster.eds.membership_total: 1\n";
+        assert!(hosts_moved(before, removal));
+        let ejected = b"cluster.dns.update_success: 7\ncluster.eds.membership_total: 2\ncluster.eds.outlier_detection.ejections_active: 1\n";
+        assert!(hosts_moved(before, ejected), "a line that comes counts");
+        assert!(hosts_moved(b"b: 1\na: 1\n", b"b: 1\na: 1\n"), "unsorted: cannot tell");
     }
 
     fn only(list: &[&str]) -> Scope {

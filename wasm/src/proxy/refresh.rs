@@ -98,7 +98,8 @@ pub struct Refresher {
     last_live: Option<LiveHealth>,
     /// How long the last complete full refresh took end to end (admin rendering included).
     last_took_ms: u64,
-    /// The refresh under way follows moved stats (not the first or periodic one).
+    /// The refresh under way follows moved membership or health stats (not
+    /// the first or periodic one, nor config-update counters alone).
     stats_moved: bool,
 }
 
@@ -313,7 +314,10 @@ impl Refresher {
                 match decision.verdict {
                     Verdict::Skip => Outcome::Skipped,
                     Verdict::Fetch(reason) => {
-                        self.stats_moved = reason == Reason::StatsMoved;
+                        // Only DNS resolutions or EDS pushes counted: nothing
+                        // for `/clusters` to explain if the dump stays put.
+                        self.stats_moved =
+                            reason == Reason::StatsMoved && self.gate.hosts_moved();
                         let narrowed = self.narrowing(config, reason);
                         if narrowed.is_none() && !self.full_allowed(now_ms) {
                             // Too soon for the whole dump: the next poll asks again.
