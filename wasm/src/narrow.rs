@@ -291,7 +291,10 @@ mod tests {
         assert!(hosts_moved(before, removal));
         let ejected = b"cluster.dns.update_success: 7\ncluster.eds.membership_total: 2\ncluster.eds.outlier_detection.ejections_active: 1\n";
         assert!(hosts_moved(before, ejected), "a line that comes counts");
-        assert!(hosts_moved(b"b: 1\na: 1\n", b"b: 1\na: 1\n"), "unsorted: cannot tell");
+        assert!(
+            hosts_moved(b"b: 1\na: 1\n", b"b: 1\na: 1\n"),
+            "unsorted: cannot tell"
+        );
     }
 
     fn only(list: &[&str]) -> Scope {

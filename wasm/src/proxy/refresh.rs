@@ -314,10 +314,9 @@ impl Refresher {
                 match decision.verdict {
                     Verdict::Skip => Outcome::Skipped,
                     Verdict::Fetch(reason) => {
-                        // Only DNS resolutions or EDS pushes counted: nothing
-                        // for `/clusters` to explain if the dump stays put.
-                        self.stats_moved =
-                            reason == Reason::StatsMoved && self.gate.hosts_moved();
+                        // A DNS cluster's resolutions leave nothing for
+                        // `/clusters` to explain (`narrow::hosts_moved`).
+                        self.stats_moved = reason == Reason::StatsMoved && self.gate.hosts_moved();
                         let narrowed = self.narrowing(config, reason);
                         if narrowed.is_none() && !self.full_allowed(now_ms) {
                             // Too soon for the whole dump: the next poll asks again.
