@@ -28,7 +28,7 @@ export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
-SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml $(wildcard examples/*.yaml)
+SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml $(wildcard examples/*.yaml)
 # Envoy finds the native module (`dynamic_module_config: {name: serving_picker}`) as
 # lib<name>.so in this directory: validate, run and the tests set it.
 export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
@@ -117,7 +117,7 @@ soak: build envoy
 fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p serving-picker-wasm --test prop_parsing -- --nocapture
 
-bench: bench-native bench-e2e bench-scale
+bench: bench-native bench-e2e bench-scale bench-conditions
 
 bench-native:
 	cargo bench -p serving-picker-native --bench table
@@ -145,3 +145,10 @@ bench-e2e: build envoy
 .PHONY: bench-scale
 bench-scale: build envoy
 	bash benches/scale/run.sh
+
+# The conditions companion at 10,000 endpoints in 100 EndpointSlices: slice change -> pushed
+# assignment in process (p50/p99), index and publisher memory, and with a real Envoy the time
+# from a slice file renamed to Envoy updated, and push -> ACK (conditions/benches/scale.rs).
+.PHONY: bench-conditions
+bench-conditions: build envoy
+	cargo bench -p serving-picker-conditions --bench scale

@@ -2,6 +2,9 @@
 # The demo: three backends and two Envoys in front of them, one per form of serving-picker:
 #   wasm filter (envoy.yaml)          listener 10000, admin 9901
 #   native module (envoy-native.yaml) listener 10001, admin 9902
+# and the companion chain: slice files (.run/slices/web.yaml) -> serving-picker-conditions
+# (xDS on 18000, metrics on 9102) -> a plain Envoy with both forms (envoy-companion.yaml)
+#                                   listener 10002, admin 9903
 # Uses `func-e run` when func-e is on PATH, else the Envoy in .venv. The native Envoy finds
 # libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the Makefile sets it to the
 # build's release directory; default here: target/release).
@@ -22,6 +25,11 @@ trap stop EXIT
 trap 'exit 130' INT TERM
 python3 scripts/demo-backends.py pod-a=18081 pod-b=18082 pod-c=18083 &
 pids+=($!)
+scripts/demo-slices.sh .run/slices
+"${SERVING_PICKER_CONDITIONS:-target/release/serving-picker-conditions}" eds \
+  --listen 127.0.0.1:18000 --metrics-listen 127.0.0.1:9102 --slices-dir .run/slices \
+  --cluster backend=demo/web:http --cluster backend-native=demo/web:http &
+pids+=($!)
 cat <<'MSG'
 serving-picker demo, both forms in front of the same three pods:
   wasm filter    Envoy on http://127.0.0.1:10000, admin on http://127.0.0.1:9901 (envoy.yaml)
@@ -35,6 +43,10 @@ Try: curl -s localhost:10000/            (answers pod-a, through the wasm filter
      curl -s -H 'x-gateway-destination-endpoint: 127.0.0.1:18083' localhost:10000/   (still pod-a)
      curl -s localhost:9901/stats | grep serving_picker    (wasmcustom.serving_picker.*)
      curl -s localhost:9902/stats | grep serving_picker    (dynamicmodulescustom.serving_picker.*)
+Companion chain: .run/slices/web.yaml -> serving-picker-conditions -> Envoy on :10002
+     curl -s localhost:10002/ ; curl -s localhost:10002/native/   (pod-a: wasm / native form)
+     edit .run/slices/web.yaml (pod-a ready: false, serving: false) -> both answer pod-b
+     curl -s localhost:9102/metrics | grep serving_picker_conditions
 Ctrl-C stops everything.
 MSG
 run_envoy() { # config, extra args...
@@ -50,4 +62,5 @@ run_envoy() { # config, extra args...
 # Two Envoys on one machine: the second needs its own base id (shared memory) under func-e.
 run_envoy envoy.yaml --component-log-level wasm:info
 run_envoy envoy-native.yaml --base-id 1 --component-log-level dynamic_modules:info
+run_envoy envoy-companion.yaml --base-id 2 --component-log-level wasm:info
 wait -n

@@ -3,7 +3,8 @@
 //! real `serving-picker-conditions eds` pushes EDS to a real Envoy 1.40, and
 //! a steady load (8 keep-alive clients, 800 req/s in total) runs through it.
 //!
-//! Twice: with the wasm form (conditions as metadata), and with the
+//! Three times: with the wasm form and the native form (conditions as
+//! metadata), and with the
 //! companion's priority output and Envoy's plain round robin (no module).
 //! Both with envoy.yaml's retry policy and outlier detection. Asserted for
 //! both: no failed request over the whole walk; B never reached before it is
@@ -28,24 +29,27 @@ const PATH: &str = "/backend/soak";
 const GRACE: Duration = Duration::from_millis(500);
 const PHASE: Duration = Duration::from_millis(1000);
 
+/// How Envoy picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Form {
-    Wasm,
+enum Picker {
+    /// serving-picker in this form.
+    Module(Form),
+    /// No module, Envoy's round robin, with the companion's `--priorities`.
     PlainRoundRobin,
 }
 
-fn walk_one_replica(form: Form) {
+fn walk_one_replica(picker: Picker) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let slices = SliceDir::create(&fresh_dir("soak-slices"));
     slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
-    let extra: &[&str] = match form {
-        Form::Wasm => &[],
-        Form::PlainRoundRobin => &["--priorities"],
+    let extra: &[&str] = match picker {
+        Picker::Module(_) => &[],
+        Picker::PlainRoundRobin => &["--priorities"],
     };
     let companion = Companion::start(slices.path(), &[(CLUSTER, SERVICE)], extra);
     let mut builder = EnvoyBuilder::new()
-        .tag(&format!("companion-soak-{form:?}"))
+        .tag(&format!("companion-soak-{picker:?}"))
         .eds_cluster(CLUSTER, &[])
         .retry_policy(envoy_yaml_retry_policy())
         .bootstrap_hook(merge_cluster(
@@ -53,21 +57,22 @@ fn walk_one_replica(form: Form) {
             json!({"outlier_detection": envoy_yaml_outlier_detection()}),
         ))
         .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Ads));
-    if form == Form::PlainRoundRobin {
-        builder = builder
+    builder = match picker {
+        Picker::Module(form) => builder.form(form),
+        Picker::PlainRoundRobin => builder
             .with_filter(None)
-            .bootstrap_hook(plain_round_robin(CLUSTER));
-    }
+            .bootstrap_hook(plain_round_robin(CLUSTER)),
+    };
     let envoy = builder.start();
-    match form {
-        Form::Wasm => settle(
+    match picker {
+        Picker::Module(Form::Wasm) => settle(
             &envoy,
             PATH,
             &[],
             "filter routes to A",
             filter_routed_to(&a),
         ),
-        Form::PlainRoundRobin => settle(&envoy, PATH, &[], "A serves", served_by(&a)),
+        _ => settle(&envoy, PATH, &[], "A serves", served_by(&a)),
     }
     let load = Load::start(
         envoy.listen_addr(),
@@ -123,11 +128,11 @@ fn walk_one_replica(form: Form) {
     step("A removed", &[Endpoint::serving(b.addr())]);
     std::thread::sleep(PHASE);
     let report = load.finish();
-    let title = format!("one-replica update through the companion, {form:?}");
+    let title = format!("one-replica update through the companion, {picker:?}");
     let table = report.phase_table(&title);
     println!("{table}");
     println!(
-        "companion-soak-summary | {form:?} | requests {} | failures {} | {:.0} req/s",
+        "companion-soak-summary | {picker:?} | requests {} | failures {} | {:.0} req/s",
         report.requests(),
         report.failures(),
         report.rate()
@@ -163,10 +168,15 @@ fn walk_one_replica(form: Form) {
 
 #[test]
 fn soak_one_replica_update_wasm_form() {
-    walk_one_replica(Form::Wasm);
+    walk_one_replica(Picker::Module(Form::Wasm));
+}
+
+#[test]
+fn soak_one_replica_update_native_form() {
+    walk_one_replica(Picker::Module(Form::Native));
 }
 
 #[test]
 fn soak_one_replica_update_priority_output_plain_round_robin() {
-    walk_one_replica(Form::PlainRoundRobin);
+    walk_one_replica(Picker::PlainRoundRobin);
 }

@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+// Only the module and Envoy paths are used here.
+#[allow(unused_imports)]
 mod support;
 
 use std::collections::BTreeSet;

@@ -49,7 +49,8 @@
 #   BENCH_CONNECTIONS    wrk connections, throughput phase  (default 32)
 #   BENCH_THREADS        wrk threads, throughput phase      (default 1)
 #   BENCH_LAT_DURATION   wrk -t1 -c1 duration, latency phase (default 5s)
-#   BENCH_ROUNDS         rounds of the three configs        (default 3)
+#   BENCH_ROUNDS         rounds of the configs              (default 3)
+#   BENCH_CONFIGS        the configs measured               (default "plain native noop serving-picker")
 #   BENCH_WORKDIR        generated configs, logs, raw output (default .run/bench-e2e)
 #   BENCH_NOISY_PCT      "other" load (share of one core) above which a run is marked noisy (default 15)
 #   BENCH_PROBE, BENCH_PROBE_PATH, BENCH_STACK, BENCH_DECOMPOSE  diagnostic configs, described below
@@ -89,8 +90,9 @@ FRONT_PORT=21000
 FRONT_ADMIN=21901
 BACKEND_ADMIN=21900
 BACKEND_PORTS=(21081 21082 21083)
-# native sits next to plain (its pair), noop next to serving-picker (theirs).
-CONFIGS=(plain native noop serving-picker)
+# native sits next to plain (its pair), noop next to serving-picker (theirs). BENCH_CONFIGS: a
+# subset in that order (e.g. "plain native" for T3 alone; figures of absent configs print n/a).
+read -r -a CONFIGS <<<"${BENCH_CONFIGS:-plain native noop serving-picker}"
 # The host-call probe (BENCH_PROBE=N, off by default): two more configs, the no-op filter making N
 # `xds.cluster_name` reads or N header replaces per request (serving-picker makes one of each), so
 # that the cost of one call stands out of the noise: (cpu us/req - noop's) / N, paired per round.
@@ -700,8 +702,9 @@ results_table() {
   printf '%-16s %8s %9s %9s %9s %9s %12s %11s %12s\n' config "req/s" "p50 us" "p99 us" "vs plain" "vs noop" "p50-noop us" "cpu us/req" "cpu-noop us"
   for c in "${CONFIGS[@]}"; do
     awk -v c="$c" -v r="${RPS[$c]}" -v p50="${P50[$c]}" -v p99="${P99[$c]}" -v cpu="${CPU[$c]}" \
-        -v rp="${RPS[plain]}" -v rn="${RPS[noop]}" -v pn="${P50[noop]}" -v cn="${CPU[noop]}" 'BEGIN {
-      printf "%-16s %8.0f %9.1f %9.1f %9.3f %9.3f %+12.1f %11.2f %+12.2f\n", c, r, p50, p99, r / rp, r / rn, p50 - pn, cpu, cpu - cn
+        -v rp="${RPS[plain]:-0}" -v rn="${RPS[noop]:-0}" -v pn="${P50[noop]:-0}" -v cn="${CPU[noop]:-0}" 'BEGIN {
+      # (a config left out by BENCH_CONFIGS: its ratios print as 0)
+      printf "%-16s %8.0f %9.1f %9.1f %9.3f %9.3f %+12.1f %11.2f %+12.2f\n", c, r, p50, p99, (rp + 0 ? r / rp : 0), (rn + 0 ? r / rn : 0), p50 - pn, cpu, cpu - cn
     }'
   done
 }

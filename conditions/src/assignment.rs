@@ -12,6 +12,10 @@
 //! priority-0 host is healthy: plain round robin then follows KEP-1672.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+
+use prost::encoding::{encode_key, encode_varint, WireType};
+use prost::Message;
 
 use envoy_types::pb::envoy::config::core::v3::{
     address, socket_address, Address, HealthStatus, Locality, Metadata, SocketAddress,
@@ -53,7 +57,7 @@ fn value(v: &MetadataValue) -> Value {
     Value {
         kind: Some(match v {
             MetadataValue::Bool(b) => Kind::BoolValue(*b),
-            MetadataValue::Str(s) => Kind::StringValue(s.clone()),
+            MetadataValue::Str(s) => Kind::StringValue(s.to_string()),
         }),
     }
 }
@@ -149,6 +153,134 @@ pub fn cluster_load_assignment(
     }
 }
 
+/// Encodes assignments straight to protobuf bytes, keeping each endpoint's
+/// encoded lb_endpoint while the endpoint does not change: a change to one
+/// slice of a 10,000-endpoint Service re-encodes only its endpoints and
+/// copies the others' bytes once. The bytes decode to exactly what
+/// `cluster_load_assignment` builds.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    cache: BTreeMap<SocketAddr, Cached>,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Cached {
+    endpoint: Endpoint,
+    priority: u32,
+    bytes: Vec<u8>,
+    seen: u64,
+}
+
+fn field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+fn push_field(buf: &mut Vec<u8>, tag: u32, len: usize) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
+    /// Takes the cluster's endpoints (sorted by address); true when the
+    /// assignment they make differs from the last one.
+    pub fn update(&mut self, endpoints: &[Endpoint], out: &Output) -> bool {
+        self.generation += 1;
+        let generation = self.generation;
+        let mut changed = false;
+        let mut kept = 0usize;
+        for ep in endpoints {
+            let priority = if out.priorities {
+                match ep.conditions.priority() {
+                    Some(p) => p,
+                    None => continue,
+                }
+            } else {
+                0
+            };
+            kept += 1;
+            match self.cache.get_mut(&ep.addr) {
+                Some(c) if c.endpoint == *ep => c.seen = generation,
+                _ => {
+                    changed = true;
+                    self.cache.insert(
+                        ep.addr,
+                        Cached {
+                            endpoint: ep.clone(),
+                            priority,
+                            bytes: lb_endpoint(ep, out).encode_to_vec(),
+                            seen: generation,
+                        },
+                    );
+                }
+            }
+        }
+        if self.cache.len() != kept {
+            changed = true;
+            self.cache.retain(|_, c| c.seen == generation);
+        }
+        changed
+    }
+
+    /// The encoded ClusterLoadAssignment of the endpoints last taken.
+    pub fn assemble(&self, cluster_name: &str, out: &Output) -> Vec<u8> {
+        // Groups by (priority, zone), each in address order, as
+        // `cluster_load_assignment` makes them.
+        let mut groups: BTreeMap<(u32, &str), (Vec<u8>, usize, Vec<&[u8]>)> = BTreeMap::new();
+        for c in self.cache.values() {
+            let zone = c.endpoint.zone.as_deref().unwrap_or("");
+            let g = groups.entry((c.priority, zone)).or_insert_with(|| {
+                let head = LocalityLbEndpoints {
+                    locality: (!zone.is_empty()).then(|| Locality {
+                        zone: zone.to_string(),
+                        ..Default::default()
+                    }),
+                    priority: c.priority,
+                    ..Default::default()
+                }
+                .encode_to_vec();
+                let len = head.len();
+                (head, len, Vec::new())
+            });
+            g.1 += field_len(c.bytes.len());
+            g.2.push(&c.bytes);
+        }
+        let shell = ClusterLoadAssignment {
+            cluster_name: cluster_name.to_string(),
+            policy: out.priorities.then(|| Policy {
+                overprovisioning_factor: Some(UInt32Value {
+                    value: OVERPROVISIONING_FACTOR,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let total = shell.len() + groups.values().map(|g| field_len(g.1)).sum::<usize>();
+        let mut cla = Vec::with_capacity(total);
+        cla.extend_from_slice(&shell);
+        for (head, len, lbs) in groups.into_values() {
+            push_field(&mut cla, 2, len);
+            cla.extend_from_slice(&head);
+            for lb in lbs {
+                push_field(&mut cla, 2, lb.len());
+                cla.extend_from_slice(lb);
+            }
+        }
+        cla
+    }
+
+    /// `update` then `assemble`.
+    pub fn encode(&mut self, cluster_name: &str, endpoints: &[Endpoint], out: &Output) -> Vec<u8> {
+        self.update(endpoints, out);
+        self.assemble(cluster_name, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -169,10 +301,10 @@ mod tests {
                 serving,
                 terminating,
             },
-            zone: zone.map(str::to_string),
+            zone: zone.map(Into::into),
             node_name: Some("node-1".into()),
-            hints_zones: vec!["z1".into(), "z2".into()],
-            hints_nodes: vec![],
+            hints_zones: Some("z1,z2".into()),
+            hints_nodes: None,
         }
     }
 
@@ -252,6 +384,51 @@ mod tests {
         assert_eq!(
             zones,
             vec![(0, "".into(), 1), (0, "z1".into(), 1), (0, "z2".into(), 1)]
+        );
+    }
+
+    #[test]
+    fn encoder_bytes_decode_to_the_built_assignment_across_changes() {
+        for priorities in [false, true] {
+            let out = Output {
+                priorities,
+                ..Output::default()
+            };
+            let mut eps = vec![
+                ep("10.0.0.1:80", true, true, false, Some("z2")),
+                ep("10.0.0.2:80", false, true, true, Some("z1")),
+                ep("10.0.0.3:80", false, false, false, None),
+                ep("10.0.0.4:80", true, true, false, None),
+            ];
+            let mut enc = Encoder::new();
+            for step in 0..4 {
+                let bytes = enc.encode("backend", &eps, &out);
+                let decoded = ClusterLoadAssignment::decode(bytes.as_slice()).unwrap();
+                assert_eq!(
+                    decoded,
+                    cluster_load_assignment("backend", &eps, &out),
+                    "step {step}, priorities {priorities}"
+                );
+                // Change one endpoint, drop one, add one.
+                eps[step % 3].conditions.serving = !eps[step % 3].conditions.serving;
+                eps.pop();
+                eps.push(ep(
+                    &format!("10.0.1.{step}:80"),
+                    true,
+                    true,
+                    false,
+                    Some("z1"),
+                ));
+            }
+            assert!(enc.cache.len() <= eps.len());
+            // Nothing changed: update says so.
+            enc.encode("backend", &eps, &out);
+            assert!(!enc.update(&eps, &out));
+        }
+        let empty = Encoder::new().encode("backend", &[], &Output::default());
+        assert_eq!(
+            ClusterLoadAssignment::decode(empty.as_slice()).unwrap(),
+            cluster_load_assignment("backend", &[], &Output::default())
         );
     }
 

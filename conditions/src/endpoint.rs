@@ -8,6 +8,7 @@
 //! `terminating` is false.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use crate::slice::SliceEndpoint;
 
@@ -75,10 +76,12 @@ pub enum Health {
 pub struct Endpoint {
     pub addr: SocketAddr,
     pub conditions: Conditions,
-    pub zone: Option<String>,
-    pub node_name: Option<String>,
-    pub hints_zones: Vec<String>,
-    pub hints_nodes: Vec<String>,
+    pub zone: Option<Arc<str>>,
+    pub node_name: Option<Arc<str>>,
+    /// Comma-separated zone hints; `None` without.
+    pub hints_zones: Option<Arc<str>>,
+    /// Comma-separated node hints; `None` without.
+    pub hints_nodes: Option<Arc<str>>,
 }
 
 impl Endpoint {
@@ -103,23 +106,15 @@ impl Endpoint {
             ("serving", MetadataValue::Bool(c.serving)),
             ("terminating", MetadataValue::Bool(c.terminating)),
         ];
-        if let Some(z) = &self.zone {
-            v.push(("zone", MetadataValue::Str(z.clone())));
-        }
-        if let Some(n) = &self.node_name {
-            v.push(("node_name", MetadataValue::Str(n.clone())));
-        }
-        if !self.hints_zones.is_empty() {
-            v.push((
-                "hints_zones",
-                MetadataValue::Str(self.hints_zones.join(",")),
-            ));
-        }
-        if !self.hints_nodes.is_empty() {
-            v.push((
-                "hints_nodes",
-                MetadataValue::Str(self.hints_nodes.join(",")),
-            ));
+        for (key, value) in [
+            ("zone", &self.zone),
+            ("node_name", &self.node_name),
+            ("hints_zones", &self.hints_zones),
+            ("hints_nodes", &self.hints_nodes),
+        ] {
+            if let Some(s) = value {
+                v.push((key, MetadataValue::Str(s.clone())));
+            }
         }
         v
     }
@@ -129,7 +124,7 @@ impl Endpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetadataValue {
     Bool(bool),
-    Str(String),
+    Str(Arc<str>),
 }
 
 #[cfg(test)]
@@ -145,8 +140,8 @@ mod tests {
             terminating,
             zone: None,
             node_name: None,
-            hints_zones: vec![],
-            hints_nodes: vec![],
+            hints_zones: None,
+            hints_nodes: None,
         }
     }
 
@@ -212,8 +207,8 @@ mod tests {
         assert_eq!(keys, vec!["ready", "serving", "terminating"]);
         e.zone = Some("z1".into());
         e.node_name = Some("n1".into());
-        e.hints_zones = vec!["z1".into(), "z2".into()];
-        e.hints_nodes = vec!["n1".into()];
+        e.hints_zones = crate::slice::joined(["z1", "z2"].into_iter());
+        e.hints_nodes = crate::slice::joined(["n1"].into_iter());
         let f = e.metadata_fields();
         assert_eq!(f[3], ("zone", MetadataValue::Str("z1".into())));
         assert_eq!(f[4], ("node_name", MetadataValue::Str("n1".into())));

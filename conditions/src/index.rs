@@ -225,10 +225,10 @@ mod tests {
             ready: Some(ready),
             serving: Some(serving),
             terminating: Some(terminating),
-            zone: Some(format!("zone-of-{ip}")),
+            zone: Some(format!("zone-of-{ip}").into()),
             node_name: None,
-            hints_zones: vec![],
-            hints_nodes: vec![],
+            hints_zones: None,
+            hints_nodes: None,
         }
     }
 

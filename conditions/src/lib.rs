@@ -13,11 +13,14 @@
 //! - `publish`: applies updates, publishes snapshots (never half built).
 //! - `eds`: the xDS protocol per stream, and the gRPC services.
 //! - `metrics`: Prometheus, `/healthz`, `/readyz`.
+//! - `envoy_gateway`: mode `envoy-gateway`, Envoy Gateway's PostEndpointsModify
+//!   hook answered from the index.
 
 pub mod assignment;
 pub mod cluster;
 pub mod eds;
 pub mod endpoint;
+pub mod envoy_gateway;
 pub mod index;
 pub mod metrics;
 pub mod publish;

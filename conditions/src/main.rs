@@ -4,6 +4,10 @@
 //! [--cluster ...] [--slices-dir DIR]`: an xDS (EDS/ADS) server; without
 //! `--slices-dir` it watches the Kubernetes API (in-cluster config, or
 //! KUBECONFIG / ~/.kube/config).
+//!
+//! `serving-picker-conditions envoy-gateway --listen ADDR:PORT [--manage SELECTOR]
+//! [--slices-dir DIR] [--priorities]`: Envoy Gateway's PostEndpointsModify hook
+//! (`envoy_gateway`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +58,8 @@ enum Family {
 enum Command {
     /// Serve EDS (gRPC, state of the world, ADS or plain EDS) to Envoy.
     Eds(EdsArgs),
+    /// Answer Envoy Gateway's PostEndpointsModify hook (an EG extension server).
+    EnvoyGateway(serving_picker_conditions::envoy_gateway::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -225,6 +231,9 @@ fn main() -> std::process::ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Command::Eds(args) => run_eds(args).await,
+            Command::EnvoyGateway(args) => {
+                serving_picker_conditions::envoy_gateway::run(args, shutdown_signal()).await
+            }
         }
     });
     match result {

@@ -134,6 +134,12 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// For a mode's own metrics, registered before the Metrics is shared
+    /// (`envoy_gateway::service::HookMetrics`).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     pub fn watch_event(&self, kind: &'static str) {
         self.watch_events.get_or_create(&vec![("kind", kind)]).inc();
     }

@@ -11,12 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::google::protobuf::Any;
-use prost::Message;
 use tokio::sync::{mpsc, watch};
 
-use crate::assignment::{cluster_load_assignment, Output, CLA_TYPE_URL};
+use crate::assignment::{Encoder, Output, CLA_TYPE_URL};
 use crate::cluster::ClusterSpec;
-use crate::endpoint::Endpoint;
 use crate::index::{Index, IpFamily};
 use crate::metrics::Metrics;
 use crate::slice::{ServiceKey, Slice, SliceKey};
@@ -88,7 +86,7 @@ pub struct Publisher {
     by_service: HashMap<ServiceKey, Vec<usize>>,
     family: IpFamily,
     output: Output,
-    views: HashMap<String, Vec<Endpoint>>,
+    encoders: HashMap<String, Encoder>,
     resources: BTreeMap<String, Arc<Resource>>,
     boot: String,
     counter: u64,
@@ -111,7 +109,7 @@ impl Publisher {
             by_service,
             family,
             output,
-            views: HashMap::new(),
+            encoders: HashMap::new(),
             resources: BTreeMap::new(),
             boot: boot.to_string(),
             counter: 0,
@@ -174,24 +172,24 @@ impl Publisher {
         let endpoints = self
             .index
             .endpoints(&spec.service, &spec.port_name, self.family);
-        if self.resources.contains_key(&spec.name) && self.views.get(&spec.name) == Some(&endpoints)
-        {
+        let encoder = self.encoders.entry(spec.name.clone()).or_default();
+        let changed = encoder.update(&endpoints, &self.output);
+        if !changed && self.resources.contains_key(&spec.name) {
             return false;
         }
-        let cla = cluster_load_assignment(&spec.name, &endpoints, &self.output);
+        let value = encoder.assemble(&spec.name, &self.output);
         self.counter += 1;
         let resource = Resource {
             name: spec.name.clone(),
             version: self.counter,
             any: Any {
                 type_url: CLA_TYPE_URL.to_string(),
-                value: cla.encode_to_vec(),
+                value,
             },
             endpoints: endpoints.len(),
             changed_at,
         };
         self.resources.insert(spec.name.clone(), Arc::new(resource));
-        self.views.insert(spec.name.clone(), endpoints);
         true
     }
 
@@ -249,6 +247,7 @@ mod tests {
     use super::*;
     use crate::slice::{AddressType, SliceEndpoint, SlicePort};
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use prost::Message;
 
     fn spec(name: &str, svc: &str) -> ClusterSpec {
         format!("{name}=ns/{svc}:http").parse().unwrap()
@@ -278,8 +277,8 @@ mod tests {
                     terminating: None,
                     zone: None,
                     node_name: None,
-                    hints_zones: vec![],
-                    hints_nodes: vec![],
+                    hints_zones: None,
+                    hints_nodes: None,
                 })
                 .collect(),
         }

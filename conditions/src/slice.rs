@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1 as discovery;
 
@@ -62,10 +63,18 @@ pub struct SliceEndpoint {
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    pub zone: Option<String>,
-    pub node_name: Option<String>,
-    pub hints_zones: Vec<String>,
-    pub hints_nodes: Vec<String>,
+    pub zone: Option<Arc<str>>,
+    pub node_name: Option<Arc<str>>,
+    /// `hints.forZones[].name`, comma-separated; `None` without hints.
+    pub hints_zones: Option<Arc<str>>,
+    /// `hints.forNodes[].name`, comma-separated; `None` without hints.
+    pub hints_nodes: Option<Arc<str>>,
+}
+
+/// Names joined with ",", `None` when there are none.
+pub fn joined<'a>(names: impl Iterator<Item = &'a str>) -> Option<Arc<str>> {
+    let v: Vec<&str> = names.filter(|n| !n.is_empty()).collect();
+    (!v.is_empty()).then(|| Arc::from(v.join(",")))
 }
 
 /// One EndpointSlice.
@@ -179,16 +188,26 @@ impl Slice {
                 ready: conditions.and_then(|c| c.ready),
                 serving: conditions.and_then(|c| c.serving),
                 terminating: conditions.and_then(|c| c.terminating),
-                zone: ep.zone.clone().filter(|z| !z.is_empty()),
-                node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
-                hints_zones: hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .map(|v| v.iter().map(|z| z.name.clone()).collect())
-                    .unwrap_or_default(),
-                hints_nodes: hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .map(|v| v.iter().map(|n| n.name.clone()).collect())
-                    .unwrap_or_default(),
+                zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(Arc::from),
+                node_name: ep
+                    .node_name
+                    .as_deref()
+                    .filter(|n| !n.is_empty())
+                    .map(Arc::from),
+                hints_zones: joined(
+                    hints
+                        .and_then(|h| h.for_zones.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .map(|z| z.name.as_str()),
+                ),
+                hints_nodes: joined(
+                    hints
+                        .and_then(|h| h.for_nodes.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .map(|n| n.name.as_str()),
+                ),
             });
         }
         Ok((
@@ -243,8 +262,9 @@ mod tests {
             (e.ready, e.serving, e.terminating),
             (Some(true), None, None)
         );
-        assert_eq!(e.hints_zones, vec!["z1"]);
-        assert_eq!(e.hints_nodes, vec!["n1"]);
+        assert_eq!(e.hints_zones.as_deref(), Some("z1"));
+        assert_eq!(e.hints_nodes.as_deref(), Some("n1"));
+        assert_eq!(s.endpoints[1].hints_zones, None);
         assert_eq!(s.endpoints[1].ready, None);
     }
 

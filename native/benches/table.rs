@@ -21,7 +21,8 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed) + layout.size() as isize;
+        let live =
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed) + layout.size() as isize;
         PEAK.fetch_max(live.max(0) as usize, Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
@@ -41,7 +42,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     println!("native table (no Envoy): rebuild, heap, pick");
-    println!("{:>7} {:>12} {:>12} {:>14} {:>14} {:>10}", "hosts", "rebuild ms", "(zone) ms", "table heap KB", "peak build KB", "pick ns");
+    println!(
+        "{:>7} {:>12} {:>12} {:>14} {:>14} {:>10}",
+        "hosts", "rebuild ms", "(zone) ms", "table heap KB", "peak build KB", "pick ns"
+    );
     for n in [3usize, 100, 1_000, 10_000] {
         let owned = fake::big_cluster(n, 10);
         let cluster = fake::Indexed::new(&owned);
@@ -99,7 +103,12 @@ fn main() {
     for (i, h) in cluster.priorities[0].iter_mut().enumerate() {
         h.weight = 1 + (i % 7) as u32;
     }
-    let table = build(&fake::Indexed::new(&cluster), "backend", &SelectionConfig::default()).table;
+    let table = build(
+        &fake::Indexed::new(&cluster),
+        "backend",
+        &SelectionConfig::default(),
+    )
+    .table;
     let picks = 10_000_000u64;
     let t = Instant::now();
     let mut acc = 0u64;

@@ -180,6 +180,32 @@ extern "C" {
     ) -> c_int;
 }
 
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    // libc (not Envoy): the calling thread's CPU time.
+    fn clock_gettime(clock: c_int, out: *mut Timespec) -> c_int;
+}
+
+/// The calling thread's CPU time in microseconds (0 if unavailable): what a
+/// rebuild costs the thread, apart from waiting for a core.
+pub fn thread_cpu_micros() -> u64 {
+    const CLOCK_THREAD_CPUTIME_ID: c_int = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec.max(0) as u64) * 1_000_000 + (ts.tv_nsec.max(0) as u64) / 1_000
+}
+
 /// Logs through Envoy's logger (component `dynamic_modules`).
 pub fn log(level: c_int, message: &str) {
     // SAFETY: the buffer points into `message`, alive for the call.

@@ -90,11 +90,27 @@ mod tests {
     #[test]
     fn refusals_name_the_key() {
         for (raw, key, says) in [
-            (r#"{"local_zone_min_share": 2}"#, "local_zone_min_share", "outside"),
+            (
+                r#"{"local_zone_min_share": 2}"#,
+                "local_zone_min_share",
+                "outside",
+            ),
             (r#"{"local_zone": ""}"#, "local_zone", "empty"),
-            (r#"{"metadata_namespace": 7}"#, "metadata_namespace", "invalid type"),
-            (r#"{"refresh_interval_ms": 100}"#, "refresh_interval_ms", "wasm filter only"),
-            (r#"{"on_no_serving": "reject"}"#, "on_no_serving", "wasm filter only"),
+            (
+                r#"{"metadata_namespace": 7}"#,
+                "metadata_namespace",
+                "invalid type",
+            ),
+            (
+                r#"{"refresh_interval_ms": 100}"#,
+                "refresh_interval_ms",
+                "wasm filter only",
+            ),
+            (
+                r#"{"on_no_serving": "reject"}"#,
+                "on_no_serving",
+                "wasm filter only",
+            ),
             (r#"{"bogus": 1}"#, "bogus", "unknown key"),
         ] {
             let e = parse(raw.as_bytes()).unwrap_err();

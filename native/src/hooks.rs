@@ -143,8 +143,10 @@ impl LbInstance {
     fn rebuild(&self, lb: Lb, why: &str) {
         let cfg = self.config();
         let start = Instant::now();
+        let cpu_start = abi::thread_cpu_micros();
         let built = table::build(&EnvoyHosts(lb), &self.cluster, &cfg.config.selection);
         let micros = start.elapsed().as_micros() as u64;
+        let cpu_micros = abi::thread_cpu_micros().saturating_sub(cpu_start);
         cfg.count(Metric::Rebuilds, 1);
         let (tier, picks) = (built.table.tier, built.table.len());
         match self.state.try_borrow_mut() {
@@ -202,7 +204,7 @@ impl LbInstance {
             abi::log(
                 abi::LOG_DEBUG,
                 &format!(
-                    "serving_picker: cluster {}: rebuilt ({why}): tier {}, {picks} pickable of {} hosts, {} serving but not offered, {micros} us",
+                    "serving_picker: cluster {}: rebuilt ({why}): tier {}, {picks} pickable of {} hosts, {} serving but not offered, {micros} us ({cpu_micros} us CPU)",
                     self.cluster,
                     tier.name(),
                     built.hosts,
@@ -263,7 +265,10 @@ pub extern "C" fn envoy_dynamic_module_on_lb_config_new(
 ) -> *const c_void {
     guarded("on_lb_config_new", std::ptr::null(), || {
         let Some(envoy) = ConfigHandle::new(config_envoy) else {
-            abi::log(abi::LOG_ERROR, "serving_picker: no config object from Envoy");
+            abi::log(
+                abi::LOG_ERROR,
+                "serving_picker: no config object from Envoy",
+            );
             return std::ptr::null();
         };
         // SAFETY: Envoy's buffers are valid for this call.
@@ -390,8 +395,12 @@ pub extern "C" fn envoy_dynamic_module_on_lb_on_host_membership_update(
     })
 }
 
+/// # Safety
+/// Envoy passes its load balancer, this module's instance from lb_new, the
+/// request's context (or null) and two writable `u32` slots (checked for
+/// null here).
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_lb_choose_host(
+pub unsafe extern "C" fn envoy_dynamic_module_on_lb_choose_host(
     lb_envoy: *mut c_void,
     lb_module: *const c_void,
     context: *mut c_void,

@@ -118,12 +118,20 @@ fn healthy_indexes(src: &impl HostSource, p: u32, hosts: &[Option<&str>]) -> Vec
     let healthy = src.healthy_count(p).min(u32::MAX as usize);
     let mut out = vec![None; hosts.len()];
     let mut h = 0usize;
-    let mut next = if healthy > 0 { src.healthy_address(p, 0) } else { None };
+    let mut next = if healthy > 0 {
+        src.healthy_address(p, 0)
+    } else {
+        None
+    };
     for (i, addr) in hosts.iter().enumerate() {
         if h < healthy && addr.is_some() && *addr == next {
             out[i] = Some(h as u32);
             h += 1;
-            next = if h < healthy { src.healthy_address(p, h) } else { None };
+            next = if h < healthy {
+                src.healthy_address(p, h)
+            } else {
+                None
+            };
         }
     }
     if h == healthy {
@@ -372,8 +380,7 @@ pub mod fake {
                 ("serving", serving),
                 ("terminating", terminating),
             ] {
-                self.bools
-                    .push(("k8s.endpointslice".into(), k.into(), v));
+                self.bools.push(("k8s.endpointslice".into(), k.into(), v));
             }
             self
         }
@@ -678,7 +685,10 @@ mod tests {
         let b = built(&c);
         match b.table.choose(0, 0, |_| false) {
             Choice::Host { slot, tier, .. } => {
-                assert_eq!((slot.priority, slot.healthy_index, tier), (1, 0, Tier::Ready))
+                assert_eq!(
+                    (slot.priority, slot.healthy_index, tier),
+                    (1, 0, Tier::Ready)
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -708,10 +718,16 @@ mod tests {
         let mut a = FakeHost::new(A).conditions(true, true, false).zone("z2");
         a.strings
             .push(("k8s.endpointslice".into(), "zone".into(), "z1".into()));
-        let c = cluster(vec![a, FakeHost::new(B).conditions(true, true, false).zone("z2")]);
+        let c = cluster(vec![
+            a,
+            FakeHost::new(B).conditions(true, true, false).zone("z2"),
+        ]);
         let b = build(&c, "backend", &cfg);
         assert_eq!(b.table.len(), 1);
-        assert_eq!(b.table.choose(0, 0, |_| false), b.table.choose(1, 0, |_| false));
+        assert_eq!(
+            b.table.choose(0, 0, |_| false),
+            b.table.choose(1, 0, |_| false)
+        );
     }
 
     #[test]
@@ -744,7 +760,10 @@ mod tests {
             Choice::Host { moved: false, .. }
         ));
         // Everything refused: bounded, the last one stands.
-        assert!(matches!(t.choose(0, 100, |_| true), Choice::Host { moved: true, .. }));
+        assert!(matches!(
+            t.choose(0, 100, |_| true),
+            Choice::Host { moved: true, .. }
+        ));
     }
 
     #[test]

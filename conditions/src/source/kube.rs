@@ -115,7 +115,18 @@ pub async fn run<B: Backoff + 'static>(
     metrics: Arc<Metrics>,
     backoff: B,
 ) {
-    let sel = selection(clusters);
+    run_selection(client, selection(clusters), updates, metrics, backoff).await
+}
+
+/// Watches the slices `sel` selects (an empty selector: all of them), as
+/// `run` does; the `envoy-gateway` mode's `--manage`.
+pub async fn run_selection<B: Backoff + 'static>(
+    client: Client,
+    sel: Selection,
+    updates: mpsc::Sender<Update>,
+    metrics: Arc<Metrics>,
+    backoff: B,
+) {
     let api: Api<EndpointSlice> = match &sel.namespace {
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),
@@ -125,7 +136,11 @@ pub async fn run<B: Backoff + 'static>(
         selector = %sel.label_selector,
         "watching EndpointSlices"
     );
-    let config = watcher::Config::default().labels(&sel.label_selector);
+    let config = if sel.label_selector.is_empty() {
+        watcher::Config::default()
+    } else {
+        watcher::Config::default().labels(&sel.label_selector)
+    };
     let mut stream = watcher::watcher(api, config).backoff(backoff).boxed();
     let mut listing: Option<Vec<crate::slice::Slice>> = None;
     while let Some(item) = stream.next().await {

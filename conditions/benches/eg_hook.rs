@@ -1,0 +1,232 @@
+//! Cost of one PostEndpointsModify call on a 1,000-endpoint assignment (the
+//! issue's target: < 2 ms), as Envoy Gateway >= 1.6 sends it: one
+//! backendRef, 1,000 endpoints in 10 EndpointSlices of 100, a rolling
+//! update's mix of conditions (90% ready, 5% serving+terminating, 5% not
+//! serving).
+//!
+//! 1. `hook::modify` alone (index lookups, metadata and health written);
+//! 2. the service's answer without the network: the request's bytes
+//!    decoded, modified, encoded (what a call costs the companion);
+//!    also with the priority output, and for an unmanaged assignment (echo);
+//! 3. a gRPC round trip on loopback (tonic client and server, one core
+//!    each at most), as EG would see it.
+//!
+//! Prints p50 / p99 / mean; asserts nothing about time.
+//! `cargo bench -p serving-picker-conditions --bench eg_hook`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message;
+use serving_picker_conditions::assignment::Output;
+use serving_picker_conditions::envoy_gateway::apply_updates;
+use serving_picker_conditions::envoy_gateway::eg_shape::{
+    eg_draining, rule_assignments, BackendRef, EgEndpoint,
+};
+use serving_picker_conditions::envoy_gateway::hook;
+use serving_picker_conditions::envoy_gateway::proto::{
+    EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
+};
+use serving_picker_conditions::envoy_gateway::service::{
+    HookConfig, HookMetrics, HookService, Shared,
+};
+use serving_picker_conditions::index::Index;
+use serving_picker_conditions::publish::{Change, Update};
+use serving_picker_conditions::slice::{ServiceKey, Slice};
+
+const ENDPOINTS: usize = 1000;
+const PER_SLICE: usize = 100;
+
+fn cond(i: usize) -> (bool, bool, bool) {
+    match i % 20 {
+        0 => (false, true, true),   // serving+terminating
+        1 => (false, false, false), // not serving (new pod)
+        _ => (true, true, false),
+    }
+}
+
+fn ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 1, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+fn slices(service: &str) -> Vec<Slice> {
+    (0..ENDPOINTS / PER_SLICE)
+        .map(|s| {
+            let eps: Vec<serde_json::Value> = (s * PER_SLICE..(s + 1) * PER_SLICE)
+                .map(|i| {
+                    let (r, sv, t) = cond(i);
+                    serde_json::json!({
+                        "addresses": [ip(i).to_string()], "zone": format!("zone-{}", i % 3),
+                        "nodeName": format!("node-{}", i % 50),
+                        "conditions": {"ready": r, "serving": sv, "terminating": t}
+                    })
+                })
+                .collect();
+            let obj = serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{service}-{s}"), "namespace": "shop",
+                             "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": eps,
+            });
+            Slice::from_k8s(&serde_json::from_value(obj).unwrap())
+                .unwrap()
+                .0
+        })
+        .collect()
+}
+
+fn eg_cla(service: &str) -> Vec<u8> {
+    let r = BackendRef {
+        service: ServiceKey {
+            namespace: "shop".into(),
+            name: service.into(),
+        },
+        port: 80,
+        weight: None,
+        endpoints: (0..ENDPOINTS)
+            .map(|i| {
+                let (r, s, t) = cond(i);
+                EgEndpoint {
+                    addr: SocketAddr::new(ip(i).into(), 8080),
+                    draining: eg_draining(Some(r), Some(s), Some(t)),
+                    zone: None,
+                }
+            })
+            .collect(),
+    };
+    rule_assignments("shop", "app", 0, &[r], false)
+        .remove(0)
+        .encode_to_vec()
+}
+
+fn report(what: &str, mut t: Vec<Duration>) {
+    t.sort();
+    let n = t.len();
+    let mean = t.iter().sum::<Duration>() / n as u32;
+    println!(
+        "{what:<58} p50 {:>8.1} us  p99 {:>8.1} us  mean {:>8.1} us  (n={n})",
+        t[n / 2].as_secs_f64() * 1e6,
+        t[(n * 99 / 100).min(n - 1)].as_secs_f64() * 1e6,
+        mean.as_secs_f64() * 1e6
+    );
+}
+
+fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    for _ in 0..n / 10 {
+        f();
+    }
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect()
+}
+
+fn service(priorities: bool) -> HookService {
+    let shared = Arc::new(Shared::default());
+    apply_updates(&shared, vec![Update::now(Change::Replace(slices("web")))]);
+    let mut config = HookConfig::default();
+    config.output.priorities = priorities;
+    let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
+    HookService::new(shared, config, None, metrics)
+}
+
+fn main() {
+    let n = 2000;
+    let cla_bytes = eg_cla("web");
+    println!(
+        "PostEndpointsModify, {ENDPOINTS} endpoints in {} slices; EG's assignment {} bytes",
+        ENDPOINTS / PER_SLICE,
+        cla_bytes.len()
+    );
+
+    let mut ix = Index::new();
+    ix.replace(slices("web"));
+    let decoded = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        cla_bytes.as_slice(),
+    )
+    .unwrap();
+    let out = Output::default();
+    let trusted = BTreeSet::new();
+    let mut answer_len = 0;
+    report(
+        "hook::modify (decoded assignment in, modified out)",
+        time(n, || {
+            let mut c = decoded.clone();
+            let a = hook::modify(&mut c, &ix, &trusted, &out);
+            assert_eq!(a.annotated, ENDPOINTS);
+            answer_len = c.encoded_len();
+        }),
+    );
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let request = |bytes: &[u8]| RawPostEndpointsModifyRequest {
+        load_assignment: Some(Bytes::copy_from_slice(bytes)),
+        post_endpoints_context: Some(Bytes::new()),
+    };
+    for (what, priorities) in [
+        ("answer: decode + modify + encode", false),
+        ("answer: decode + modify + encode, --priorities", true),
+    ] {
+        let svc = service(priorities);
+        report(
+            what,
+            time(n, || {
+                let r = rt.block_on(svc.answer(request(&cla_bytes)));
+                assert!(r.load_assignment.is_some());
+            }),
+        );
+    }
+    let other = eg_cla("other");
+    let svc = service(false);
+    report(
+        "answer: unmanaged (decode, echo EG's bytes)",
+        time(n, || {
+            let r = rt.block_on(svc.answer(request(&other)));
+            assert_eq!(r.load_assignment.as_deref(), Some(other.as_slice()));
+        }),
+    );
+    println!("answer size: {answer_len} bytes (EG's + conditions metadata)");
+
+    // 3. Over gRPC on loopback.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(EnvoyGatewayExtensionServer::new(service(false)))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = rt
+        .block_on(EnvoyGatewayExtensionClient::connect(format!(
+            "http://{addr}"
+        )))
+        .unwrap();
+    report(
+        "gRPC round trip on loopback (client + server)",
+        time(n / 2, || {
+            let mut c = client.clone();
+            let r = rt
+                .block_on(c.post_endpoints_modify_raw(request(&cla_bytes)))
+                .unwrap();
+            assert!(r.load_assignment.is_some());
+        }),
+    );
+}

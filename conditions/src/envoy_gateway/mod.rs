@@ -1,0 +1,237 @@
+//! Mode `envoy-gateway`: an Envoy Gateway extension server implementing
+//! the PostEndpointsModify hook (EG >= 1.8) from the companion's index.
+//!
+//! ```text
+//! source (kube API | files) --Update--> Shared index <--read-- PostEndpointsModify (tonic) <-- Envoy Gateway
+//!                                            ^------ bounded re-read of one Service on a doubt
+//! ```
+//!
+//! - `proto`: EG's extension service (hand-written against
+//!   `conditions/proto/extension/service.proto`), server and client.
+//! - `naming`: EG's locality metadata -> the Service.
+//! - `hook`: the pure function, assignment in -> assignment out.
+//! - `service`: the gRPC service over it (re-reads, metrics).
+//! - `eg_shape`: what EG >= 1.6 sends (for tests, benchmarks, clients).
+//!
+//! **Which clusters are managed.** Those whose localities name a Service
+//! selected by `--manage`, a label selector on EndpointSlices; default
+//! `serving-picker.io/conditions=true`. The EndpointSlice controller copies
+//! a Service's labels onto its slices (`setEndpointSliceLabels`, all but its
+//! reserved keys; annotations are not copied), so labelling the Service is
+//! enough, and the API server does the selecting: the companion lists and
+//! watches only managed slices, needs no Service or route access (RBAC:
+//! list/watch endpointslices), and "managed" is "has slices in the index".
+//! Opt-in on purpose: a managed cluster's terminating pods become HEALTHY
+//! with their conditions in metadata, which only serving-picker (either
+//! form) or the priority output turns into the right choice; Envoy's own
+//! balancer would spread load over them. `--manage ''` selects every
+//! Service. With `--slices-dir`, every Service in the directory is managed
+//! (the files carry the selection; `--manage` is refused there).
+
+pub mod eg_shape;
+pub mod hook;
+pub mod naming;
+pub mod proto;
+pub mod service;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+
+use crate::assignment::Output;
+use crate::metrics::{self, Metrics};
+use crate::publish::{Change, Update};
+use crate::source;
+use service::{FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared};
+
+/// The default `--manage` selector.
+pub const DEFAULT_MANAGE_SELECTOR: &str = "serving-picker.io/conditions=true";
+
+/// `serving-picker-conditions envoy-gateway` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// gRPC listen address for Envoy Gateway's extension manager.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// Label selector of managed Services' EndpointSlices (slices carry
+    /// their Service's labels). Default: serving-picker.io/conditions=true;
+    /// '' for every Service. Not with --slices-dir.
+    #[arg(long, value_name = "SELECTOR")]
+    pub manage: Option<String>,
+    /// Read EndpointSlices from this directory of kubectl YAML/JSON files
+    /// (watched) instead of the Kubernetes API; every Service in it is managed.
+    #[arg(long, value_name = "DIR")]
+    pub slices_dir: Option<PathBuf>,
+    /// Priority output for Envoys without serving-picker: ready endpoints at
+    /// priority 0, serving+terminating at 1, not serving left out.
+    #[arg(long)]
+    pub priorities: bool,
+    /// Metrics (/metrics), /healthz and /readyz listen address.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
+    pub metrics_listen: SocketAddr,
+    /// filter_metadata namespace of the conditions.
+    #[arg(long, default_value = serving_picker_core::config::DEFAULT_METADATA_NAMESPACE)]
+    pub metadata_namespace: String,
+    /// Bound on re-reading a Service's slices when the index and Envoy
+    /// Gateway disagree (EG waits for the answer without a deadline).
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub reread_timeout_ms: u64,
+    /// Largest request accepted (EG's maxMessageSize, default 4M, must not exceed it).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    pub max_message_size: usize,
+}
+
+/// Applies a batch of source updates to the shared index; true once ready.
+pub fn apply_updates(shared: &Shared, updates: Vec<Update>) -> bool {
+    let mut index = shared.write();
+    for u in updates {
+        match u.change {
+            Change::Apply(s) => {
+                index.apply(s);
+            }
+            Change::Delete(k) => {
+                index.delete(&k);
+            }
+            Change::Replace(all) => {
+                index.replace(all);
+                shared.ready.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+    shared.ready.load(Ordering::SeqCst)
+}
+
+async fn consume(shared: Arc<Shared>, mut updates: mpsc::Receiver<Update>, metrics: Arc<Metrics>) {
+    while let Some(first) = updates.recv().await {
+        let mut batch = vec![first];
+        while let Ok(more) = updates.try_recv() {
+            batch.push(more);
+        }
+        let n = batch.len();
+        let started = Instant::now();
+        let was_ready = shared.ready.load(Ordering::SeqCst);
+        let ready = apply_updates(&shared, batch);
+        let index = shared.index.read().unwrap_or_else(|p| p.into_inner());
+        metrics.applied(n, &index, ready, started.elapsed());
+        if ready && !was_ready {
+            tracing::info!(
+                slices = index.slice_count(),
+                endpoints = index.endpoint_count(),
+                "first full list of EndpointSlices in: answering hook calls from the index"
+            );
+        }
+    }
+}
+
+/// Runs the mode until `shutdown`.
+pub async fn run(
+    args: Args,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    if args.slices_dir.is_some() && args.manage.is_some() {
+        anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
+    }
+    let selector = args
+        .manage
+        .clone()
+        .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
+    let mut metrics = Metrics::new();
+    let hook_metrics = HookMetrics::register(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
+    let grpc = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen {}", args.listen))?;
+    let http = metrics::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("--metrics-listen {}", args.metrics_listen))?;
+    tracing::info!(
+        listen = %args.listen,
+        metrics = %args.metrics_listen,
+        manage = %args.slices_dir.as_ref().map(|_| "every Service in the directory".to_string()).unwrap_or_else(|| selector.clone()),
+        priorities = args.priorities,
+        source = %args.slices_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "kubernetes".into()),
+        "serving-picker-conditions envoy-gateway starting"
+    );
+
+    let shared = Arc::new(Shared::default());
+    let (updates_tx, updates_rx) = mpsc::channel(1024);
+    tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
+    tokio::spawn(metrics::serve(http, metrics.clone()));
+
+    let source_metrics = metrics.clone();
+    let (mut source_task, reread): (tokio::task::JoinHandle<anyhow::Result<()>>, Arc<dyn Reread>) =
+        match args.slices_dir.clone() {
+            Some(dir) => {
+                let reread = Arc::new(FilesReread::new(dir.clone(), metrics.clone()));
+                (
+                    tokio::spawn(async move {
+                        source::files::run(dir, updates_tx, source_metrics).await
+                    }),
+                    reread,
+                )
+            }
+            None => {
+                let client = kube::Client::try_default()
+                    .await
+                    .context("Kubernetes client (in-cluster config, KUBECONFIG or ~/.kube/config); use --slices-dir for files")?;
+                let sel = source::kube::Selection {
+                    namespace: None,
+                    label_selector: selector.clone(),
+                };
+                let watch_client = client.clone();
+                (
+                    tokio::spawn(async move {
+                        source::kube::run_selection(
+                            watch_client,
+                            sel,
+                            updates_tx,
+                            source_metrics,
+                            source::kube::ExpBackoff::default(),
+                        )
+                        .await;
+                        Ok(())
+                    }),
+                    Arc::new(KubeReread { client, selector }),
+                )
+            }
+        };
+
+    let config = HookConfig {
+        output: Output {
+            metadata_namespace: args.metadata_namespace.clone(),
+            priorities: args.priorities,
+        },
+        reread_timeout: Duration::from_millis(args.reread_timeout_ms),
+        ..HookConfig::default()
+    };
+    let hook = HookService::new(shared, config, Some(reread), hook_metrics);
+    let svc = proto::EnvoyGatewayExtensionServer::new(hook)
+        .max_decoding_message_size(args.max_message_size)
+        .max_encoding_message_size(usize::MAX);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, shutdown);
+    tokio::select! {
+        r = server => {
+            r.context("extension server")?;
+            tracing::info!("shutting down");
+        }
+        r = &mut source_task => {
+            match r {
+                Ok(Ok(())) => anyhow::bail!("the EndpointSlice source ended"),
+                Ok(Err(e)) => return Err(e),
+                Err(e) => anyhow::bail!("the EndpointSlice source failed: {e}"),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! The PostEndpointsModify service: thin over `hook::modify`, plus what
+//! needs I/O: the bounded re-read of a Service's slices when the index and
+//! EG disagree, metrics and logs.
+//!
+//! Per call:
+//! 1. Before the first full list of slices, or when the assignment does not
+//!    decode: EG's bytes back, untouched.
+//! 2. `hook::modify` with the index. Nothing managed: EG's bytes back,
+//!    untouched (byte-identical, not a re-encoding).
+//! 3. Doubts (an endpoint the index lacks, or conditions EG's health
+//!    contradicts): the Services concerned are re-read from the source
+//!    (Kubernetes API list, or the slice directory), all together within
+//!    `reread_timeout` (EG sets no deadline of its own and waits, holding
+//!    up its whole translation, so the bound is ours: 500 ms by default).
+//!    Each Service is re-read at most once per `reread_min_interval` (1 s);
+//!    a successful re-read within that interval counts as fresh, and the
+//!    index then settles disagreements (it was just read from the source).
+//!    The assignment is then modified again from EG's bytes.
+//! 4. Re-read failed or timed out: the first answer stands (doubtful
+//!    endpoints as EG sent them).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use prost::Message;
+
+use super::hook::{self, Answer};
+use super::proto::{
+    PostEndpointsModify, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
+};
+use crate::assignment::Output;
+use crate::index::Index;
+use crate::metrics::Metrics;
+use crate::slice::{ServiceKey, Slice, SliceKey};
+
+/// The index the source fills and the hook reads.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub index: RwLock<Index>,
+    /// Set once the first full list is in.
+    pub ready: AtomicBool,
+}
+
+impl Shared {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Makes the index's slices of `service` exactly `slices`.
+pub fn replace_service(index: &mut Index, service: &ServiceKey, slices: Vec<Slice>) {
+    let keep: BTreeSet<SliceKey> = slices.iter().map(|s| s.key.clone()).collect();
+    let gone: Vec<SliceKey> = index
+        .slices_of(service)
+        .map(|s| s.key.clone())
+        .filter(|k| !keep.contains(k))
+        .collect();
+    for k in gone {
+        index.delete(&k);
+    }
+    for s in slices {
+        index.apply(s);
+    }
+}
+
+/// Reads one Service's slices from the source, now.
+#[tonic::async_trait]
+pub trait Reread: Send + Sync + 'static {
+    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String>;
+}
+
+/// From the Kubernetes API: a list of the Service's slices (a quorum read)
+/// with the `--manage` selector (a Service no longer selected has none).
+pub struct KubeReread {
+    pub client: kube::Client,
+    pub selector: String,
+}
+
+#[tonic::async_trait]
+impl Reread for KubeReread {
+    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String> {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let api: kube::Api<EndpointSlice> =
+            kube::Api::namespaced(self.client.clone(), &service.namespace);
+        let mut sel = format!("{}={}", crate::slice::SERVICE_NAME_LABEL, service.name);
+        if !self.selector.is_empty() {
+            sel.push(',');
+            sel.push_str(&self.selector);
+        }
+        let list = api
+            .list(&kube::api::ListParams::default().labels(&sel))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|o| crate::source::read_slice(o, "api (re-read)"))
+            .filter(|s| s.service == *service)
+            .collect())
+    }
+}
+
+/// From the slice directory: a rescan (a malformed file keeps its last good
+/// content, as in the watcher).
+pub struct FilesReread {
+    dir: Arc<Mutex<crate::source::files::Directory>>,
+}
+
+impl FilesReread {
+    pub fn new(dir: PathBuf, metrics: Arc<Metrics>) -> FilesReread {
+        let mut d = crate::source::files::Directory::new(&dir, metrics);
+        if let Err(e) = d.scan() {
+            tracing::warn!(dir = %dir.display(), error = %e, "slice directory: first scan for re-reads failed");
+        }
+        FilesReread {
+            dir: Arc::new(Mutex::new(d)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Reread for FilesReread {
+    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String> {
+        let dir = self.dir.clone();
+        let service = service.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut d = dir.lock().unwrap_or_else(|p| p.into_inner());
+            d.scan().map_err(|e| e.to_string())?;
+            Ok(d.slices()
+                .into_iter()
+                .filter(|s| s.service == service)
+                .collect())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+}
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// The hook's metrics (prefix `serving_picker_conditions_eg_`).
+#[derive(Clone)]
+pub struct HookMetrics {
+    calls: Family<Labels, Counter>,
+    endpoints: Family<Labels, Counter>,
+    rereads: Family<Labels, Counter>,
+    seconds: Histogram,
+    reread_seconds: Histogram,
+}
+
+impl HookMetrics {
+    pub fn register(registry: &mut Registry) -> HookMetrics {
+        let m = HookMetrics {
+            // 20 us .. ~5 s.
+            seconds: Histogram::new(exponential_buckets(0.000_02, 2.0, 18)),
+            reread_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 12)),
+            calls: Family::default(),
+            endpoints: Family::default(),
+            rereads: Family::default(),
+        };
+        registry.register(
+            "eg_hook_calls",
+            "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable)",
+            m.calls.clone(),
+        );
+        registry.register(
+            "eg_hook_endpoints",
+            "Endpoints of managed assignments, by outcome (annotated, unknown, disagreed, overruled, dropped)",
+            m.endpoints.clone(),
+        );
+        registry.register(
+            "eg_rereads",
+            "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout)",
+            m.rereads.clone(),
+        );
+        registry.register(
+            "eg_hook_seconds",
+            "Time to answer one PostEndpointsModify call",
+            m.seconds.clone(),
+        );
+        registry.register(
+            "eg_reread_seconds",
+            "Time of one re-read round (all the Services in doubt of a call)",
+            m.reread_seconds.clone(),
+        );
+        m
+    }
+
+    fn call(&self, result: &'static str) {
+        self.calls.get_or_create(&vec![("result", result)]).inc();
+    }
+
+    fn endpoints(&self, outcome: &'static str, n: usize) {
+        if n > 0 {
+            self.endpoints
+                .get_or_create(&vec![("outcome", outcome)])
+                .inc_by(n as u64);
+        }
+    }
+
+    fn reread(&self, result: &'static str) {
+        self.rereads.get_or_create(&vec![("result", result)]).inc();
+    }
+}
+
+/// Knobs of the hook.
+#[derive(Clone, Debug)]
+pub struct HookConfig {
+    pub output: Output,
+    pub reread_timeout: Duration,
+    pub reread_min_interval: Duration,
+}
+
+impl Default for HookConfig {
+    fn default() -> Self {
+        HookConfig {
+            output: Output::default(),
+            reread_timeout: Duration::from_millis(500),
+            reread_min_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The PostEndpointsModify implementation.
+pub struct HookService {
+    shared: Arc<Shared>,
+    config: HookConfig,
+    reread: Option<Arc<dyn Reread>>,
+    /// When each Service was last re-read (attempted; succeeded).
+    attempted: Mutex<HashMap<ServiceKey, Instant>>,
+    succeeded: Mutex<HashMap<ServiceKey, Instant>>,
+    metrics: HookMetrics,
+}
+
+fn recent(
+    map: &Mutex<HashMap<ServiceKey, Instant>>,
+    now: Instant,
+    within: Duration,
+) -> BTreeSet<ServiceKey> {
+    let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+    m.retain(|_, t| now.duration_since(*t) < within);
+    m.keys().cloned().collect()
+}
+
+fn mark(map: &Mutex<HashMap<ServiceKey, Instant>>, services: &BTreeSet<ServiceKey>, now: Instant) {
+    let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+    for s in services {
+        m.insert(s.clone(), now);
+    }
+}
+
+impl HookService {
+    pub fn new(
+        shared: Arc<Shared>,
+        config: HookConfig,
+        reread: Option<Arc<dyn Reread>>,
+        metrics: HookMetrics,
+    ) -> HookService {
+        HookService {
+            shared,
+            config,
+            reread,
+            attempted: Mutex::new(HashMap::new()),
+            succeeded: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    fn modify(
+        &self,
+        bytes: &[u8],
+        trusted: &BTreeSet<ServiceKey>,
+    ) -> Option<(ClusterLoadAssignment, Answer)> {
+        let mut cla = ClusterLoadAssignment::decode(bytes).ok()?;
+        let answer = hook::modify(&mut cla, &self.shared.read(), trusted, &self.config.output);
+        Some((cla, answer))
+    }
+
+    /// Re-reads `services` within the timeout; returns those re-read.
+    async fn reread(&self, services: BTreeSet<ServiceKey>) -> BTreeSet<ServiceKey> {
+        let Some(source) = self.reread.clone() else {
+            return BTreeSet::new();
+        };
+        let now = Instant::now();
+        mark(&self.attempted, &services, now);
+        let reads = services.iter().map(|s| {
+            let source = source.clone();
+            async move { (s.clone(), source.reread(s).await) }
+        });
+        let results =
+            tokio::time::timeout(self.config.reread_timeout, futures::future::join_all(reads))
+                .await;
+        self.metrics
+            .reread_seconds
+            .observe(now.elapsed().as_secs_f64());
+        let Ok(results) = results else {
+            self.metrics.reread("timeout");
+            tracing::warn!(
+                services = ?services.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                timeout_ms = self.config.reread_timeout.as_millis() as u64,
+                "re-read of EndpointSlices timed out: doubtful endpoints keep Envoy Gateway's health"
+            );
+            return BTreeSet::new();
+        };
+        let mut done = BTreeSet::new();
+        let mut index = self.shared.write();
+        for (service, r) in results {
+            match r {
+                Ok(slices) => {
+                    self.metrics.reread("ok");
+                    tracing::info!(service = %service, slices = slices.len(), "re-read a Service's EndpointSlices on a doubt");
+                    replace_service(&mut index, &service, slices);
+                    done.insert(service);
+                }
+                Err(e) => {
+                    self.metrics.reread("error");
+                    tracing::warn!(service = %service, error = %e, "re-read of EndpointSlices failed: doubtful endpoints keep Envoy Gateway's health");
+                }
+            }
+        }
+        drop(index);
+        mark(&self.succeeded, &done, now);
+        done
+    }
+
+    /// One call: EG's request -> the answer.
+    pub async fn answer(
+        &self,
+        req: RawPostEndpointsModifyRequest,
+    ) -> RawPostEndpointsModifyResponse {
+        let started = Instant::now();
+        let echo = |bytes: Option<Bytes>| RawPostEndpointsModifyResponse {
+            load_assignment: bytes,
+        };
+        let Some(raw) = req.load_assignment else {
+            self.metrics.call("undecodable");
+            return echo(None);
+        };
+        if !self.shared.ready.load(Ordering::SeqCst) {
+            self.metrics.call("not_ready");
+            return echo(Some(raw));
+        }
+        let within = self.config.reread_min_interval;
+        let mut trusted = recent(&self.succeeded, started, within);
+        let attempted = recent(&self.attempted, started, within);
+        let Some((mut cla, mut answer)) = self.modify(&raw, &trusted) else {
+            self.metrics.call("undecodable");
+            tracing::warn!(
+                "a ClusterLoadAssignment from Envoy Gateway does not decode: sent back untouched"
+            );
+            return echo(Some(raw));
+        };
+        if !answer.managed {
+            self.metrics.call("unmanaged");
+            self.metrics
+                .seconds
+                .observe(started.elapsed().as_secs_f64());
+            return echo(Some(raw));
+        }
+        let doubtful: BTreeSet<ServiceKey> = answer
+            .doubts
+            .iter()
+            .map(|d| d.service().clone())
+            .filter(|s| !trusted.contains(s) && !attempted.contains(s))
+            .collect();
+        if !doubtful.is_empty() && self.reread.is_some() {
+            tracing::debug!(cluster = %cla.cluster_name, doubts = ?answer.doubts, "index and Envoy Gateway disagree");
+            let reread = self.reread(doubtful).await;
+            if !reread.is_empty() {
+                trusted.extend(reread);
+                if let Some(again) = self.modify(&raw, &trusted) {
+                    (cla, answer) = again;
+                }
+            }
+        }
+        let disagreed = answer
+            .doubts
+            .iter()
+            .filter(|d| matches!(d, hook::Doubt::Disagrees { .. }))
+            .count();
+        self.metrics.call("managed");
+        self.metrics.endpoints("annotated", answer.annotated);
+        self.metrics
+            .endpoints("unknown", answer.doubts.len() - disagreed);
+        self.metrics.endpoints("disagreed", disagreed);
+        self.metrics.endpoints("overruled", answer.overruled);
+        self.metrics.endpoints("dropped", answer.dropped);
+        if !answer.doubts.is_empty() {
+            tracing::info!(
+                cluster = %cla.cluster_name,
+                doubts = answer.doubts.len(),
+                "endpoints left as Envoy Gateway sent them (the index does not know them, or disagrees without a fresh re-read)"
+            );
+        }
+        self.metrics
+            .seconds
+            .observe(started.elapsed().as_secs_f64());
+        echo(Some(Bytes::from(cla.encode_to_vec())))
+    }
+}
+
+#[tonic::async_trait]
+impl PostEndpointsModify for HookService {
+    async fn post_endpoints_modify(
+        &self,
+        request: tonic::Request<RawPostEndpointsModifyRequest>,
+    ) -> Result<tonic::Response<RawPostEndpointsModifyResponse>, tonic::Status> {
+        Ok(tonic::Response::new(
+            self.answer(request.into_inner()).await,
+        ))
+    }
+}
