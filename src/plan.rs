@@ -151,8 +151,12 @@ pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> Cl
         after = Some(p);
         let group: Vec<&HostRecord> = chosen.iter().copied().filter(|h| h.priority == p).collect();
         let all = cluster.hosts.iter().filter(|h| h.priority == p).count() as u64;
-        let health = (OVERPROVISIONING_FACTOR * group.len() as u64 / all.max(1)).min(100);
-        groups.push((group, health as f64));
+        // Unrounded, unlike Envoy's integer percent: one serving host of
+        // 10,000 has some health (Envoy's 0 would mean panic mode, which
+        // this never enters), so the tier is never left without load.
+        let health =
+            (OVERPROVISIONING_FACTOR as f64 * group.len() as f64 / all.max(1) as f64).min(100.0);
+        groups.push((group, health));
     }
     // Envoy's priority load: each takes its health of what is left; the sum
     // is scaled to 100% when the priorities' health falls short of it.
@@ -406,6 +410,28 @@ mod tests {
     /// Issue 16: P0 = one ready host of four, P1 = two ready hosts. Envoy
     /// gives P0 min(100, 1.4 x 1/4) = 35% and P1 the other 65%: about a
     /// third each (the filter used to send everything to the P0 host).
+    #[test]
+    fn one_serving_host_among_many_still_takes_the_load() {
+        // 1 of 10,000: Envoy's integer health would round to 0.
+        let mut hosts: Vec<HostRecord> = (0..9_999)
+            .map(|i| {
+                host(
+                    &format!("10.1.{}.{}:80", i / 256, i % 256),
+                    Conditions::NOT_SERVING,
+                )
+            })
+            .collect();
+        hosts.push(host(A, Conditions::READY));
+        let p = plan_cluster(&cluster(hosts.clone()), None);
+        assert_eq!((p.tier, p.hosts.len()), (Tier::Ready, 1));
+        assert_eq!(p.hosts[0].address, A);
+        // ... and beside a small healthy priority 1, it keeps its share.
+        hosts.push(at(B, 1, Conditions::READY));
+        let p = plan_cluster(&cluster(hosts), None);
+        assert_eq!(p.hosts.len(), 2, "{p:?}");
+        assert!(p.hosts.iter().all(|h| h.weight > 0));
+    }
+
     #[test]
     fn priorities_spill_like_envoys_priority_load() {
         const C: &str = "10.0.0.3:80";
