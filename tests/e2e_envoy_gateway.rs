@@ -193,8 +193,10 @@ fn eg_cla(service: &str, eps: &[Endpoint]) -> ClusterLoadAssignment {
     rule_assignments(NAMESPACE, ROUTE, 0, &[r], false).remove(0)
 }
 
-/// The conditions an answered endpoint carries: (serving, terminating).
-fn answered(cla: &ClusterLoadAssignment) -> Vec<(SocketAddr, u32, i32, Option<(bool, bool)>)> {
+/// An answered endpoint: address, priority, health, (serving, terminating).
+type Answered = (SocketAddr, u32, i32, Option<(bool, bool)>);
+
+fn answered(cla: &ClusterLoadAssignment) -> Vec<Answered> {
     let b = |s: &envoy_types::pb::google::protobuf::Struct, k: &str| match s
         .fields
         .get(k)

@@ -76,7 +76,9 @@ fn make_slice(service: &str, s: usize, flip: Option<usize>) -> Slice {
             .map(|i| {
                 // `flip` moves one endpoint through the rolling-update states.
                 let (ready, terminating) = match flip {
-                    Some(f) if i == f % PER_SLICE && (f / PER_SLICE).is_multiple_of(2) => (false, true),
+                    Some(f) if i == f % PER_SLICE && (f / PER_SLICE).is_multiple_of(2) => {
+                        (false, true)
+                    }
                     _ => (true, false),
                 };
                 SliceEndpoint {

@@ -146,8 +146,11 @@ impl Server {
     }
 }
 
-/// (addr, priority, health, serving metadata) per endpoint.
-fn seen(cla: &ClusterLoadAssignment) -> Vec<(String, u32, HealthStatus, Option<bool>)> {
+/// (addr, priority, health, serving metadata) of one endpoint.
+type Seen = (String, u32, HealthStatus, Option<bool>);
+
+/// Every endpoint's `Seen`.
+fn seen(cla: &ClusterLoadAssignment) -> Vec<Seen> {
     use envoy_types::pb::google::protobuf::value::Kind;
     cla.endpoints
         .iter()
@@ -208,8 +211,8 @@ fn seed_rows_as_eg_sends_them() {
     type Row = (
         &'static str,
         Vec<(&'static str, Cond)>,
-        Vec<(String, u32, HealthStatus, Option<bool>)>,
-        Vec<(String, u32, HealthStatus, Option<bool>)>,
+        Vec<Seen>,
+        Vec<Seen>,
     );
     let rows: Vec<Row> = vec![
         (
@@ -280,14 +283,12 @@ fn seed_rows_as_eg_sends_them() {
 fn a_rolling_update_step_by_step() {
     // One replica: A ready; B created; A terminates (preStop) while B starts;
     // B ready; A stops serving; A gone. Companion and EG in step.
-    use HealthStatus::{Healthy, Unhealthy};
+    use HealthStatus::Healthy;
     let mut s = server(true, None, Duration::from_millis(200));
     let (a, b) = ("10.0.0.1", "10.0.0.2");
     let (a8, b8) = ("10.0.0.1:8080".to_string(), "10.0.0.2:8080".to_string());
-    let steps: Vec<(
-        Vec<(&str, Cond)>,
-        Vec<(String, u32, HealthStatus, Option<bool>)>,
-    )> = vec![
+    type Step = (Vec<(&'static str, Cond)>, Vec<Seen>);
+    let steps: Vec<Step> = vec![
         (vec![(a, READY)], vec![(a8.clone(), 0, Healthy, Some(true))]),
         (
             vec![(a, READY), (b, NOT_SERVING)],
@@ -314,7 +315,6 @@ fn a_rolling_update_step_by_step() {
         s.full_list(vec![slice("web", &eps)]);
         assert_eq!(seen(&s.call(&eg_cla("web", &eps)).1), want, "step {i}");
     }
-    let _ = Unhealthy;
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

@@ -172,7 +172,8 @@ pub fn modify(
     answer.managed = true;
     answer.not_services = owners.iter().filter(|o| o.is_none()).count();
 
-    let mut lookups: HashMap<(ServiceKey, u16, bool), Lookup> = HashMap::new();
+    // Per Service, per (slice port, IPv6): built once per call.
+    let mut lookups: HashMap<ServiceKey, HashMap<(u16, bool), Lookup>> = HashMap::new();
     let mut split: Vec<(u32, LocalityLbEndpoints)> = Vec::with_capacity(cla.endpoints.len() * 2);
     for (mut loc, owner) in std::mem::take(&mut cla.endpoints).into_iter().zip(owners) {
         let base = loc.priority.saturating_mul(2);
@@ -181,14 +182,16 @@ pub fn modify(
             continue;
         };
         answer.services.insert(service.clone());
+        // One clone per locality, not per endpoint.
+        let by_port = lookups.entry(service.clone()).or_default();
         let mut tiers: [Vec<LbEndpoint>; 2] = [Vec::new(), Vec::new()];
         for mut lb in std::mem::take(&mut loc.lb_endpoints) {
             let Some(addr) = lb_addr(&lb) else {
                 tiers[eg_tier(&lb) as usize].push(lb);
                 continue;
             };
-            let map = lookups
-                .entry((service.clone(), addr.port(), addr.is_ipv6()))
+            let map = by_port
+                .entry((addr.port(), addr.is_ipv6()))
                 .or_insert_with(|| lookup(index, &service, addr.port(), addr.is_ipv6()));
             let tier = match map.get(&addr) {
                 None => {
