@@ -108,11 +108,34 @@ pub struct OddValue {
     pub found: String,
 }
 
-/// A host's metadata: condition flags, zone, and the values that were ignored.
+/// A host's topology keys (`node_name`, `hints_zones`, `hints_nodes`), as
+/// the EndpointSlice has them: the hint keys are comma-separated names, and
+/// an empty string (or an absent key) is no hint.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TopologyMeta {
+    pub node_name: String,
+    pub hints_zones: String,
+    pub hints_nodes: String,
+}
+
+/// Whether a hint list names anything (commas alone do not).
+pub fn has_hints(list: &str) -> bool {
+    list.bytes().any(|b| b != b',')
+}
+
+/// Whether a hint list names `name` (never the empty name). Names are
+/// Kubernetes zone and node names, which hold no commas nor spaces.
+pub fn hinted(list: &str, name: &str) -> bool {
+    let name = name.as_bytes();
+    !name.is_empty() && list.as_bytes().split(|b| *b == b',').any(|n| n == name)
+}
+
+/// A host's metadata: condition flags, zone, topology, and the values that were ignored.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct MetaReading {
     pub flags: MetaFlags,
     pub zone: Option<String>,
+    pub topology: TopologyMeta,
     pub odd: Vec<OddValue>,
 }
 
@@ -149,6 +172,17 @@ impl Slot<'_> {
             key,
             found: describe(&value),
         });
+    }
+
+    /// A string key where empty is absent: anything but a string is odd.
+    fn text(self, key: &'static str, odd: &mut Vec<OddValue>) -> String {
+        match self {
+            Slot::Str(s) => s.into_owned(),
+            other => {
+                other.odd(key, odd);
+                String::new()
+            }
+        }
     }
 
     fn flag(self, key: &'static str, odd: &mut Vec<OddValue>) -> Option<bool> {
@@ -235,7 +269,15 @@ impl<'de> Visitor<'de> for SlotVisitor {
             return Value::deserialize(MapAccessDeserializer::new(map)).map(Slot::Other);
         }
         // Later keys win, as in a JSON object read whole.
-        let mut slots = [Slot::Absent, Slot::Absent, Slot::Absent, Slot::Absent];
+        let mut slots = [
+            Slot::Absent,
+            Slot::Absent,
+            Slot::Absent,
+            Slot::Absent,
+            Slot::Absent,
+            Slot::Absent,
+            Slot::Absent,
+        ];
         while let Some(key) = map.next_key_seed(Field(&NAMESPACE_KEYS))? {
             match key.and_then(|i| slots.get_mut(i)) {
                 Some(slot) => *slot = map.next_value_seed(SlotVisitor { namespace: false })?,
@@ -244,7 +286,7 @@ impl<'de> Visitor<'de> for SlotVisitor {
                 }
             }
         }
-        let [ready, serving, terminating, zone] = slots;
+        let [ready, serving, terminating, zone, node_name, hints_zones, hints_nodes] = slots;
         let mut reading = MetaReading::default();
         reading.flags = MetaFlags {
             ready: ready.flag("ready", &mut reading.odd),
@@ -258,11 +300,24 @@ impl<'de> Visitor<'de> for SlotVisitor {
                 None
             }
         };
+        reading.topology = TopologyMeta {
+            node_name: node_name.text("node_name", &mut reading.odd),
+            hints_zones: hints_zones.text("hints_zones", &mut reading.odd),
+            hints_nodes: hints_nodes.text("hints_nodes", &mut reading.odd),
+        };
         Ok(Slot::Namespace(reading))
     }
 }
 
-const NAMESPACE_KEYS: [&str; 4] = ["ready", "serving", "terminating", "zone"];
+const NAMESPACE_KEYS: [&str; 7] = [
+    "ready",
+    "serving",
+    "terminating",
+    "zone",
+    "node_name",
+    "hints_zones",
+    "hints_nodes",
+];
 
 /// Reads the namespace's metadata value straight from the JSON (no `Value`
 /// is built unless a value is odd): what `read_metadata` reads from a `Value`.
@@ -381,6 +436,33 @@ mod tests {
     }
 
     #[test]
+    fn topology_keys() {
+        let r = read_metadata(Some(&json!({
+            "node_name": "node-1", "hints_zones": "zone-a,zone-b", "hints_nodes": ""
+        })));
+        assert_eq!(
+            r.topology,
+            TopologyMeta {
+                node_name: "node-1".into(),
+                hints_zones: "zone-a,zone-b".into(),
+                hints_nodes: String::new(),
+            }
+        );
+        assert!(r.odd.is_empty());
+        assert!(hinted(&r.topology.hints_zones, "zone-b"));
+        assert!(!hinted(&r.topology.hints_zones, "zone"));
+        assert!(!has_hints(&r.topology.hints_nodes));
+        assert!(!has_hints(",,") && has_hints(",a,") && hinted(",a,", "a"));
+        assert!(!hinted(",", ""));
+        let bad = read_metadata(Some(
+            &json!({"node_name": 1, "hints_zones": ["zone-a"], "hints_nodes": null}),
+        ));
+        assert_eq!(bad.topology, TopologyMeta::default());
+        let keys: Vec<_> = bad.odd.iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["node_name", "hints_zones"]);
+    }
+
+    #[test]
     fn reading_from_json_text_is_reading_from_a_value() {
         for text in [
             r#"{"ready": true, "serving": false, "terminating": null, "zone": "z1"}"#,
@@ -389,6 +471,7 @@ mod tests {
             r#"{"serving": true, "serving": "yes", "zone": "", "x": {"y": [1]}}"#,
             r#"{"re\u0061dy": false, "zone": "z\"\u00e9", "ready": 1.5e300, "Ready": true}"#,
             r#"{"serving": {"a": 1}, "terminating": -3, "zone": false}"#,
+            r#"{"hints_zones": "a,b", "hints_nodes": 3, "node_name": "n", "hints_zones": ""}"#,
             r#"[1, 2]"#,
             r#""serving""#,
             r#"null"#,

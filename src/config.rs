@@ -126,8 +126,11 @@ pub const DEFAULT_LOCAL_ZONE_MIN_SHARE: f64 = 0.2;
 pub struct SelectionConfig {
     /// filter_metadata namespace of the conditions.
     pub metadata_namespace: String,
-    /// Prefer hosts of this zone inside the chosen tier.
+    /// This Envoy's zone: for zone hints, and to prefer its hosts inside the
+    /// chosen tier when no hints are in play.
     pub local_zone: Option<String>,
+    /// This Envoy's Kubernetes node name, for node hints.
+    pub local_node: Option<String>,
     /// ... when they hold at least this share of the tier's weight.
     pub local_zone_min_share: f64,
 }
@@ -137,6 +140,7 @@ impl Default for SelectionConfig {
         SelectionConfig {
             metadata_namespace: DEFAULT_METADATA_NAMESPACE.into(),
             local_zone: None,
+            local_node: None,
             local_zone_min_share: DEFAULT_LOCAL_ZONE_MIN_SHARE,
         }
     }
@@ -144,14 +148,23 @@ impl Default for SelectionConfig {
 
 impl SelectionConfig {
     /// The shared keys; every other key is the form's own (or unknown).
-    pub const KEYS: [&'static str; 3] =
-        ["metadata_namespace", "local_zone", "local_zone_min_share"];
+    pub const KEYS: [&'static str; 4] = [
+        "metadata_namespace",
+        "local_zone",
+        "local_node",
+        "local_zone_min_share",
+    ];
 
     /// Sets one of the shared `KEYS`; any other key is refused as unknown.
     pub fn set(&mut self, key: &str, value: Value) -> Result<(), ConfigError> {
         match key {
             "metadata_namespace" => non_empty(key, value).map(|v| self.metadata_namespace = v),
-            "local_zone" => non_empty(key, value).map(|v| self.local_zone = Some(v)),
+            "local_zone" | "local_node" => non_empty(key, value).map(|v| {
+                *match key {
+                    "local_zone" => &mut self.local_zone,
+                    _ => &mut self.local_node,
+                } = Some(v)
+            }),
             "local_zone_min_share" => typed::<f64>(key, value).and_then(|share| {
                 if share > 0.0 && share <= 1.0 {
                     self.local_zone_min_share = share;
@@ -192,6 +205,8 @@ mod tests {
         let c = take("metadata_namespace", json!("ns")).unwrap();
         assert_eq!(c.metadata_namespace, "ns");
         assert_eq!(c.zone_preference(), None);
+        let c = take("local_node", json!("node-1")).unwrap();
+        assert_eq!(c.local_node.as_deref(), Some("node-1"));
         let c = take("local_zone_min_share", json!(1.0)).unwrap();
         assert_eq!(c.local_zone_min_share, 1.0);
     }
@@ -201,6 +216,8 @@ mod tests {
         for (key, value) in [
             ("local_zone", json!("")),
             ("local_zone", json!(3)),
+            ("local_node", json!("  ")),
+            ("local_node", json!(false)),
             ("metadata_namespace", json!(null)),
             ("local_zone_min_share", json!(0)),
             ("local_zone_min_share", json!(1.5)),

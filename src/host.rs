@@ -1,7 +1,7 @@
 //! A host as every form sees it: address, weight, priority, the conditions
 //! its metadata carries and what Envoy knows of its health.
 
-use crate::conditions::{effective, Conditions, Health, MetaFlags};
+use crate::conditions::{effective, Conditions, Health, MetaFlags, TopologyMeta};
 
 /// One host of a cluster, whichever shell read it.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,6 +12,8 @@ pub struct HostRecord {
     pub priority: u32,
     pub flags: MetaFlags,
     pub zone: Option<String>,
+    /// `node_name` and the zone and node hints.
+    pub topology: TopologyMeta,
     pub health: Health,
 }
 

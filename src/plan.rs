@@ -15,9 +15,22 @@
 //!   shares), no zone gets more than its share of the traffic. Below
 //!   `min_share` the local zone is not preferred at all.
 //!
+//! - **Topology hints** (kube-proxy's CategorizeEndpoints, cluster-wide
+//!   service), among the ready tier only: when every ready host has node
+//!   hints and one is hinted for `local_node`, the ready hosts hinted for it;
+//!   else when every ready host has zone hints and one is hinted for the
+//!   local zone, those; else all of them. "Ready" is the tier's sense:
+//!   serving and not terminating after Envoy's health, so an ejected or
+//!   failing host neither votes nor takes traffic (kube-proxy with that
+//!   endpoint gone). The priorities' health is counted before the filter,
+//!   so hints choose hosts inside a priority, not the load between them.
+//!   The zone share rule above applies only when no ready host carries a
+//!   hint; the terminating fallback ignores hints, as kube-proxy does.
+//!
 //! The outcome is one weighted host list: the original weights when one
 //! priority and no zone rule decide, else weights scaled to the load.
 
+use crate::conditions::{has_hints, hinted};
 use crate::host::{ClusterHosts, HostRecord};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +62,37 @@ impl Tier {
     }
 }
 
+/// Which hint decided the ready hosts (kube-proxy's topology mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Topology {
+    /// No hint in play: every host of the tier.
+    #[default]
+    None = 0,
+    /// The ready hosts hinted for `local_node`.
+    Node = 1,
+    /// The ready hosts hinted for the local zone.
+    Zone = 2,
+}
+
+impl Topology {
+    pub fn from_code(code: u8) -> Option<Topology> {
+        match code {
+            0 => Some(Topology::None),
+            1 => Some(Topology::Node),
+            2 => Some(Topology::Zone),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::None => "none",
+            Topology::Node => "node",
+            Topology::Zone => "zone",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedHost {
     pub address: String,
@@ -60,6 +104,8 @@ pub struct PlannedHost {
 pub struct ClusterPlan {
     pub cluster: String,
     pub tier: Tier,
+    /// The hint that chose the hosts (`None` outside the ready tier).
+    pub topology: Topology,
     pub hosts: Vec<PlannedHost>,
 }
 
@@ -123,13 +169,61 @@ fn zone_split(group: &[&HostRecord], zone: Option<&ZonePreference>) -> Option<Ve
     )
 }
 
+/// kube-proxy's topology mode over the ready hosts: node hints, then zone
+/// hints, each only when every ready host has some and one names us.
+pub fn topology_mode(ready: &[&HostRecord], zone: Option<&str>, node: Option<&str>) -> Topology {
+    let (zone, node) = (zone.unwrap_or_default(), node.unwrap_or_default());
+    // (every host has node hints, one names us), the same for zones.
+    let (mut all_nodes, mut for_node, mut all_zones, mut for_zone) = (true, false, true, false);
+    for h in ready {
+        let t = &h.topology;
+        all_nodes &= has_hints(&t.hints_nodes);
+        for_node |= hinted(&t.hints_nodes, node);
+        all_zones &= has_hints(&t.hints_zones);
+        for_zone |= hinted(&t.hints_zones, zone);
+    }
+    if all_nodes && for_node {
+        Topology::Node
+    } else if all_zones && for_zone {
+        Topology::Zone
+    } else {
+        Topology::None
+    }
+}
+
+/// `plan_cluster_at` without a local node (no node hints can match).
 pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> ClusterPlan {
+    plan_cluster_at(cluster, zone, None)
+}
+
+/// Sorts `items` by `name`, equal names kept in their order. One sort
+/// (of `(&str, usize)`) serves every item type: each sort instantiation
+/// costs the wasm module kilobytes.
+pub fn sort_by_name<T>(items: &mut Vec<T>, name: impl Fn(&T) -> &str) {
+    let mut order: Vec<(&str, usize)> = items.iter().map(&name).zip(0..).collect();
+    order.sort_unstable();
+    let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+    let mut taken: Vec<Option<T>> = items.drain(..).map(Some).collect();
+    items.extend(
+        order
+            .into_iter()
+            .filter_map(|i| taken.get_mut(i).and_then(Option::take)),
+    );
+}
+
+/// The plan of one cluster for an Envoy in `zone`'s local zone and on `node`.
+pub fn plan_cluster_at(
+    cluster: &ClusterHosts,
+    zone: Option<&ZonePreference>,
+    node: Option<&str>,
+) -> ClusterPlan {
     let serving = cluster.hosts.iter().filter(|h| h.conditions().serving);
     let ready: Vec<&HostRecord> = serving
         .clone()
         .filter(|h| !h.conditions().terminating)
         .collect();
-    let (tier, chosen) = if !ready.is_empty() {
+    // The tier's hosts set the priorities' health; the hints choose among them.
+    let (tier, in_tier) = if !ready.is_empty() {
         (Tier::Ready, ready)
     } else {
         let fallback: Vec<&HostRecord> = serving.collect();
@@ -139,23 +233,46 @@ pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> Cl
             (Tier::TerminatingFallback, fallback)
         }
     };
+    let local_zone = zone.map(|z| z.local_zone.as_str());
+    let topology = match tier {
+        Tier::Ready => topology_mode(&in_tier, local_zone, node),
+        _ => Topology::None,
+    };
+    // The hosts the topology chooses.
+    let here = |h: &HostRecord| match topology {
+        Topology::Node => hinted(&h.topology.hints_nodes, node.unwrap_or_default()),
+        Topology::Zone => hinted(&h.topology.hints_zones, local_zone.unwrap_or_default()),
+        Topology::None => true,
+    };
+    // The zone share rule only when no host of the tier carries a hint.
+    let zone = zone.filter(|_| {
+        tier != Tier::Ready
+            || !in_tier
+                .iter()
+                .any(|h| has_hints(&h.topology.hints_zones) || has_hints(&h.topology.hints_nodes))
+    });
     // Per priority (lowest first): the tier's hosts there and their health.
     let mut groups: Vec<(Vec<&HostRecord>, f64)> = Vec::new();
     let mut after = None;
-    while let Some(p) = chosen
+    while let Some(p) = in_tier
         .iter()
+        .filter(|h| here(h))
         .map(|h| h.priority)
         .filter(|p| after.is_none_or(|a| *p > a))
         .min()
     {
         after = Some(p);
-        let group: Vec<&HostRecord> = chosen.iter().copied().filter(|h| h.priority == p).collect();
+        let group: Vec<&HostRecord> = in_tier
+            .iter()
+            .copied()
+            .filter(|h| h.priority == p && here(h))
+            .collect();
         let all = cluster.hosts.iter().filter(|h| h.priority == p).count() as u64;
+        let there = in_tier.iter().filter(|h| h.priority == p).count();
         // Unrounded, unlike Envoy's integer percent: one serving host of
         // 10,000 has some health (Envoy's 0 would mean panic mode, which
         // this never enters), so the tier is never left without load.
-        let health =
-            (OVERPROVISIONING_FACTOR as f64 * group.len() as f64 / all.max(1) as f64).min(100.0);
+        let health = (OVERPROVISIONING_FACTOR as f64 * there as f64 / all.max(1) as f64).min(100.0);
         groups.push((group, health));
     }
     // Envoy's priority load: each takes its health of what is left; the sum
@@ -197,7 +314,7 @@ pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> Cl
         })
         .collect();
     // A host listed twice (e.g. in two localities) is one host with both weights.
-    hosts.sort_by(|a, b| a.address.cmp(&b.address));
+    sort_by_name(&mut hosts, |h| &h.address);
     hosts.dedup_by(|later, kept| {
         let same = later.address == kept.address;
         if same {
@@ -208,6 +325,7 @@ pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> Cl
     ClusterPlan {
         cluster: cluster.name.clone(),
         tier,
+        topology,
         hosts,
     }
 }
@@ -228,6 +346,7 @@ mod tests {
                 terminating: Some(c.terminating),
             },
             zone: None,
+            topology: Default::default(),
             health: Health::UNKNOWN,
         }
     }
@@ -490,6 +609,233 @@ mod tests {
         assert!(full.hosts.iter().all(|h| h.weight == 1), "own weights kept");
     }
 
+    fn hinted_host(addr: &str, c: Conditions, zones: &str, nodes: &str) -> HostRecord {
+        let mut h = host(addr, c);
+        h.topology.hints_zones = zones.into();
+        h.topology.hints_nodes = nodes.into();
+        h
+    }
+
+    fn local(zone: Option<&str>) -> Option<ZonePreference> {
+        zone.map(|z| ZonePreference {
+            local_zone: z.into(),
+            min_share: 0.2,
+        })
+    }
+
+    /// kube-proxy's TestCategorizeEndpoints, cluster-wide cases (upstream
+    /// and Antrea's node-hint ones): (zone, node, hosts, expected, mode).
+    #[test]
+    fn kube_proxy_categorize_endpoints() {
+        const R: Conditions = Conditions::READY;
+        const U: Conditions = Conditions::NOT_SERVING;
+        const ST: Conditions = Conditions::SERVING_TERMINATING;
+        type Case<'a> = (
+            Option<&'a str>,
+            Option<&'a str>,
+            Vec<(&'a str, Conditions, &'a str, &'a str)>,
+            Vec<&'a str>,
+            Topology,
+        );
+        let four = |n1: &'static str| {
+            vec![
+                ("10.1.2.3:80", R, "zone-a", n1),
+                ("10.1.2.4:80", R, "zone-b", "node-2"),
+                ("10.1.2.5:80", R, "zone-c", "node-3"),
+                ("10.1.2.6:80", R, "zone-a", "node-4"),
+            ]
+        };
+        let cases: Vec<Case> = vec![
+            (
+                Some("zone-a"),
+                None,
+                vec![
+                    ("10.1.2.3:80", R, "zone-a", ""),
+                    ("10.1.2.4:80", R, "zone-b", ""),
+                    ("10.1.2.5:80", R, "zone-c", ""),
+                    ("10.1.2.6:80", R, "zone-a", ""),
+                ],
+                vec!["10.1.2.3:80", "10.1.2.6:80"],
+                Topology::Zone,
+            ),
+            (
+                None,
+                None,
+                vec![("10.1.2.3:80", R, "zone-a", "")],
+                vec!["10.1.2.3:80"],
+                Topology::None,
+            ),
+            (
+                Some("zone-b"),
+                None,
+                vec![("10.1.2.3:80", R, "zone-a", "")],
+                vec!["10.1.2.3:80"],
+                Topology::None,
+            ),
+            (
+                Some("zone-a"),
+                None,
+                vec![
+                    ("10.1.2.3:80", R, "zone-a", ""),
+                    ("10.1.2.4:80", R, "zone-b", ""),
+                    ("10.1.2.5:80", R, "zone-c", ""),
+                    ("10.1.2.6:80", U, "zone-a", ""),
+                ],
+                vec!["10.1.2.3:80"],
+                Topology::Zone,
+            ),
+            (
+                Some("zone-a"),
+                None,
+                vec![
+                    ("10.1.2.3:80", U, "zone-a", ""),
+                    ("10.1.2.4:80", R, "zone-b", ""),
+                    ("10.1.2.5:80", R, "zone-c", ""),
+                    ("10.1.2.6:80", U, "zone-a", ""),
+                ],
+                vec!["10.1.2.4:80", "10.1.2.5:80"],
+                Topology::None,
+            ),
+            (
+                Some("zone-a"),
+                None,
+                vec![
+                    ("10.1.2.3:80", R, "zone-a", ""),
+                    ("10.1.2.4:80", R, "zone-b", ""),
+                    ("10.1.2.5:80", R, "", ""),
+                    ("10.1.2.6:80", R, "zone-a", ""),
+                ],
+                vec!["10.1.2.3:80", "10.1.2.4:80", "10.1.2.5:80", "10.1.2.6:80"],
+                Topology::None,
+            ),
+            (
+                Some("zone-c"),
+                None,
+                vec![
+                    ("10.1.2.3:80", R, "zone-a,zone-b,zone-c", ""),
+                    ("10.1.2.4:80", R, "zone-b,zone-c", ""),
+                    ("10.1.2.5:80", R, "zone-b,zone-d", ""),
+                    ("10.1.2.6:80", R, "zone-c", ""),
+                ],
+                vec!["10.1.2.3:80", "10.1.2.4:80", "10.1.2.6:80"],
+                Topology::Zone,
+            ),
+            (
+                None,
+                None,
+                vec![("10.0.0.0:80", U, "", ""), ("10.0.0.1:80", U, "", "")],
+                vec![],
+                Topology::None,
+            ),
+            (
+                None,
+                None,
+                vec![("10.0.0.0:80", U, "", ""), ("10.0.0.1:80", R, "", "")],
+                vec!["10.0.0.1:80"],
+                Topology::None,
+            ),
+            (
+                None,
+                None,
+                vec![("10.0.0.0:80", ST, "", ""), ("10.0.0.1:80", ST, "", "")],
+                vec!["10.0.0.0:80", "10.0.0.1:80"],
+                Topology::None,
+            ),
+            (
+                Some("zone-a"),
+                Some("node-1"),
+                four("node-1"),
+                vec!["10.1.2.3:80"],
+                Topology::Node,
+            ),
+            (
+                Some("zone-a"),
+                Some("node-1"),
+                vec![
+                    ("10.1.2.3:80", R, "zone-a", "node-1"),
+                    ("10.1.2.4:80", R, "", ""),
+                    ("10.1.2.5:80", R, "zone-c", "node-3"),
+                    ("10.1.2.6:80", R, "zone-a", "node-4"),
+                ],
+                vec!["10.1.2.3:80", "10.1.2.4:80", "10.1.2.5:80", "10.1.2.6:80"],
+                Topology::None,
+            ),
+            (
+                Some("zone-a"),
+                Some("node-0"),
+                four("node-1"),
+                vec!["10.1.2.3:80", "10.1.2.6:80"],
+                Topology::Zone,
+            ),
+            // Hinted ones terminating: the fallback ignores hints.
+            (
+                Some("zone-a"),
+                None,
+                vec![
+                    ("10.0.0.0:80", ST, "zone-b", ""),
+                    ("10.0.0.1:80", U, "zone-a", ""),
+                ],
+                vec!["10.0.0.0:80"],
+                Topology::None,
+            ),
+        ];
+        for (i, (zone, node, eps, want, mode)) in cases.into_iter().enumerate() {
+            let hosts = eps
+                .iter()
+                .map(|(a, c, z, n)| hinted_host(a, *c, z, n))
+                .collect();
+            let p = plan_cluster_at(&cluster(hosts), local(zone).as_ref(), node);
+            let got: Vec<&str> = p.hosts.iter().map(|h| h.address.as_str()).collect();
+            assert_eq!((got, p.topology), (want, mode), "case {i}");
+            // Own weights (one priority, no share rule).
+            assert!(p.hosts.iter().all(|h| h.weight == 1), "case {i}");
+        }
+    }
+
+    #[test]
+    fn hints_win_over_the_zone_share_and_keep_priority_load() {
+        // Hints present (even unusable ones): no share rule, own weights.
+        let mut a = zoned(A, "z1", 1);
+        let mut b = zoned(B, "z2", 3);
+        a.topology.hints_zones = "z2".into();
+        b.topology.hints_zones = "z2".into();
+        let p = plan_cluster(
+            &cluster(vec![a.clone(), b.clone()]),
+            local(Some("z1")).as_ref(),
+        );
+        assert_eq!((p.topology, p.hosts.len()), (Topology::None, 2));
+        assert_eq!(p.hosts.iter().map(|h| h.weight).collect::<Vec<_>>(), [1, 3]);
+        // Without hints the share rule still decides (z1 alone: 1/4 < 1/2).
+        a.topology.hints_zones.clear();
+        b.topology.hints_zones.clear();
+        let p = plan_cluster(&cluster(vec![a, b]), local(Some("z1")).as_ref());
+        assert!(close(&shares(&p), &[(A, 0.5), (B, 0.5)]), "{p:?}");
+        // P0: two ready hosts, one hinted here; P1 one ready: P0 is at full
+        // health (hints do not move load between priorities).
+        let mut far = at("10.0.0.9:80", 1, Conditions::READY);
+        far.topology.hints_zones = "z1".into();
+        let p = plan_cluster(
+            &cluster(vec![
+                hinted_host(A, Conditions::READY, "z1", ""),
+                hinted_host(B, Conditions::READY, "z2", ""),
+                far,
+            ]),
+            local(Some("z1")).as_ref(),
+        );
+        assert_eq!(p.topology, Topology::Zone);
+        assert_eq!(p.hosts.len(), 1, "{p:?}");
+        assert_eq!(p.hosts[0].address, A);
+        // A failing hinted host: not ready, so the other one is the only vote.
+        let mut down = hinted_host(A, Conditions::READY, "z1", "");
+        down.health.failing = true;
+        let p = plan_cluster(
+            &cluster(vec![down, hinted_host(B, Conditions::READY, "z2", "")]),
+            local(Some("z1")).as_ref(),
+        );
+        assert_eq!((p.topology, p.hosts.len()), (Topology::None, 1));
+        assert_eq!(p.hosts[0].address, B);
+    }
+
     mod props {
         use super::*;
         use proptest::prelude::*;
@@ -508,6 +854,135 @@ mod tests {
                 h.zone = (z > 0).then(|| format!("z{z}"));
                 h
             })
+        }
+
+        const NAMES: [&str; 4] = ["", "a", "b", "a,b"];
+
+        fn hinted_any() -> impl Strategy<Value = HostRecord> {
+            (0u8..8, 0u8..4, 0u8..4, 0u8..4, 0u8..3, any::<bool>()).prop_map(
+                |(ip, c, zones, nodes, z, failing)| {
+                    let c = [
+                        Conditions::READY,
+                        Conditions::SERVING_TERMINATING,
+                        Conditions::NOT_SERVING,
+                        TERMINATING_NOT_SERVING,
+                    ][usize::from(c)];
+                    let mut h = host(&format!("10.0.0.{ip}:80"), c);
+                    h.zone = (z > 0).then(|| format!("z{z}"));
+                    h.topology.hints_zones = NAMES[usize::from(zones)].replace(',', ",,");
+                    h.topology.hints_nodes = NAMES[usize::from(nodes)].into();
+                    h.health.failing = failing && ip % 3 == 0;
+                    h
+                },
+            )
+        }
+
+        /// kube-proxy's CategorizeEndpoints and topologyModeFromHints, as
+        /// quoted, with sets for hints and IsReady = ready and healthy.
+        fn reference(hosts: &[HostRecord], zone: &str, node: &str) -> Vec<String> {
+            let set = |list: &str| -> Vec<String> {
+                list.split(',')
+                    .map(|s| s.to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            };
+            let ready = |h: &HostRecord| {
+                let c = h.conditions();
+                c.serving && !c.terminating
+            };
+            let (mut has_ready, mut for_node, mut all_node) = (false, false, true);
+            let (mut for_zone, mut all_zone) = (false, true);
+            for h in hosts.iter().filter(|h| ready(h)) {
+                has_ready = true;
+                let nodes = set(&h.topology.hints_nodes);
+                if nodes.is_empty() {
+                    all_node = false;
+                } else if nodes.iter().any(|n| n == node) {
+                    for_node = true;
+                }
+                let zones = set(&h.topology.hints_zones);
+                if zones.is_empty() {
+                    all_zone = false;
+                } else if zones.iter().any(|z| z == zone) {
+                    for_zone = true;
+                }
+            }
+            let mode = if !has_ready {
+                ""
+            } else if all_node && for_node {
+                "node"
+            } else if all_zone && for_zone {
+                "zone"
+            } else {
+                ""
+            };
+            let mut out: Vec<String> = hosts
+                .iter()
+                .filter(|h| {
+                    ready(h)
+                        && match mode {
+                            "node" => set(&h.topology.hints_nodes).iter().any(|n| n == node),
+                            "zone" => set(&h.topology.hints_zones).iter().any(|z| z == zone),
+                            _ => true,
+                        }
+                })
+                .map(|h| h.address.clone())
+                .collect();
+            if out.is_empty() {
+                out = hosts
+                    .iter()
+                    .filter(|h| {
+                        let c = h.conditions();
+                        c.serving && c.terminating
+                    })
+                    .map(|h| h.address.clone())
+                    .collect();
+            }
+            out.sort();
+            out.dedup();
+            out
+        }
+
+        proptest! {
+            #[test]
+            fn topology_is_kube_proxys(
+                hosts in prop::collection::vec(hinted_any(), 0..10),
+                zone in 0usize..3,
+                node in 0usize..3,
+            ) {
+                let zone = ["", "a", "b"][zone];
+                let node = ["", "a", "b"][node];
+                let pref = ZonePreference { local_zone: zone.into(), min_share: 0.2 };
+                let p = plan_cluster_at(
+                    &cluster(hosts.clone()),
+                    (!zone.is_empty()).then_some(&pref),
+                    (!node.is_empty()).then_some(node),
+                );
+                let got: Vec<String> = p.hosts.iter().map(|h| h.address.clone()).collect();
+                let hints = hosts.iter().any(|h| {
+                    let c = h.conditions();
+                    c.serving && !c.terminating
+                        && (has_hints(&h.topology.hints_zones) || has_hints(&h.topology.hints_nodes))
+                });
+                if hints || zone.is_empty() || p.tier != Tier::Ready {
+                    // No share rule in play: exactly kube-proxy's set, own weights.
+                    prop_assert_eq!(&got, &reference(&hosts, zone, node));
+                    for ph in &p.hosts {
+                        let own: u32 = hosts.iter().filter(|h| h.address == ph.address && {
+                            let c = h.conditions();
+                            c.serving && (p.tier != Tier::Ready || !c.terminating)
+                        }).map(|h| h.weight).sum();
+                        if p.topology == Topology::None {
+                            prop_assert_eq!(ph.weight, own);
+                        }
+                    }
+                }
+                // Without hints, the node changes nothing.
+                if !hints {
+                    prop_assert_eq!(p.topology, Topology::None);
+                    prop_assert_eq!(&p, &plan_cluster(&cluster(hosts.clone()), (!zone.is_empty()).then_some(&pref)));
+                }
+            }
         }
 
         proptest! {

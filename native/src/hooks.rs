@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use serving_picker_core::plan::Tier;
+use serving_picker_core::plan::{Tier, Topology};
 
 use crate::abi::{self, ConfigHandle, Context, EnvoyBuffer, Lb};
 use crate::config::{self, NativeConfig, POLICY_NAME};
@@ -233,6 +233,14 @@ impl LbInstance {
                     match tier {
                         Tier::TerminatingFallback => Metric::PickTerminatingFallback,
                         _ => Metric::PickReady,
+                    },
+                    1,
+                );
+                cfg.count(
+                    match st.table.topology {
+                        Topology::None => Metric::PickTopologyNone,
+                        Topology::Node => Metric::PickTopologyNode,
+                        Topology::Zone => Metric::PickTopologyZone,
                     },
                     1,
                 );

@@ -12,6 +12,10 @@ pub enum Metric {
     PickReady,
     /// Requests given a serving+terminating host (nothing ready).
     PickTerminatingFallback,
+    /// Picks by topology mode: no hint in play, node hints, zone hints.
+    PickTopologyNone,
+    PickTopologyNode,
+    PickTopologyZone,
     /// Requests with no serving host: `choose_host` said no (503 UH).
     RejectNoServing,
     /// Retries whose predicate refused the first pick and got another host.
@@ -27,9 +31,12 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 7] = [
+    pub const ALL: [Metric; 10] = [
         Metric::PickReady,
         Metric::PickTerminatingFallback,
+        Metric::PickTopologyNone,
+        Metric::PickTopologyNode,
+        Metric::PickTopologyZone,
         Metric::RejectNoServing,
         Metric::RetryOtherHost,
         Metric::Rebuilds,
@@ -41,6 +48,9 @@ impl Metric {
         match self {
             Metric::PickReady => "serving_picker.pick.ready",
             Metric::PickTerminatingFallback => "serving_picker.pick.terminating_fallback",
+            Metric::PickTopologyNone => "serving_picker.pick.topology.none",
+            Metric::PickTopologyNode => "serving_picker.pick.topology.node",
+            Metric::PickTopologyZone => "serving_picker.pick.topology.zone",
             Metric::RejectNoServing => "serving_picker.reject.no_serving",
             Metric::RetryOtherHost => "serving_picker.retry.other_host",
             Metric::Rebuilds => "serving_picker.rebuilds",

@@ -11,11 +11,11 @@
 
 use std::collections::HashMap;
 
-use serving_picker_core::conditions::{effective, EdsHealth, Health, MetaFlags};
+use serving_picker_core::conditions::{effective, EdsHealth, Health, MetaFlags, TopologyMeta};
 use serving_picker_core::config::SelectionConfig;
 use serving_picker_core::host::{ClusterHosts, HostRecord};
 use serving_picker_core::picker::Picker;
-use serving_picker_core::plan::{plan_cluster, Tier};
+use serving_picker_core::plan::{plan_cluster_at, Tier, Topology};
 
 /// Envoy's coarse view of a host (`lb_get_host_health`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +54,8 @@ pub struct Slot {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Table {
     pub tier: Tier,
+    /// The hint that chose the hosts (counted per pick).
+    pub topology: Topology,
     slots: Vec<Slot>,
     picker: Option<Picker>,
 }
@@ -62,6 +64,7 @@ impl Default for Table {
     fn default() -> Self {
         Table {
             tier: Tier::NoServing,
+            topology: Topology::None,
             slots: Vec::new(),
             picker: None,
         }
@@ -82,7 +85,15 @@ pub struct Built {
     pub unreadable: usize,
 }
 
-const KEYS: [&str; 4] = ["ready", "serving", "terminating", "zone"];
+const KEYS: [&str; 7] = [
+    "ready",
+    "serving",
+    "terminating",
+    "zone",
+    "node_name",
+    "hints_zones",
+    "hints_nodes",
+];
 
 /// FxHash (rustc's): a fast, non-cryptographic hash for the address maps
 /// built on every rebuild (the addresses come from Envoy, not from clients).
@@ -189,6 +200,12 @@ pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Bui
             } else {
                 None
             };
+            let text = |key| src.metadata_str(p, i, ns, key).unwrap_or("").to_string();
+            let topology = TopologyMeta {
+                node_name: text(KEYS[4]),
+                hints_zones: text(KEYS[5]),
+                hints_nodes: text(KEYS[6]),
+            };
             let (health, weight) = match healthy_index {
                 // In the healthy list: healthy, by Envoy's definition.
                 Some(h) => {
@@ -230,17 +247,19 @@ pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Bui
                 priority: p,
                 flags,
                 zone,
+                topology,
                 health,
             });
         }
     }
     let hosts = records.len() + unreadable;
-    let plan = plan_cluster(
+    let plan = plan_cluster_at(
         &ClusterHosts {
             name: cluster.to_string(),
             hosts: records,
         },
         cfg.zone_preference().as_ref(),
+        cfg.local_node.as_deref(),
     );
     let mut slots = Vec::with_capacity(plan.hosts.len());
     let mut weights = Vec::with_capacity(plan.hosts.len());
@@ -262,6 +281,7 @@ pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Bui
     Built {
         table: Table {
             tier,
+            topology: plan.topology,
             slots,
             picker,
         },

@@ -22,6 +22,8 @@ pub struct Endpoint {
     pub health_status: Option<&'static str>,
     /// No `metadata` at all on the lb_endpoint.
     pub no_metadata: bool,
+    /// More keys of the namespace (`hints_zones`, `hints_nodes`, `node_name`).
+    pub more: Vec<(&'static str, String)>,
 }
 
 impl Endpoint {
@@ -36,6 +38,7 @@ impl Endpoint {
             weight: None,
             health_status: None,
             no_metadata: false,
+            more: Vec::new(),
         }
     }
 
@@ -90,6 +93,22 @@ impl Endpoint {
         self
     }
 
+    /// Topology hints as the companion writes them: comma-separated zone
+    /// and node names ("" = no hints of that kind, the key left out).
+    pub fn hints(mut self, zones: &str, nodes: &str) -> Endpoint {
+        for (k, v) in [("hints_zones", zones), ("hints_nodes", nodes)] {
+            if !v.is_empty() {
+                self.more.push((k, v.to_string()));
+            }
+        }
+        self
+    }
+
+    pub fn node_name(mut self, n: &str) -> Endpoint {
+        self.more.push(("node_name", n.to_string()));
+        self
+    }
+
     pub fn zone(mut self, z: &str) -> Endpoint {
         self.zone = Some(z.to_string());
         self
@@ -129,6 +148,9 @@ impl Endpoint {
             }
             if let Some(z) = &self.zone {
                 md.insert("zone".into(), Value::String(z.clone()));
+            }
+            for (k, v) in &self.more {
+                md.insert((*k).into(), Value::String(v.clone()));
             }
             ep.insert(
                 "metadata".into(),

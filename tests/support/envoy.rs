@@ -98,7 +98,12 @@ pub fn native_policy_config(plugin_config_json: &str) -> String {
     let v: Value = serde_json::from_str(plugin_config_json).unwrap_or(Value::Null);
     let mut out = serde_json::Map::new();
     if let Some(obj) = v.as_object() {
-        for k in ["metadata_namespace", "local_zone", "local_zone_min_share"] {
+        for k in [
+            "metadata_namespace",
+            "local_zone",
+            "local_node",
+            "local_zone_min_share",
+        ] {
             if let Some(x) = obj.get(k) {
                 out.insert(k.into(), x.clone());
             }

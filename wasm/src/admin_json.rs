@@ -484,6 +484,7 @@ impl LbEndpoints<'_, '_> {
             priority: 0,
             flags: reading.flags,
             zone: reading.zone,
+            topology: reading.topology,
             health: Health {
                 eds: None,
                 coarse: health_of(health),

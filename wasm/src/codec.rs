@@ -1,7 +1,7 @@
 //! The compact snapshot the leader publishes through shared data: plans only,
 //! length-prefixed binary, so workers never parse JSON.
 
-use crate::plan::{ClusterPlan, PlannedHost, Tier};
+use crate::plan::{ClusterPlan, PlannedHost, Tier, Topology};
 
 const MAGIC: &[u8; 4] = b"SPK1";
 
@@ -24,10 +24,10 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&s.as_bytes()[..end]);
 }
 
-/// One plan's section: name, tier, hosts.
+/// One plan's section: name, tier (low nibble) and topology (high nibble), hosts.
 fn put_plan(out: &mut Vec<u8>, plan: &ClusterPlan) {
     put_str(out, &plan.cluster);
-    out.push(plan.tier as u8);
+    out.push(plan.tier as u8 | (plan.topology as u8) << 4);
     out.extend_from_slice(&(plan.hosts.len() as u32).to_le_bytes());
     for host in &plan.hosts {
         put_str(out, &host.address);
@@ -168,7 +168,9 @@ pub fn sections(bytes: &[u8]) -> Result<Vec<Section<'_>>, DecodeError> {
 pub fn decode_section(section: &[u8]) -> Result<ClusterPlan, DecodeError> {
     let mut r = Reader { rest: section };
     let cluster = r.string()?;
-    let tier = Tier::from_code(r.u8()?).ok_or(DecodeError("bad tier"))?;
+    let code = r.u8()?;
+    let tier = Tier::from_code(code & 15).ok_or(DecodeError("bad tier"))?;
+    let topology = Topology::from_code(code >> 4).ok_or(DecodeError("bad tier"))?;
     let n = r.count(6)?;
     let mut hosts = Vec::with_capacity(n);
     for _ in 0..n {
@@ -182,6 +184,7 @@ pub fn decode_section(section: &[u8]) -> Result<ClusterPlan, DecodeError> {
     Ok(ClusterPlan {
         cluster,
         tier,
+        topology,
         hosts,
     })
 }
@@ -202,6 +205,7 @@ mod tests {
             ClusterPlan {
                 cluster: "backend".into(),
                 tier: Tier::TerminatingFallback,
+                topology: Topology::None,
                 hosts: vec![
                     PlannedHost {
                         address: "10.0.0.1:80".into(),
@@ -216,6 +220,7 @@ mod tests {
             ClusterPlan {
                 cluster: "empty".into(),
                 tier: Tier::NoServing,
+                topology: Topology::None,
                 hosts: vec![],
             },
         ]
@@ -257,6 +262,7 @@ mod tests {
         let added = |name: &str| ClusterPlan {
             cluster: name.into(),
             tier: Tier::Ready,
+            topology: Topology::Zone,
             hosts: vec![PlannedHost {
                 address: "10.9.9.9:9".into(),
                 weight: 1,

@@ -2,7 +2,7 @@
 
 use crate::admin_json::{join_live_health, EndpointsDump, LiveHealth};
 use crate::config::PluginConfig;
-use crate::plan::{plan_cluster, ClusterPlan};
+use crate::plan::{plan_cluster_at, sort_by_name, ClusterPlan};
 
 /// Plans for every managed cluster, sorted by name so that equal endpoints
 /// encode to equal bytes (and an unchanged refresh publishes nothing).
@@ -13,12 +13,13 @@ pub fn build_plans(
 ) -> Vec<ClusterPlan> {
     let clusters = join_live_health(dump, live);
     let zone = config.selection.zone_preference();
+    let node = config.selection.local_node.as_deref();
     let mut plans: Vec<ClusterPlan> = clusters
         .iter()
         .filter(|c| config.manages(&c.name))
-        .map(|c| plan_cluster(c, zone.as_ref()))
+        .map(|c| plan_cluster_at(c, zone.as_ref(), node))
         .collect();
-    plans.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    sort_by_name(&mut plans, |p| &p.cluster);
     plans.dedup_by(|later, kept| later.cluster == kept.cluster);
     plans
 }

@@ -4,7 +4,7 @@
 
 use crate::codec::{self, DecodeError};
 use crate::picker::Picker;
-use crate::plan::{ClusterPlan, Tier};
+use crate::plan::{ClusterPlan, Tier, Topology};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -40,6 +40,7 @@ type Routes = HashMap<String, Route, FnvBuild>;
 
 struct Route {
     tier: Tier,
+    topology: Topology,
     /// Per host, the override header's value: the host, then `alternates`
     /// more hosts of the tier (cycled), which Envoy uses for retries.
     values: Vec<String>,
@@ -62,6 +63,7 @@ impl Route {
         let addresses: Vec<String> = plan.hosts.into_iter().map(|h| h.address).collect();
         Route {
             tier,
+            topology: plan.topology,
             values: header_values(&addresses, alternates),
             picker,
             next: Cell::new(next),
@@ -80,8 +82,13 @@ pub struct Rebuild {
 /// What a request to a cluster gets.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision<'a> {
-    /// Override to `host` (`IP:PORT`, then the retry alternates), chosen from `tier`.
-    Pick { host: &'a str, tier: Tier },
+    /// Override to `host` (`IP:PORT`, then the retry alternates), chosen
+    /// from `tier` by `topology`.
+    Pick {
+        host: &'a str,
+        tier: Tier,
+        topology: Topology,
+    },
     /// The cluster is known and nothing in it is serving.
     NoServing,
     /// The snapshot does not know the cluster.
@@ -161,6 +168,7 @@ impl RoutingTable {
             Some(host) => Decision::Pick {
                 host,
                 tier: route.tier,
+                topology: route.topology,
             },
             None => Decision::NoServing,
         }
@@ -211,16 +219,19 @@ mod tests {
             ClusterPlan {
                 cluster: "a".into(),
                 tier: Tier::Ready,
+                topology: Topology::Node,
                 hosts: vec![host("1.1.1.1:1", 1), host("2.2.2.2:2", 1)],
             },
             ClusterPlan {
                 cluster: "b".into(),
                 tier: Tier::TerminatingFallback,
+                topology: Topology::None,
                 hosts: vec![host("3.3.3.3:3", 1)],
             },
             ClusterPlan {
                 cluster: "none".into(),
                 tier: Tier::NoServing,
+                topology: Topology::None,
                 hosts: vec![],
             },
         ]
@@ -239,21 +250,24 @@ mod tests {
             t.decide("a"),
             Decision::Pick {
                 host: "1.1.1.1:1",
-                tier: Tier::Ready
+                tier: Tier::Ready,
+                topology: Topology::Node,
             }
         );
         assert_eq!(
             t.decide("a"),
             Decision::Pick {
                 host: "2.2.2.2:2",
-                tier: Tier::Ready
+                tier: Tier::Ready,
+                topology: Topology::Node,
             }
         );
         assert_eq!(
             t.decide("b"),
             Decision::Pick {
                 host: "3.3.3.3:3",
-                tier: Tier::TerminatingFallback
+                tier: Tier::TerminatingFallback,
+                topology: Topology::None,
             }
         );
         assert_eq!(t.decide("none"), Decision::NoServing);
@@ -301,7 +315,8 @@ mod tests {
             t.decide("b"),
             Decision::Pick {
                 host: "3.3.3.3:3",
-                tier: Tier::Ready
+                tier: Tier::Ready,
+                topology: Topology::None,
             }
         );
         assert_eq!((t.cluster_count(), t.host_count()), (2, 3));
@@ -328,14 +343,16 @@ mod tests {
             t.decide("a"),
             Decision::Pick {
                 host: "1.1.1.1:1,2.2.2.2:2,1.1.1.1:1",
-                tier: Tier::Ready
+                tier: Tier::Ready,
+                topology: Topology::Node,
             }
         );
         assert_eq!(
             t.decide("a"),
             Decision::Pick {
                 host: "2.2.2.2:2,1.1.1.1:1,2.2.2.2:2",
-                tier: Tier::Ready
+                tier: Tier::Ready,
+                topology: Topology::Node,
             }
         );
         // One host: it takes every attempt (never Envoy's round robin).
@@ -343,7 +360,8 @@ mod tests {
             t.decide("b"),
             Decision::Pick {
                 host: "3.3.3.3:3,3.3.3.3:3,3.3.3.3:3",
-                tier: Tier::TerminatingFallback
+                tier: Tier::TerminatingFallback,
+                topology: Topology::None,
             }
         );
         let v = header_values(&["a".into(), "b".into(), "c".into(), "d".into()], 2);

@@ -664,7 +664,7 @@ fn check_table(plans: &[ClusterPlan], alternates: usize, previous: Option<Routin
         let n = plan.hosts.len();
         for _ in 0..(2 * n + 3).min(200) {
             match table.decide(name) {
-                Decision::Pick { host, tier } => {
+                Decision::Pick { host, tier, .. } => {
                     assert!(n > 0);
                     assert_eq!(tier, plan.tier);
                     let parts: Vec<&str> = host.split(',').collect();
@@ -1301,6 +1301,7 @@ impl DumpSpec {
                         priority: g.priority,
                         flags,
                         zone: zone.or_else(|| g.zone.filter(|z| !z.is_empty()).map(String::from)),
+                        topology: Default::default(),
                         health: Health {
                             eds: None,
                             coarse: EdsHealth::from_name(h.coarse),
@@ -1624,6 +1625,7 @@ fn any_plans() -> impl Strategy<Value = Vec<ClusterPlan>> {
         |(cluster, tier, hosts)| ClusterPlan {
             cluster,
             tier,
+            topology: Default::default(),
             hosts,
         },
     );
@@ -1650,6 +1652,7 @@ proptest! {
         let plans = vec![ClusterPlan {
             cluster: name.clone(),
             tier: Tier::Ready,
+            topology: Default::default(),
             hosts: vec![PlannedHost { address: name.clone(), weight: 7 }],
         }];
         let back = codec::decode(&codec::encode(&plans)).unwrap();
@@ -1701,6 +1704,7 @@ fn table_plans() -> impl Strategy<Value = Vec<ClusterPlan>> {
         .prop_map(|(cluster, tier, weights, port)| ClusterPlan {
             cluster,
             tier,
+            topology: Default::default(),
             hosts: weights
                 .into_iter()
                 .enumerate()
@@ -1739,6 +1743,7 @@ proptest! {
         let plan = ClusterPlan {
             cluster: "c".into(),
             tier: Tier::Ready,
+            topology: Default::default(),
             hosts: (0..n)
                 .map(|i| PlannedHost { address: format!("10.0.0.{i}:80"), weight })
                 .collect(),

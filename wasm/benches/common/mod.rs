@@ -79,6 +79,7 @@ pub fn plan(
     ClusterPlan {
         cluster: name,
         tier: Tier::Ready,
+        topology: Default::default(),
         hosts: w
             .into_iter()
             .enumerate()

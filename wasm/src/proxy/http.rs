@@ -106,7 +106,11 @@ impl HttpContext for PickerHttp {
             None => Decision::Unknown,
         };
         match decision {
-            Decision::Pick { host, tier } => {
+            Decision::Pick {
+                host,
+                tier,
+                topology,
+            } => {
                 // Replacing also drops what the client sent (any case, repeated, lists).
                 if !host::replace_header(MapType::HttpRequestHeaders, header, host) {
                     log::warn!("serving_picker: cannot set {header}; passing through");
@@ -116,6 +120,9 @@ impl HttpContext for PickerHttp {
                 match tier {
                     Tier::TerminatingFallback => w.counters.pick_terminating_fallback.inc(),
                     _ => w.counters.pick_ready.inc(),
+                }
+                if let Some(c) = w.counters.pick_topology.get(topology as usize) {
+                    c.inc();
                 }
                 log::debug!(
                     "serving_picker: cluster {cluster}: tier {} host {host}",

@@ -70,6 +70,8 @@ impl Batched {
 pub struct RequestCounters {
     pub pick_ready: Batched,
     pub pick_terminating_fallback: Batched,
+    /// Picks by topology mode, indexed by `Topology` (none, node, zone).
+    pub pick_topology: [Batched; 3],
     pub reject_no_serving: Batched,
     pub reject_no_snapshot: Batched,
     pub passthrough_no_serving: Batched,
@@ -83,6 +85,11 @@ impl RequestCounters {
         RequestCounters {
             pick_ready: Batched::define("serving_picker.pick.ready"),
             pick_terminating_fallback: Batched::define("serving_picker.pick.terminating_fallback"),
+            pick_topology: [
+                Batched::define("serving_picker.pick.topology.none"),
+                Batched::define("serving_picker.pick.topology.node"),
+                Batched::define("serving_picker.pick.topology.zone"),
+            ],
             reject_no_serving: Batched::define("serving_picker.reject.no_serving"),
             reject_no_snapshot: Batched::define("serving_picker.reject.no_snapshot"),
             passthrough_no_serving: Batched::define("serving_picker.passthrough.no_serving"),
@@ -98,6 +105,9 @@ impl RequestCounters {
         for c in [
             &self.pick_ready,
             &self.pick_terminating_fallback,
+            &self.pick_topology[0],
+            &self.pick_topology[1],
+            &self.pick_topology[2],
             &self.reject_no_serving,
             &self.reject_no_snapshot,
             &self.passthrough_no_serving,
