@@ -79,19 +79,27 @@ fn a_slow_full_refresh_does_not_stretch_the_stats_poll() {
     assert!(stat(&envoy, "serving_picker.snapshot.refresh_narrowed") >= 1);
 }
 
-/// `before_first_snapshot: "reject"`: until the filter has its first snapshot
-/// (here the admin API answers 500 at first), a managed cluster's requests get
-/// a 503 saying so, never Envoy's round robin (which reaches not-serving B).
-/// Once the admin API answers, A is picked. The default, `passthrough`, sends
-/// them to Envoy's own load balancer: counted here to show what it does.
+/// Before the first snapshot (here the admin API answers 500 at first), a
+/// managed cluster's requests get what `before_first_snapshot` says; Envoy's
+/// round robin would reach not-serving B.
+/// - `hold` (the default): they wait, and once the admin API answers they
+///   all go to A: no 503, B never reached.
+/// - `reject`: a 503 saying so, at once; B never reached.
+/// - `passthrough`: Envoy's own load balancer, which reaches B (counted here
+///   to show what it does).
 #[test]
-fn before_the_first_snapshot_reject_reaches_no_not_serving_host() {
-    for (mode, expect_reject) in [("reject", true), ("passthrough", false)] {
+fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
+    for mode in ["hold", "reject", "passthrough"] {
         let a = Backend::start("A");
         let b = Backend::start("B");
         let stub = AdminStub::start();
         stub.set_mode(Mode::Status(500));
-        let config = plugin_config(json!({"before_first_snapshot": mode}));
+        // The default is left unset: `hold` must be it.
+        let config = if mode == "hold" {
+            plugin_config(json!({}))
+        } else {
+            plugin_config(json!({"before_first_snapshot": mode}))
+        };
         let envoy = EnvoyBuilder::new()
             .tag(&format!("stale-first-{mode}"))
             .with_filter(Some(&config))
@@ -102,7 +110,28 @@ fn before_the_first_snapshot_reject_reaches_no_not_serving_host() {
             )
             .start();
         stub.set_upstream(envoy.admin_addr());
-        let early = batch(&envoy, PATH, &[], 30);
+        let listen = envoy.listen_addr();
+        // 30 requests at once, answered while the admin API still fails
+        // (reject, passthrough) or after it recovers (hold).
+        let early = std::thread::scope(|scope| {
+            let clients: Vec<_> = (0..30)
+                .map(|_| scope.spawn(move || support::http::get(listen, PATH, &[])))
+                .collect();
+            if mode == "hold" {
+                wait_until("requests held", Duration::from_secs(10), || {
+                    stat(&envoy, "serving_picker.hold.no_snapshot") >= 30
+                });
+                assert!(
+                    clients.iter().all(|c| !c.is_finished()),
+                    "a held request was answered before the first snapshot"
+                );
+                stub.set_mode(Mode::Healthy);
+            }
+            clients
+                .into_iter()
+                .map(|c| c.join().unwrap())
+                .collect::<Vec<_>>()
+        });
         let rejected = early
             .iter()
             .filter(|r| r.status == 503 && r.header("x-serving-picker") == Some("no-snapshot-yet"))
@@ -112,27 +141,60 @@ fn before_the_first_snapshot_reject_reaches_no_not_serving_host() {
             tally(&early),
             b.count()
         );
-        if expect_reject {
-            assert_eq!(rejected, early.len(), "{:?}", tally(&early));
+        match mode {
+            "hold" => assert!(early.iter().all(picked(&a)), "{:?}", tally(&early)),
+            "reject" => assert_eq!(rejected, early.len(), "{:?}", tally(&early)),
+            _ => assert!(b.count() > 0, "passthrough: Envoy's round robin reaches B"),
+        }
+        if mode != "passthrough" {
             assert_eq!(
                 b.count(),
                 0,
                 "not-serving B reached before the first snapshot"
             );
-        } else {
-            assert!(b.count() > 0, "passthrough: Envoy's round robin reaches B");
         }
         stub.set_mode(Mode::Healthy);
         expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
-        if expect_reject {
+        if mode == "reject" {
             assert_eq!(b.count(), 0);
             assert!(stat(&envoy, "serving_picker.reject.no_snapshot") >= 30);
         }
     }
 }
 
-#[allow(dead_code)]
-fn _unused(_: Instant) {}
+/// `hold` is bounded: with the admin API failing for good, held requests
+/// get the 503 `no-snapshot-yet` after `admin_timeout_ms`, not a hang.
+#[test]
+fn a_hold_ends_in_a_503_when_no_snapshot_comes() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let stub = AdminStub::start();
+    stub.set_mode(Mode::Status(500));
+    let config = plugin_config(json!({"admin_timeout_ms": 400}));
+    let envoy = EnvoyBuilder::new()
+        .tag("stale-hold-expires")
+        .with_filter(Some(&config))
+        .admin_cluster_port(stub.port())
+        .eds_cluster(
+            CLUSTER,
+            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        )
+        .start();
+    stub.set_upstream(envoy.admin_addr());
+    let started = Instant::now();
+    let r = envoy.get(PATH, &[]);
+    let waited = started.elapsed();
+    println!("held {} ms, then {}", waited.as_millis(), r.status);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("x-serving-picker"), Some("no-snapshot-yet"));
+    assert!(
+        waited >= Duration::from_millis(350),
+        "answered after {} ms: not held",
+        waited.as_millis()
+    );
+    assert_eq!(b.count() + a.count(), 0);
+    assert!(stat(&envoy, "serving_picker.hold.no_snapshot") >= 1);
+}
 
 /// Clusters `a:b` and `a_b` (Envoy writes `:` as `_` in stat names, so both
 /// count under `cluster.a_b.*`): a change of `a:b` must not be pinned to

@@ -15,6 +15,17 @@ pub enum OnNoServing {
     Passthrough,
 }
 
+/// What a managed cluster's requests get before this worker has a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeforeFirstSnapshot {
+    /// Wait for it (at most `admin_timeout_ms`), then a 503 that says why.
+    Hold,
+    /// A 503 that says why, at once.
+    Reject,
+    /// Envoy's own load balancer, not-serving hosts included.
+    Passthrough,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct PluginConfig {
     pub admin_cluster: String,
@@ -39,7 +50,7 @@ pub struct PluginConfig {
     /// Hosts of the tier listed after the picked one (cycled), one per retry.
     pub retry_alternates: usize,
     /// What requests get until this filter has its first snapshot.
-    pub before_first_snapshot: OnNoServing,
+    pub before_first_snapshot: BeforeFirstSnapshot,
 }
 
 pub const DEFAULT_ADMIN_PATH: &str =
@@ -80,7 +91,9 @@ impl Default for PluginConfig {
             on_no_serving: OnNoServing::Reject,
             clusters: None,
             retry_alternates: 2,
-            before_first_snapshot: OnNoServing::Passthrough,
+            // Envoy's balancer would reach not-serving hosts; a 503 at every
+            // start and config change is worse than a wait of milliseconds.
+            before_first_snapshot: BeforeFirstSnapshot::Hold,
         }
     }
 }
@@ -138,10 +151,7 @@ fn reject_or_passthrough(key: &str, value: Value) -> Result<OnNoServing, ConfigE
     match typed::<String>(key, value)?.as_str() {
         "reject" => Ok(OnNoServing::Reject),
         "passthrough" => Ok(OnNoServing::Passthrough),
-        other => Err(err(
-            key,
-            format!("{other:?} is not one of \"reject\", \"passthrough\""),
-        )),
+        _ => Err(err(key, "must be \"reject\" or \"passthrough\"")),
     }
 }
 
@@ -188,7 +198,12 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
             }
             "on_no_serving" => config.on_no_serving = reject_or_passthrough(k, value)?,
             "before_first_snapshot" => {
-                config.before_first_snapshot = reject_or_passthrough(k, value)?
+                config.before_first_snapshot = match typed::<String>(k, value)?.as_str() {
+                    "hold" => BeforeFirstSnapshot::Hold,
+                    "reject" => BeforeFirstSnapshot::Reject,
+                    "passthrough" => BeforeFirstSnapshot::Passthrough,
+                    _ => return Err(err(k, "must be \"hold\", \"reject\" or \"passthrough\"")),
+                }
             }
             "clusters" => {
                 let list: Vec<String> = typed(k, value)?;
@@ -281,7 +296,7 @@ mod tests {
         assert_eq!(c.selection.local_zone.as_deref(), Some("z1"));
         assert_eq!(c.selection.local_zone_min_share, 0.5);
         assert_eq!(c.retry_alternates, 0);
-        assert_eq!(c.before_first_snapshot, OnNoServing::Reject);
+        assert_eq!(c.before_first_snapshot, BeforeFirstSnapshot::Reject);
     }
 
     #[test]
@@ -301,7 +316,7 @@ mod tests {
             ),
             (r#"{"clusters":[]}"#, "clusters"),
             (
-                r#"{"before_first_snapshot":"hold"}"#,
+                r#"{"before_first_snapshot":"wait"}"#,
                 "before_first_snapshot",
             ),
         ] {
@@ -309,7 +324,13 @@ mod tests {
         }
         assert_eq!(
             parse("{}").unwrap().before_first_snapshot,
-            OnNoServing::Passthrough
+            BeforeFirstSnapshot::Hold
+        );
+        assert_eq!(
+            parse(r#"{"before_first_snapshot":"passthrough"}"#)
+                .unwrap()
+                .before_first_snapshot,
+            BeforeFirstSnapshot::Passthrough
         );
     }
 

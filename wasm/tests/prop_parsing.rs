@@ -15,7 +15,9 @@ use serving_picker_wasm::admin_json::{
 };
 use serving_picker_wasm::codec;
 use serving_picker_wasm::conditions::{EdsHealth, Health, MetaFlags};
-use serving_picker_wasm::config::{parse_config, OnNoServing, PluginConfig, SelectionConfig};
+use serving_picker_wasm::config::{
+    parse_config, BeforeFirstSnapshot, OnNoServing, PluginConfig, SelectionConfig,
+};
 use serving_picker_wasm::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker_wasm::snapshot::build_plans;
 use serving_picker_wasm::table::{Decision, RoutingTable};
@@ -120,6 +122,7 @@ fn config_value() -> impl Strategy<Value = Value> {
     let strings = [
         "reject",
         "passthrough",
+        "hold",
         "Reject",
         "",
         " ",
@@ -225,9 +228,8 @@ fn key_accepts(key: &str, v: &Value) -> bool {
                 ]
                 .contains(&s)
         }),
-        "on_no_serving" | "before_first_snapshot" => {
-            matches!(v.as_str(), Some("reject" | "passthrough"))
-        }
+        "on_no_serving" => matches!(v.as_str(), Some("reject" | "passthrough")),
+        "before_first_snapshot" => matches!(v.as_str(), Some("hold" | "reject" | "passthrough")),
         "clusters" => v.as_array().is_some_and(|a| {
             !a.is_empty() && a.iter().all(|c| c.as_str().is_some_and(|s| !s.is_empty()))
         }),
@@ -291,8 +293,9 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
     };
     assert_eq!(c.on_no_serving, on);
     let before = match obj.get("before_first_snapshot").and_then(Value::as_str) {
-        Some("reject") => OnNoServing::Reject,
-        _ => OnNoServing::Passthrough,
+        Some("reject") => BeforeFirstSnapshot::Reject,
+        Some("passthrough") => BeforeFirstSnapshot::Passthrough,
+        _ => BeforeFirstSnapshot::Hold,
     };
     assert_eq!(c.before_first_snapshot, before);
     let clusters = obj.get("clusters").and_then(Value::as_array).map(|a| {

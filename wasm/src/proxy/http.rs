@@ -5,7 +5,7 @@
 
 use super::host;
 use super::root::Worker;
-use crate::config::OnNoServing;
+use crate::config::{BeforeFirstSnapshot, OnNoServing};
 use crate::plan::Tier;
 use crate::table::Decision;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -17,13 +17,24 @@ const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
 
 pub struct PickerHttp {
     worker: Rc<Worker>,
+    context_id: u32,
 }
 
 impl PickerHttp {
-    pub fn new(worker: Rc<Worker>) -> PickerHttp {
-        PickerHttp { worker }
+    pub fn new(worker: Rc<Worker>, context_id: u32) -> PickerHttp {
+        PickerHttp { worker, context_id }
     }
+}
 
+/// Steers the current request (the effective context: a held one when the
+/// root context releases it). `context_id` is `None` where holding is no
+/// longer allowed.
+pub struct Steer<'a> {
+    pub worker: &'a Worker,
+    pub context_id: Option<u32>,
+}
+
+impl Steer<'_> {
     /// Removes every value of the override header a client sent, on the paths
     /// that do not set ours; if that fails the request is refused rather than
     /// steered. Looks first, since a removal clears Envoy's route cache.
@@ -41,8 +52,8 @@ impl PickerHttp {
     }
 
     /// A local 503 saying why: `no-serving-endpoint`, or `no-snapshot-yet`
-    /// (`before_first_snapshot: reject`).
-    fn reject(&self, cluster: &str, no_snapshot: bool) -> Action {
+    /// (`before_first_snapshot: reject`, or a hold that expired).
+    pub fn reject(&self, cluster: &str, no_snapshot: bool) -> Action {
         let (what, why, details) = if no_snapshot {
             self.worker.counters.reject_no_snapshot.inc();
             (
@@ -74,8 +85,15 @@ impl PickerHttp {
             w.counters.passthrough_unmanaged.inc();
             return self.strip_client_header();
         }
-        if w.table.borrow().is_none() && w.config.before_first_snapshot == OnNoServing::Reject {
-            return self.reject(cluster, true);
+        if w.table.borrow().is_none() {
+            match (w.config.before_first_snapshot, self.context_id) {
+                (BeforeFirstSnapshot::Hold, Some(id)) => {
+                    w.hold(id);
+                    return Action::Pause;
+                }
+                (BeforeFirstSnapshot::Passthrough, _) => {}
+                _ => return self.reject(cluster, true),
+            }
         }
         w.counters.passthrough_unknown_cluster.inc();
         if w.logged_unknown.borrow_mut().insert(cluster.to_string()) {
@@ -94,7 +112,18 @@ impl Context for PickerHttp {}
 
 impl HttpContext for PickerHttp {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        let w = &self.worker;
+        Steer {
+            worker: &self.worker,
+            context_id: Some(self.context_id),
+        }
+        .request()
+    }
+}
+
+impl Steer<'_> {
+    #[inline(never)]
+    pub fn request(&self) -> Action {
+        let w = self.worker;
         let header = w.config.override_header.as_str();
         let name = host::property(CLUSTER_NAME);
         let Some(cluster) = name.as_deref().and_then(|n| std::str::from_utf8(n).ok()) else {
@@ -137,9 +166,6 @@ impl HttpContext for PickerHttp {
                 }
                 OnNoServing::Passthrough => {
                     w.counters.passthrough_no_serving.inc();
-                    log::debug!(
-                        "serving_picker: cluster {cluster}: no serving endpoint, passthrough"
-                    );
                     self.strip_client_header()
                 }
             },

@@ -74,6 +74,7 @@ pub struct RequestCounters {
     pub pick_topology: [Batched; 3],
     pub reject_no_serving: Batched,
     pub reject_no_snapshot: Batched,
+    pub held_no_snapshot: Batched,
     pub passthrough_no_serving: Batched,
     pub passthrough_unknown_cluster: Batched,
     pub passthrough_unmanaged: Batched,
@@ -92,6 +93,7 @@ impl RequestCounters {
             ],
             reject_no_serving: Batched::define("serving_picker.reject.no_serving"),
             reject_no_snapshot: Batched::define("serving_picker.reject.no_snapshot"),
+            held_no_snapshot: Batched::define("serving_picker.hold.no_snapshot"),
             passthrough_no_serving: Batched::define("serving_picker.passthrough.no_serving"),
             passthrough_unknown_cluster: Batched::define(
                 "serving_picker.passthrough.unknown_cluster",
@@ -110,6 +112,7 @@ impl RequestCounters {
             &self.pick_topology[2],
             &self.reject_no_serving,
             &self.reject_no_snapshot,
+            &self.held_no_snapshot,
             &self.passthrough_no_serving,
             &self.passthrough_unknown_cluster,
             &self.passthrough_unmanaged,

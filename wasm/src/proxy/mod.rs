@@ -16,7 +16,9 @@ proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
         let _ = proxy_wasm::hostcalls::log(LogLevel::Critical, &format!("serving_picker panicked: {info}"));
     }));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::PickerRoot::new()) });
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+        Box::new(root::PickerRoot::new(context_id))
+    });
 }}
 
 /// Wall-clock microseconds from the host (for cost figures, not decisions).

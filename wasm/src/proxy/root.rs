@@ -1,6 +1,6 @@
 //! The root context: configuration, leader election, snapshot sync.
 
-use super::http::PickerHttp;
+use super::http::{PickerHttp, Steer};
 use super::metrics::{Metrics, RequestCounters};
 use super::refresh::{Outcome, Refresher, Start, ADMIN_SHARE_DIVISOR};
 use super::shared::SharedKeys;
@@ -9,7 +9,7 @@ use crate::config::{fingerprint, parse_config, PluginConfig};
 use crate::table::{FnvBuild, RoutingTable};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType};
+use proxy_wasm::types::{Action, BufferType, ContextType};
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::Hasher;
@@ -24,9 +24,65 @@ pub struct Worker {
     pub table: RefCell<Option<RoutingTable>>,
     /// Clusters already logged as unknown since the last snapshot change.
     pub logged_unknown: RefCell<HashSet<String, FnvBuild>>,
+    /// Requests waiting for the first snapshot (`before_first_snapshot:
+    /// hold`), by context id, and since when the oldest waits.
+    held: RefCell<Vec<u32>>,
+    held_since_ms: Cell<u64>,
+    /// The root context's id: host calls after a release must be its again
+    /// (an admin call dispatched for a request would answer to the request).
+    root_context_id: u32,
+}
+
+/// While requests wait, ticks come this often so that they leave soon after
+/// the snapshot is published.
+const HOLD_TICK: Duration = Duration::from_millis(5);
+
+impl Worker {
+    /// Holds a request until the first snapshot (the root releases it).
+    pub fn hold(&self, context_id: u32) {
+        let mut held = self.held.borrow_mut();
+        if held.is_empty() {
+            self.held_since_ms.set(now_ms());
+            // Called from the request's context, this sets its root's ticks.
+            let _ = hostcalls::set_tick_period(HOLD_TICK);
+            log::info!("serving_picker: no snapshot yet; holding requests");
+        }
+        held.push(context_id);
+        self.counters.held_no_snapshot.inc();
+    }
+
+    /// Steers every held request now (with a table) or answers each a 503
+    /// (`expired`), then restores the tick period.
+    fn release_held(&self, expired: bool) {
+        let held = std::mem::take(&mut *self.held.borrow_mut());
+        if held.is_empty() {
+            return;
+        }
+        if expired {
+            log::warn!("serving_picker: no snapshot within admin_timeout_ms: held requests get 503 no-snapshot-yet");
+        }
+        for id in held {
+            // A request whose client left is gone: nothing to resume.
+            if hostcalls::set_effective_context(id).is_err() {
+                continue;
+            }
+            let steer = Steer {
+                worker: self,
+                context_id: None,
+            };
+            if steer.request() == Action::Continue {
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+        let _ = hostcalls::set_effective_context(self.root_context_id);
+        let _ = hostcalls::set_tick_period(tick_period(self.config.refresh_interval_ms));
+    }
 }
 
 pub struct PickerRoot {
+    /// Envoy's id for this root context.
+    context_id: u32,
+    /// This context's id in the lease (random: unique across VMs).
     id: u32,
     /// Made an HTTP context: this is a worker's VM (the main thread's never does).
     served: Cell<bool>,
@@ -78,8 +134,9 @@ pub fn now_ms() -> u64 {
 }
 
 impl PickerRoot {
-    pub fn new() -> PickerRoot {
+    pub fn new(context_id: u32) -> PickerRoot {
         PickerRoot {
+            context_id,
             id: random_id(),
             served: Cell::new(false),
             worker: None,
@@ -114,6 +171,8 @@ impl PickerRoot {
             .set(table.cluster_count() as u64);
         worker.metrics.snapshot_hosts.set(table.host_count() as u64);
         worker.logged_unknown.borrow_mut().clear();
+        drop(slot);
+        worker.release_held(false);
         Ok(())
     }
 
@@ -180,15 +239,14 @@ impl PickerRoot {
 /// One line per change: each cluster's tier and host count.
 fn summary(plans: &[crate::plan::ClusterPlan]) -> String {
     const SHOWN: usize = 8;
-    let mut parts: Vec<String> = plans
-        .iter()
-        .take(SHOWN)
-        .map(|p| format!("{}={}x{}", p.cluster, p.tier.name(), p.hosts.len()))
-        .collect();
-    if plans.len() > SHOWN {
-        parts.push(format!("(+{} clusters)", plans.len() - SHOWN));
+    let mut line = String::new();
+    for p in plans.iter().take(SHOWN) {
+        line += &format!("{}={}x{} ", p.cluster, p.tier.name(), p.hosts.len());
     }
-    parts.join(" ")
+    if plans.len() > SHOWN {
+        line += &format!("(+{} clusters)", plans.len() - SHOWN);
+    }
+    line
 }
 
 impl PickerRoot {
@@ -199,10 +257,8 @@ impl PickerRoot {
         if stretched > config.refresh_interval_ms && !self.stretch_logged {
             self.stretch_logged = true;
             log::info!(
-                "serving_picker: a refresh takes {} ms of admin time: full refreshes at most every {} ms instead of {} ms",
+                "serving_picker: a refresh takes {} ms of admin time: full refreshes at most every {stretched} ms",
                 self.refresher.last_took_ms(),
-                stretched,
-                config.refresh_interval_ms
             );
         }
         now.saturating_sub(self.last_poll_ms) >= config.refresh_interval_ms
@@ -304,6 +360,9 @@ impl RootContext for PickerRoot {
             counters: RequestCounters::define(),
             table: RefCell::new(None),
             logged_unknown: RefCell::new(HashSet::default()),
+            held: RefCell::new(Vec::new()),
+            held_since_ms: Cell::new(0),
+            root_context_id: self.context_id,
         }));
         self.seen_version = None;
         self.published = None;
@@ -323,9 +382,14 @@ impl RootContext for PickerRoot {
         let (Some(worker), Some(keys)) = (self.worker.clone(), &self.keys) else {
             return;
         };
-        worker.counters.flush();
         let config = &worker.config;
         let now = now_ms();
+        if !worker.held.borrow().is_empty()
+            && now.saturating_sub(worker.held_since_ms.get()) >= config.admin_timeout_ms
+        {
+            worker.release_held(true);
+        }
+        worker.counters.flush();
         let ttl = config.refresh_interval_ms * 3 + config.admin_timeout_ms;
         // Refreshing on a worker would hold up its requests: while an idle
         // context (the main thread's) is alive, workers leave the lease to it.
@@ -371,10 +435,10 @@ impl RootContext for PickerRoot {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         self.served.set(true);
         let worker = self.worker.clone()?;
-        Some(Box::new(PickerHttp::new(worker)))
+        Some(Box::new(PickerHttp::new(worker, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {
