@@ -183,10 +183,7 @@ fn priorities_share_load_like_envoys_priority_load() {
         "A, B or E picked",
         picked_any(&tier),
     );
-    // Before the first snapshot Envoy's round robin had the requests.
-    for bk in [c, d, f] {
-        bk.reset();
-    }
+    // No reset after settling: before the first snapshot requests are held.
     let rs = assert_batch(
         &envoy,
         "/prio/x",
@@ -313,4 +310,57 @@ fn envoy_gateways_prometheus_stats_cluster_serves_as_admin_cluster() {
     );
     let prom = support::http::get(stats_listener, "/stats/prometheus", &[]);
     assert_eq!(prom.status, 200);
+}
+
+/// The wasm form's other path to a host: Envoy's own balancer, the
+/// override_host policy's fallback round robin (`passthrough` settings, a
+/// cluster the snapshot does not know, a picked host that left Envoy before
+/// the next refresh). It sees EDS health only: the companion marks
+/// not-serving endpoints UNHEALTHY, but with one healthy host of four Envoy
+/// is in panic (below 50%) and balances over all of them. With
+/// `healthy_panic_threshold: 0` (the shipped configs) it never panics, so
+/// the fallback reaches no not-serving host. Here without the filter, so
+/// every request takes the fallback.
+#[test]
+fn the_fallback_balancer_reaches_no_unhealthy_host_without_panic() {
+    for threshold in [None, Some(0)] {
+        let names = ["A", "B", "C", "D"];
+        let backends: Vec<Backend> = names.iter().map(|n| Backend::start(n)).collect();
+        let endpoints: Vec<Endpoint> = backends
+            .iter()
+            .enumerate()
+            .map(|(i, bk)| match i {
+                0 => Endpoint::serving(bk.addr()),
+                _ => Endpoint::not_serving(bk.addr()).health_status("UNHEALTHY"),
+            })
+            .collect();
+        let mut builder = EnvoyBuilder::new()
+            .tag("shape-fallback-panic")
+            .with_filter(None)
+            .eds_cluster("backend", &endpoints);
+        if let Some(t) = threshold {
+            builder = builder.bootstrap_hook(support::tweak::merge_cluster(
+                "backend",
+                json!({"common_lb_config": {"healthy_panic_threshold": {"value": t}}}),
+            ));
+        }
+        let envoy = builder.start();
+        let a = &backends[0];
+        wait_until("A reachable", Duration::from_secs(15), || {
+            picked(a)(&envoy.get("/backend/x", &[]))
+        });
+        let rs = batch(&envoy, "/backend/x", &[], 40);
+        let others: u64 = backends[1..].iter().map(|b| b.count()).sum();
+        println!(
+            "fallback round robin, healthy_panic_threshold {threshold:?}: {:?}",
+            tally(&rs)
+        );
+        match threshold {
+            None => assert!(others > 0, "expected panic mode to reach B, C, D"),
+            Some(_) => {
+                assert_eq!(others, 0, "{:?}", tally(&rs));
+                assert!(rs.iter().all(picked(a)), "{:?}", tally(&rs));
+            }
+        }
+    }
 }
