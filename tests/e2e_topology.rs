@@ -1,6 +1,7 @@
 //! Topology: inside the chosen tier the filter prefers the local zone
-//! (`local_zone`) when it holds at least `local_zone_min_share` of the tier's
-//! weight, else it uses the whole tier.
+//! (`local_zone`, else Envoy's own `node.locality.zone` in the wasm form) when
+//! it holds at least `local_zone_min_share` of the tier's weight, else it uses
+//! the whole tier.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -114,4 +115,45 @@ fn weight_decides_the_local_share() {
     );
     let b_share = per_backend(&rs).get("B").copied().unwrap_or(0) as f64 / 200.0;
     assert!((b_share - 0.8).abs() < 0.05, "B share {b_share}");
+}
+
+/// Without `local_zone` the wasm filter takes Envoy's own zone (bootstrap
+/// `node.locality.zone`, which `--service-zone` overrides); `local_zone` in the
+/// configuration wins over it.
+#[test]
+fn local_zone_defaults_to_envoys_node_locality() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let endpoints = [
+        Endpoint::serving(a.addr()).zone("zone-a"),
+        Endpoint::serving(b.addr()).zone("zone-b"),
+    ];
+    for (config, zone, local, source) in [
+        (json!({}), "zone-a", &a, "Envoy's node.locality.zone"),
+        (json!({"local_zone": "zone-b"}), "zone-b", &b, "local_zone"),
+    ] {
+        let envoy = EnvoyBuilder::new()
+            .tag("zone-from-node")
+            .with_filter(Some(&plugin_config(config)))
+            .bootstrap_hook(support::tweak::node_zone("zone-a"))
+            .eds_cluster("backend", &endpoints)
+            .start();
+        // Each zone holds half the tier's weight (>= the default 0.2): the local one only.
+        expect_routing(
+            &envoy,
+            "/backend/x",
+            &[],
+            "the local zone's host",
+            picked(local),
+        );
+        let lines = envoy.log_lines("serving_picker: local zone");
+        // One per VM (the main thread's and each worker's), each naming the zone and its source.
+        assert!(
+            !lines.is_empty()
+                && lines
+                    .iter()
+                    .all(|l| l.ends_with(&format!("local zone \"{zone}\" from {source}"))),
+            "{lines:#?}"
+        );
+    }
 }

@@ -32,6 +32,15 @@ pub fn envoy_yaml_outlier_detection() -> Value {
     })
 }
 
+/// Envoy's own zone: bootstrap `node.locality.zone` (what `--service-zone`
+/// would override).
+pub fn node_zone(zone: &str) -> impl Fn(&mut Value, &Path) + 'static {
+    let zone = zone.to_string();
+    move |bootstrap: &mut Value, _dir: &Path| {
+        bootstrap["node"]["locality"] = json!({"zone": zone});
+    }
+}
+
 /// The cluster named `name` in a bootstrap; panics if there is none.
 pub fn cluster_mut<'a>(bootstrap: &'a mut Value, name: &str) -> &'a mut Value {
     let clusters = bootstrap["static_resources"]["clusters"]

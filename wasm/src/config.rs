@@ -242,6 +242,24 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
 }
 
 impl PluginConfig {
+    /// `local_zone` from the configuration wins; without it, `envoy_zone`
+    /// (Envoy's own `node.locality.zone`; empty means unset). Says where the
+    /// zone in use came from, for the log.
+    pub fn default_local_zone(&mut self, envoy_zone: Option<Vec<u8>>) -> &'static str {
+        let zone = &mut self.selection.local_zone;
+        if zone.is_some() {
+            return "local_zone";
+        }
+        *zone = envoy_zone
+            .and_then(|z| String::from_utf8(z).ok())
+            .filter(|z| !z.is_empty());
+        if zone.is_some() {
+            "Envoy's node.locality.zone"
+        } else {
+            "nowhere: no zone preference"
+        }
+    }
+
     /// Whether the filter manages this cluster (allow-list; the admin cluster never).
     pub fn manages(&self, cluster: &str) -> bool {
         if cluster == self.admin_cluster {
@@ -442,6 +460,26 @@ mod tests {
         let some = parse(r#"{"clusters":["a"]}"#).unwrap();
         assert!(some.manages("a"));
         assert!(!some.manages("b"));
+    }
+
+    #[test]
+    fn local_zone_defaults_to_envoys_node_zone() {
+        let envoy = || Some(b"zone-b".to_vec());
+        // The configuration wins over Envoy's zone.
+        let mut c = parse(r#"{"local_zone":"zone-a"}"#).unwrap();
+        assert_eq!(c.default_local_zone(envoy()), "local_zone");
+        assert_eq!(c.selection.local_zone.as_deref(), Some("zone-a"));
+        // Without it, Envoy's.
+        let mut c = parse("{}").unwrap();
+        assert_eq!(c.default_local_zone(envoy()), "Envoy's node.locality.zone");
+        assert_eq!(c.selection.local_zone.as_deref(), Some("zone-b"));
+        // Envoy without a zone (empty, absent or not text): no zone preference.
+        for unset in [Some(Vec::new()), None, Some(vec![0xff])] {
+            let mut c = parse("{}").unwrap();
+            assert_eq!(c.default_local_zone(unset), "nowhere: no zone preference");
+            assert_eq!(c.selection.local_zone, None);
+            assert!(c.selection.zone_preference().is_none());
+        }
     }
 }
 

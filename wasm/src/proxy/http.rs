@@ -42,7 +42,7 @@ impl Steer<'_> {
         let header = self.worker.config.override_header.as_str();
         if host::header(MapType::HttpRequestHeaders, header).is_some() {
             if !host::remove_header(MapType::HttpRequestHeaders, header) {
-                log::error!("serving_picker: cannot remove the client's {header}; rejecting");
+                log::error!("cannot remove the client's {header}; rejecting");
                 let _ = host::local_response(500, "serving_picker_strip_failed", &[], b"");
                 return Action::Pause;
             }
@@ -69,11 +69,11 @@ impl Steer<'_> {
                 "serving_picker_no_serving_endpoint",
             )
         };
-        log::debug!("serving_picker: cluster {cluster}: {what}, 503");
+        log::debug!("cluster {cluster}: {what}, 503");
         let body = format!("{what}: cluster {cluster:?} {why}\n");
         let headers = vec![("x-serving-picker", what), ("content-type", "text/plain")];
         if !host::local_response(503, details, &headers, body.as_bytes()) {
-            log::error!("serving_picker: cannot send the 503; passing through");
+            log::error!("cannot send the 503; passing through");
             return Action::Continue;
         }
         Action::Pause
@@ -102,7 +102,7 @@ impl Steer<'_> {
             } else {
                 "not in the snapshot"
             };
-            log::warn!("serving_picker: cluster {cluster:?}: {why}; passing through to Envoy's load balancer");
+            log::warn!("cluster {cluster:?}: {why}; passing through to Envoy's load balancer");
         }
         self.strip_client_header()
     }
@@ -142,7 +142,7 @@ impl Steer<'_> {
             } => {
                 // Replacing also drops what the client sent (any case, repeated, lists).
                 if !host::replace_header(MapType::HttpRequestHeaders, header, host) {
-                    log::warn!("serving_picker: cannot set {header}; passing through");
+                    log::warn!("cannot set {header}; passing through");
                     drop(table);
                     return self.strip_client_header();
                 }
@@ -153,10 +153,7 @@ impl Steer<'_> {
                 if let Some(c) = w.counters.pick_topology.get(topology as usize) {
                     c.inc();
                 }
-                log::debug!(
-                    "serving_picker: cluster {cluster}: tier {} host {host}",
-                    tier.name()
-                );
+                log::debug!("cluster {cluster}: tier {} host {host}", tier.name());
                 Action::Continue
             }
             Decision::NoServing => match w.config.on_no_serving {

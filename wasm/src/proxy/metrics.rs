@@ -13,7 +13,7 @@ impl Metric {
         match define_metric(kind, name) {
             Ok(id) => Metric(Some(id)),
             Err(e) => {
-                log::warn!("serving_picker: cannot define metric {name}: {e:?}");
+                log::warn!("cannot define metric {name}: {e:?}");
                 Metric(None)
             }
         }

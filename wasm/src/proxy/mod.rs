@@ -2,6 +2,7 @@
 
 mod host;
 mod http;
+mod logger;
 mod metrics;
 mod refresh;
 mod root;
@@ -11,8 +12,8 @@ use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
 
 proxy_wasm::main! {{
-    proxy_wasm::set_log_level(LogLevel::Info);
-    // After set_log_level, which installs its own hook: ours names the filter.
+    logger::install();
+    // Ours names the filter.
     std::panic::set_hook(Box::new(|info| {
         let _ = proxy_wasm::hostcalls::log(LogLevel::Critical, &format!("serving_picker panicked: {info}"));
     }));

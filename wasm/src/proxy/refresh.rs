@@ -204,7 +204,7 @@ impl Refresher {
                 .keys()
                 .any(|n| n.contains(':') && live.clusters.contains_key(&n.replace(':', "_")));
             if clash {
-                log::debug!("serving_picker: refresh not narrowed: cluster names clash in stats");
+                log::debug!("refresh not narrowed: cluster names clash in stats");
                 return None;
             }
         }
@@ -235,14 +235,14 @@ impl Refresher {
             Scope::Only(clusters) => {
                 let view = self.last_dump.as_ref()?;
                 if !worth_narrowing(view, &clusters) {
-                    log::debug!("serving_picker: refresh not narrowed: most hosts moved");
+                    log::debug!("refresh not narrowed: most hosts moved");
                     return None;
                 }
                 let path = narrowed_path(&config.admin_path, &clusters)?;
                 Some((path, clusters))
             }
             Scope::All(why) => {
-                log::debug!("serving_picker: refresh not narrowed: {why}");
+                log::debug!("refresh not narrowed: {why}");
                 None
             }
         }
@@ -320,12 +320,14 @@ impl Refresher {
                         let narrowed = self.narrowing(config, reason);
                         if narrowed.is_none() && !self.full_allowed(now_ms) {
                             // Too soon for the whole dump: the next poll asks again.
-                            log::debug!("serving_picker: full refresh ({reason:?}) deferred: the last one was slow");
+                            log::debug!(
+                                "full refresh ({reason:?}) deferred: the last one was slow"
+                            );
                             self.gate.refresh_failed();
                             return Outcome::Nothing;
                         }
                         log::debug!(
-                            "serving_picker: refresh ({reason:?}){}",
+                            "refresh ({reason:?}){}",
                             narrowed.as_ref().map_or(String::new(), |(_, c)| format!(
                                 " of {} clusters",
                                 c.len()
@@ -430,7 +432,7 @@ impl Refresher {
             (Some(asked), Some(view)) => match merge(view, &dump, &asked) {
                 Ok(changed) => Ok(Some((dump, changed))),
                 Err(why) => {
-                    log::debug!("serving_picker: narrowed refresh refused ({why}); fetching all");
+                    log::debug!("narrowed refresh refused ({why}); fetching all");
                     Ok(None)
                 }
             },
@@ -455,7 +457,7 @@ impl Refresher {
         config: &PluginConfig,
     ) -> Outcome {
         if self.last_error.take().is_some() {
-            log::info!("serving_picker: admin refresh recovered");
+            log::info!("admin refresh recovered");
         }
         self.gate.refresh_succeeded(work.narrowed_to.is_none());
         work.took_ms = now_ms.saturating_sub(started);
@@ -496,9 +498,7 @@ impl Refresher {
     /// Logs a refresh failure once until it changes or recovers.
     fn fail(&mut self, why: String) -> Outcome {
         if self.last_error.as_deref() != Some(why.as_str()) {
-            log::warn!(
-                "serving_picker: admin refresh failed, keeping the last good snapshot: {why}"
-            );
+            log::warn!("admin refresh failed, keeping the last good snapshot: {why}");
             self.last_error = Some(why);
         }
         self.pending = None;
@@ -510,13 +510,13 @@ impl Refresher {
     fn note_gate_problem(&mut self, problem: Option<String>) {
         match problem {
             Some(why) if self.gate_problem.as_deref() != Some(why.as_str()) => {
-                log::warn!("serving_picker: admin stats gate off, doing a full refresh: {why}");
+                log::warn!("admin stats gate off, doing a full refresh: {why}");
                 self.gate_problem = Some(why);
             }
             Some(_) => {}
             None => {
                 if self.gate_problem.take().is_some() {
-                    log::info!("serving_picker: admin stats gate back on");
+                    log::info!("admin stats gate back on");
                 }
             }
         }
@@ -528,7 +528,7 @@ impl Refresher {
         }
         for note in notes {
             if self.logged_notes.insert(note.clone()) {
-                log::warn!("serving_picker: {note}");
+                log::warn!("{note}");
             }
         }
     }

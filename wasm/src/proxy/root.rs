@@ -14,7 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::Hasher;
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// What every request of this worker reads: shared with its HTTP contexts.
 pub struct Worker {
@@ -45,7 +45,7 @@ impl Worker {
             self.held_since_ms.set(now_ms());
             // Called from the request's context, this sets its root's ticks.
             let _ = hostcalls::set_tick_period(HOLD_TICK);
-            log::info!("serving_picker: no snapshot yet; holding requests");
+            log::info!("no snapshot yet; holding requests");
         }
         held.push(context_id);
         self.counters.held_no_snapshot.inc();
@@ -59,7 +59,9 @@ impl Worker {
             return;
         }
         if expired {
-            log::warn!("serving_picker: no snapshot within admin_timeout_ms: held requests get 503 no-snapshot-yet");
+            log::warn!(
+                "no snapshot within admin_timeout_ms: held requests get 503 no-snapshot-yet"
+            );
         }
         for id in held {
             // A request whose client left is gone: nothing to resume.
@@ -127,10 +129,7 @@ extern "C" {
 }
 
 pub fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as u64)
+    super::now_us() / 1000
 }
 
 impl PickerRoot {
@@ -161,7 +160,7 @@ impl PickerRoot {
         let table = slot.get_or_insert_with(|| RoutingTable::new(worker.config.retry_alternates));
         let rebuild = table.update(snapshot)?;
         log::debug!(
-            "serving_picker: routing table: {} clusters rebuilt, {} kept",
+            "routing table: {} clusters rebuilt, {} kept",
             rebuild.built,
             rebuild.kept
         );
@@ -187,7 +186,7 @@ impl PickerRoot {
         match self.install(&bytes) {
             Ok(()) => self.seen_version = version,
             Err(e) => {
-                log::error!("serving_picker: published snapshot unreadable, keeping ours: {e}")
+                log::error!("published snapshot unreadable, keeping ours: {e}")
             }
         }
     }
@@ -213,13 +212,13 @@ impl PickerRoot {
         let version = format!("{}.{}", self.id, self.publish_seq).into_bytes();
         if let Some(keys) = &self.keys {
             if let Err(e) = keys.publish(&bytes, &version) {
-                log::error!("serving_picker: cannot publish the snapshot to shared data: {e:?}");
+                log::error!("cannot publish the snapshot to shared data: {e:?}");
             }
         }
         worker.metrics.snapshot_published.inc();
         worker.metrics.snapshot_bytes.set(bytes.len() as u64);
         log::info!(
-            "serving_picker: published snapshot {}: {}",
+            "published snapshot {}: {}",
             String::from_utf8_lossy(&version),
             summary(plans)
         );
@@ -231,7 +230,7 @@ impl PickerRoot {
     /// The leader's own snapshot, just encoded: it always reads back.
     fn install_own(&self, snapshot: &[u8]) {
         if let Err(e) = self.install(snapshot) {
-            log::error!("serving_picker: own snapshot unreadable: {e}");
+            log::error!("own snapshot unreadable: {e}");
         }
     }
 }
@@ -257,7 +256,7 @@ impl PickerRoot {
         if stretched > config.refresh_interval_ms && !self.stretch_logged {
             self.stretch_logged = true;
             log::info!(
-                "serving_picker: a refresh takes {} ms of admin time: full refreshes at most every {stretched} ms",
+                "a refresh takes {} ms of admin time: full refreshes at most every {stretched} ms",
                 self.refresher.last_took_ms(),
             );
         }
@@ -311,7 +310,7 @@ impl Context for PickerRoot {
                     // Not expected: a narrowed refresh follows a full one of
                     // this term, whose snapshot is the one kept.
                     _ => {
-                        log::error!("serving_picker: cannot patch the published snapshot; the next refresh reads everything");
+                        log::error!("cannot patch the published snapshot; the next refresh reads everything");
                         self.refresher.forget_view();
                         worker.metrics.refresh_error.inc();
                         return;
@@ -329,7 +328,7 @@ impl Context for PickerRoot {
         worker.metrics.refresh_busy_us.set(busy_us);
         if let Some(clusters) = clusters {
             log::debug!(
-                "serving_picker: refresh: {clusters} clusters, {} admin bytes, {busy_us} us in the VM, {} ms end to end{}",
+                "refresh: {clusters} clusters, {} admin bytes, {busy_us} us in the VM, {} ms end to end{}",
                 work.admin_bytes,
                 work.took_ms,
                 work.narrowed_to
@@ -345,13 +344,20 @@ impl RootContext for PickerRoot {
         // No configuration at all reads as empty: every default.
         let raw =
             super::host::buffer(BufferType::PluginConfiguration, usize::MAX).unwrap_or_default();
-        let config = match parse_config(&raw) {
+        let mut config = match parse_config(&raw) {
             Ok(config) => config,
             Err(e) => {
-                log::error!("serving_picker: rejecting configuration: {e}");
+                log::error!("rejecting configuration: {e}");
                 return false;
             }
         };
+        // Envoy 1.40 serves its Node (bootstrap `node`, `--service-zone`) as the
+        // `xds.node` attribute, in root contexts too; the old `node` property is gone.
+        let from = config.default_local_zone(super::host::property(b"xds\0node\0locality\0zone"));
+        log::info!(
+            "local zone \"{}\" from {from}",
+            config.selection.local_zone.as_deref().unwrap_or_default()
+        );
         self.keys = Some(SharedKeys::for_config(fingerprint(&raw)));
         let config_interval_ms = config.refresh_interval_ms;
         self.worker = Some(Rc::new(Worker {
@@ -369,7 +375,7 @@ impl RootContext for PickerRoot {
         self.refresher = Refresher::default();
         self.last_poll_ms = 0;
         if let Err(e) = hostcalls::set_tick_period(tick_period(config_interval_ms)) {
-            log::error!("serving_picker: cannot set the tick period: {e:?}");
+            log::error!("cannot set the tick period: {e:?}");
             return false;
         }
         // Pick up a snapshot other workers already have, before the first tick.
@@ -404,7 +410,7 @@ impl RootContext for PickerRoot {
         let leader = keys.hold_lease(self.id, now, ttl, serving, idle_alive);
         if leader != self.leader {
             log::info!(
-                "serving_picker: context {:08x} {} the admin poller{}",
+                "context {:08x} {} the admin poller{}",
                 self.id,
                 if leader { "is now" } else { "is no longer" },
                 if !leader && serving && idle_alive {

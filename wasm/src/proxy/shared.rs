@@ -48,7 +48,7 @@ impl SharedKeys {
         let (value, cas) = match get_shared_data(&self.lease) {
             Ok(found) => found,
             Err(e) => {
-                log::debug!("serving_picker: lease read failed: {e:?}");
+                log::debug!("lease read failed: {e:?}");
                 return false;
             }
         };
@@ -76,7 +76,7 @@ impl SharedKeys {
             Ok(()) => written.holder == me,
             Err(Status::CasMismatch) => false,
             Err(e) => {
-                log::debug!("serving_picker: lease write failed: {e:?}");
+                log::debug!("lease write failed: {e:?}");
                 false
             }
         }
