@@ -592,14 +592,50 @@ fn cluster_outside_allow_list_is_passed_through_and_client_header_stripped() {
     }
 }
 
+/// Admin API unreachable from the start, default settings (`hold`): a
+/// request, even one naming not-serving B in the client header, waits for a
+/// snapshot that never comes and gets the 503 `no-snapshot-yet` after
+/// `admin_timeout_ms`. Nothing reaches B.
 #[test]
-fn admin_unreachable_fails_open_and_still_strips() {
+fn admin_unreachable_holds_then_503_and_reaches_nothing() {
     let a = Backend::start("A");
     let b = Backend::start("B");
     // A port nobody listens on.
     let closed = support::ports::free_port();
+    let config = plugin_config(json!({"admin_timeout_ms": 300}));
+    let envoy = EnvoyBuilder::new()
+        .tag("admin-unreachable-hold")
+        .with_filter(Some(&config))
+        .admin_cluster_port(closed)
+        .eds_cluster(
+            "backend",
+            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        )
+        .start();
+    let b_addr = b.addr().to_string();
+    let hdr = [(OVERRIDE_HEADER, b_addr.as_str())];
+    let rs = batch(&envoy, "/backend/x", &hdr, 5);
+    assert!(
+        rs.iter()
+            .all(|r| r.status == 503 && r.header("x-serving-picker") == Some("no-snapshot-yet")),
+        "{:?}",
+        tally(&rs)
+    );
+    assert_eq!(a.count() + b.count(), 0, "{:?}", tally(&rs));
+    assert!(envoy.stat("serving_picker.reject.no_snapshot").unwrap_or(0) >= 5);
+}
+
+/// The same with `before_first_snapshot: passthrough`: the filter fails
+/// open to Envoy's round robin, and still strips the client's header.
+#[test]
+fn admin_unreachable_passthrough_fails_open_and_still_strips() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let closed = support::ports::free_port();
+    let config = plugin_config(json!({"before_first_snapshot": "passthrough"}));
     let envoy = EnvoyBuilder::new()
         .tag("admin-unreachable")
+        .with_filter(Some(&config))
         .admin_cluster_port(closed)
         .eds_cluster(
             "backend",
