@@ -347,7 +347,7 @@ fn the_fallback_balancer_reaches_no_unhealthy_host_without_panic() {
         let envoy = builder.start();
         let a = &backends[0];
         wait_until("A reachable", Duration::from_secs(15), || {
-            picked(a)(&envoy.get("/backend/x", &[]))
+            served_by(a)(&envoy.get("/backend/x", &[]))
         });
         let rs = batch(&envoy, "/backend/x", &[], 40);
         let others: u64 = backends[1..].iter().map(|b| b.count()).sum();
@@ -359,7 +359,7 @@ fn the_fallback_balancer_reaches_no_unhealthy_host_without_panic() {
             None => assert!(others > 0, "expected panic mode to reach B, C, D"),
             Some(_) => {
                 assert_eq!(others, 0, "{:?}", tally(&rs));
-                assert!(rs.iter().all(picked(a)), "{:?}", tally(&rs));
+                assert!(rs.iter().all(served_by(a)), "{:?}", tally(&rs));
             }
         }
     }

@@ -57,7 +57,9 @@ fn no_panic_or_critical_except(envoy: &Envoy, expected: &[&str]) {
 // ---------------------------------------------------------------------------
 // The admin API unreachable
 
-/// The `envoy_admin` cluster points at a port nobody listens on. Expected:
+/// The `envoy_admin` cluster points at a port nobody listens on, with
+/// `before_first_snapshot: passthrough` (the default holds, then answers 503:
+/// e2e_behaviour). Expected:
 /// the filter fails open (no snapshot: every request goes to Envoy's own
 /// round robin, no 5xx from the filter, the client's override header still
 /// stripped), `serving_picker.snapshot.refresh_error` keeps growing (one per
@@ -69,8 +71,10 @@ fn admin_unreachable_fails_open_and_warns_once() {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let closed = support::ports::free_port();
+    let config = plugin_config(serde_json::json!({"before_first_snapshot": "passthrough"}));
     let envoy = EnvoyBuilder::new()
         .tag("fault-admin-dead")
+        .with_filter(Some(&config))
         .admin_cluster_port(closed)
         .eds_cluster(
             CLUSTER,
