@@ -122,20 +122,23 @@ pub const OVERPROVISIONING_FACTOR: u64 = 140;
 /// Total of the scaled weights when load is split (fits u32 per host).
 const SCALE: f64 = 1_000_000_000.0;
 
-fn weight_of(hosts: &[&HostRecord]) -> u64 {
-    hosts.iter().map(|h| u64::from(h.weight)).sum()
+/// A host of the cluster with its index there.
+type Indexed<'a> = (usize, &'a HostRecord);
+
+fn weight_of(hosts: &[Indexed]) -> u64 {
+    hosts.iter().map(|(_, h)| u64::from(h.weight)).sum()
 }
 
 /// Each host's fraction of one priority's load (summing to 1), or `None`
 /// when the zone rule keeps the hosts' own weights.
-fn zone_split(group: &[&HostRecord], zone: Option<&ZonePreference>) -> Option<Vec<f64>> {
+fn zone_split(group: &[Indexed], zone: Option<&ZonePreference>) -> Option<Vec<f64>> {
     let pref = zone?;
     let local = |h: &HostRecord| h.zone.as_deref() == Some(pref.local_zone.as_str());
     let total = weight_of(group) as f64;
     let local_weight: u64 = group
         .iter()
-        .filter(|h| local(h))
-        .map(|h| u64::from(h.weight))
+        .filter(|(_, h)| local(h))
+        .map(|(_, h)| u64::from(h.weight))
         .sum();
     let share = local_weight as f64 / total;
     if local_weight == 0 || share < pref.min_share {
@@ -144,7 +147,7 @@ fn zone_split(group: &[&HostRecord], zone: Option<&ZonePreference>) -> Option<Ve
     // Distinct zones by a linear scan: a group's zones are few, and a sort
     // would cost the wasm module kilobytes.
     let mut zones: Vec<Option<&str>> = Vec::new();
-    for h in group {
+    for (_, h) in group {
         if !zones.contains(&h.zone.as_deref()) {
             zones.push(h.zone.as_deref());
         }
@@ -155,7 +158,7 @@ fn zone_split(group: &[&HostRecord], zone: Option<&ZonePreference>) -> Option<Ve
     Some(
         group
             .iter()
-            .map(|h| {
+            .map(|(_, h)| {
                 let w = f64::from(h.weight);
                 if local(h) {
                     local_load * w / local_weight as f64
@@ -171,11 +174,15 @@ fn zone_split(group: &[&HostRecord], zone: Option<&ZonePreference>) -> Option<Ve
 
 /// kube-proxy's topology mode over the ready hosts: node hints, then zone
 /// hints, each only when every ready host has some and one names us.
-pub fn topology_mode(ready: &[&HostRecord], zone: Option<&str>, node: Option<&str>) -> Topology {
+pub fn topology_mode(
+    ready: &[(usize, &HostRecord)],
+    zone: Option<&str>,
+    node: Option<&str>,
+) -> Topology {
     let (zone, node) = (zone.unwrap_or_default(), node.unwrap_or_default());
     // (every host has node hints, one names us), the same for zones.
     let (mut all_nodes, mut for_node, mut all_zones, mut for_zone) = (true, false, true, false);
-    for h in ready {
+    for (_, h) in ready {
         let t = &h.topology;
         all_nodes &= has_hints(&t.hints_nodes);
         for_node |= hinted(&t.hints_nodes, node);
@@ -211,27 +218,85 @@ pub fn sort_by_name<T>(items: &mut Vec<T>, name: impl Fn(&T) -> &str) {
     );
 }
 
+/// The tier's hosts and their load, by index into the hosts they were
+/// planned from: what `plan_cluster_at` names, and what a form that keeps
+/// its own per-host data (the native module) maps back without addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Weights {
+    pub tier: Tier,
+    pub topology: Topology,
+    /// (index into the hosts, weight), priority by priority in the hosts'
+    /// order; a host listed twice is here twice (`plan_cluster_at` merges
+    /// them by address).
+    pub hosts: Vec<(usize, u32)>,
+}
+
+/// Which hint lists the plan can consult, for hosts of the ready tier only:
+/// (zone hints, node hints). The zone hints need a local zone to match; the
+/// node hints need a local node, or a local zone (any hint turns the zone
+/// share rule off). A form may skip reading the others.
+pub fn hints_used(zone: Option<&ZonePreference>, node: Option<&str>) -> (bool, bool) {
+    (zone.is_some(), zone.is_some() || node.is_some())
+}
+
 /// The plan of one cluster for an Envoy in `zone`'s local zone and on `node`.
 pub fn plan_cluster_at(
     cluster: &ClusterHosts,
     zone: Option<&ZonePreference>,
     node: Option<&str>,
 ) -> ClusterPlan {
-    let serving = cluster.hosts.iter().filter(|h| h.conditions().serving);
-    let ready: Vec<&HostRecord> = serving
-        .clone()
-        .filter(|h| !h.conditions().terminating)
-        .collect();
+    let weights = plan_weights(&cluster.hosts, zone, node);
+    // A plain loop: an iterator chain here costs the wasm module bytes.
+    let mut hosts = Vec::with_capacity(weights.hosts.len());
+    for &(i, weight) in &weights.hosts {
+        if let Some(h) = cluster.hosts.get(i) {
+            hosts.push(PlannedHost {
+                address: h.address.clone(),
+                weight,
+            });
+        }
+    }
+    // A host listed twice (e.g. in two localities) is one host with both weights.
+    sort_by_name(&mut hosts, |h| &h.address);
+    hosts.dedup_by(|later, kept| {
+        let same = later.address == kept.address;
+        if same {
+            kept.weight = kept.weight.saturating_add(later.weight);
+        }
+        same
+    });
+    ClusterPlan {
+        cluster: cluster.name.clone(),
+        tier: weights.tier,
+        topology: weights.topology,
+        hosts,
+    }
+}
+
+/// `plan_cluster_at`'s decision, by host index (no addresses read).
+pub fn plan_weights(
+    hosts: &[HostRecord],
+    zone: Option<&ZonePreference>,
+    node: Option<&str>,
+) -> Weights {
+    // Plain loops in here: iterator chains over index pairs cost the wasm
+    // module bytes.
+    let (mut ready, mut terminating): (Vec<Indexed>, Vec<Indexed>) = (Vec::new(), Vec::new());
+    for host in hosts.iter().enumerate() {
+        let c = host.1.conditions();
+        if c.serving && c.terminating {
+            terminating.push(host);
+        } else if c.serving {
+            ready.push(host);
+        }
+    }
     // The tier's hosts set the priorities' health; the hints choose among them.
     let (tier, in_tier) = if !ready.is_empty() {
         (Tier::Ready, ready)
+    } else if terminating.is_empty() {
+        (Tier::NoServing, terminating)
     } else {
-        let fallback: Vec<&HostRecord> = serving.collect();
-        if fallback.is_empty() {
-            (Tier::NoServing, fallback)
-        } else {
-            (Tier::TerminatingFallback, fallback)
-        }
+        (Tier::TerminatingFallback, terminating)
     };
     let local_zone = zone.map(|z| z.local_zone.as_str());
     let topology = match tier {
@@ -247,28 +312,29 @@ pub fn plan_cluster_at(
     // The zone share rule only when no host of the tier carries a hint.
     let zone = zone.filter(|_| {
         tier != Tier::Ready
-            || !in_tier
-                .iter()
-                .any(|h| has_hints(&h.topology.hints_zones) || has_hints(&h.topology.hints_nodes))
+            || !in_tier.iter().any(|(_, h)| {
+                has_hints(&h.topology.hints_zones) || has_hints(&h.topology.hints_nodes)
+            })
     });
     // Per priority (lowest first): the tier's hosts there and their health.
-    let mut groups: Vec<(Vec<&HostRecord>, f64)> = Vec::new();
+    let mut groups: Vec<(Vec<Indexed>, f64)> = Vec::new();
     let mut after = None;
     while let Some(p) = in_tier
         .iter()
-        .filter(|h| here(h))
-        .map(|h| h.priority)
+        .filter(|(_, h)| here(h))
+        .map(|(_, h)| h.priority)
         .filter(|p| after.is_none_or(|a| *p > a))
         .min()
     {
         after = Some(p);
-        let group: Vec<&HostRecord> = in_tier
-            .iter()
-            .copied()
-            .filter(|h| h.priority == p && here(h))
-            .collect();
-        let all = cluster.hosts.iter().filter(|h| h.priority == p).count() as u64;
-        let there = in_tier.iter().filter(|h| h.priority == p).count();
+        let mut group: Vec<Indexed> = Vec::new();
+        for &host in &in_tier {
+            if host.1.priority == p && here(host.1) {
+                group.push(host);
+            }
+        }
+        let all = hosts.iter().filter(|h| h.priority == p).count() as u64;
+        let there = in_tier.iter().filter(|(_, h)| h.priority == p).count();
         // Unrounded, unlike Envoy's integer percent: one serving host of
         // 10,000 has some health (Envoy's 0 would mean panic mode, which
         // this never enters), so the tier is never left without load.
@@ -279,7 +345,7 @@ pub fn plan_cluster_at(
     // is scaled to 100% when the priorities' health falls short of it.
     let total_health: f64 = groups.iter().map(|g| g.1).sum::<f64>().min(100.0);
     let mut left = 100.0;
-    let mut weighted: Vec<(&HostRecord, f64)> = Vec::new();
+    let mut weighted: Vec<(Indexed, f64)> = Vec::new();
     let mut split = false;
     for (group, health) in &groups {
         let load = health.min(left);
@@ -292,41 +358,27 @@ pub fn plan_cluster_at(
         let fractions = zone_split(group, zone);
         split |= fractions.is_some();
         let total = weight_of(group) as f64;
-        for (i, h) in group.iter().enumerate() {
+        for (k, host) in group.iter().enumerate() {
             let fraction = match &fractions {
-                Some(f) => f.get(i).copied().unwrap_or(0.0),
-                None => f64::from(h.weight) / total,
+                Some(f) => f.get(k).copied().unwrap_or(0.0),
+                None => f64::from(host.1.weight) / total,
             };
-            weighted.push((h, load * fraction));
+            weighted.push((*host, load * fraction));
         }
     }
-    let mut hosts: Vec<PlannedHost> = weighted
-        .into_iter()
-        .filter(|(_, load)| !split || *load > 0.0)
-        .map(|(h, load)| PlannedHost {
-            address: h.address.clone(),
-            weight: if split {
-                // At least 1: a host with load keeps a place in the list.
-                ((load * SCALE + 0.5) as u32).max(1)
-            } else {
-                h.weight
-            },
-        })
-        .collect();
-    // A host listed twice (e.g. in two localities) is one host with both weights.
-    sort_by_name(&mut hosts, |h| &h.address);
-    hosts.dedup_by(|later, kept| {
-        let same = later.address == kept.address;
-        if same {
-            kept.weight = kept.weight.saturating_add(later.weight);
+    let mut out = Vec::with_capacity(weighted.len());
+    for ((i, h), load) in weighted {
+        if !split {
+            out.push((i, h.weight));
+        } else if load > 0.0 {
+            // At least 1: a host with load keeps a place in the list.
+            out.push((i, ((load * SCALE + 0.5) as u32).max(1)));
         }
-        same
-    });
-    ClusterPlan {
-        cluster: cluster.name.clone(),
+    }
+    Weights {
         tier,
         topology,
-        hosts,
+        hosts: out,
     }
 }
 

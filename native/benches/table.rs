@@ -1,6 +1,7 @@
 //! The native form's per-worker table without Envoy: rebuild of a cluster
-//! (reading hosts, planning, mapping back to healthy indexes), the table's
-//! heap, and the per-request pick. Prints figures; asserts nothing.
+//! (reading hosts, planning, mapping back to healthy indexes), the per-host
+//! reads (ABI calls in Envoy), the table's heap, and the per-request pick.
+//! Prints figures; asserts nothing.
 //!
 //! `cargo bench -p serving-picker-native --bench table` (`make bench-native`).
 //! The host source here is plain vectors; in Envoy each read is an ABI call
@@ -43,8 +44,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     println!("native table (no Envoy): rebuild, heap, pick");
     println!(
-        "{:>7} {:>12} {:>12} {:>14} {:>14} {:>10}",
-        "hosts", "rebuild ms", "(zone) ms", "table heap KB", "peak build KB", "pick ns"
+        "{:>7} {:>11} {:>10} {:>11} {:>14} {:>14} {:>8}",
+        "hosts",
+        "rebuild ms",
+        "(zone) ms",
+        "reads/host",
+        "table heap KB",
+        "peak build KB",
+        "pick ns"
     );
     for n in [3usize, 100, 1_000, 10_000] {
         let owned = fake::big_cluster(n, 10);
@@ -61,7 +68,7 @@ fn main() {
                 (0..rounds)
                     .map(|_| {
                         let t = Instant::now();
-                        black_box(build(black_box(&cluster), "backend", cfg));
+                        black_box(build(black_box(&cluster), cfg));
                         t.elapsed().as_secs_f64() * 1e3
                     })
                     .collect(),
@@ -69,11 +76,13 @@ fn main() {
         };
         let ms = time(&plain);
         let zms = time(&zoned);
+        let reads_before = cluster.reads();
         // Heap: what the table keeps, and the peak while building.
         let before = LIVE.load(Ordering::Relaxed);
         PEAK.store(before.max(0) as usize, Ordering::Relaxed);
-        let built = build(&cluster, "backend", &plain);
+        let built = build(&cluster, &plain);
         let peak = PEAK.load(Ordering::Relaxed) as isize - before;
+        let reads = (cluster.reads() - reads_before) as f64 / n as f64;
         let table = built.table;
         drop(built.not_offered);
         let kept = LIVE.load(Ordering::Relaxed) - before;
@@ -89,10 +98,11 @@ fn main() {
         black_box(acc);
         let pick_ns = t.elapsed().as_secs_f64() * 1e9 / picks as f64;
         println!(
-            "{:>7} {:>12.3} {:>12.3} {:>14.1} {:>14.1} {:>10.2}",
+            "{:>7} {:>11.3} {:>10.3} {:>11.2} {:>14.1} {:>14.1} {:>8.2}",
             n,
             ms,
             zms,
+            reads,
             kept as f64 / 1024.0,
             peak as f64 / 1024.0,
             pick_ns
@@ -103,12 +113,7 @@ fn main() {
     for (i, h) in cluster.priorities[0].iter_mut().enumerate() {
         h.weight = 1 + (i % 7) as u32;
     }
-    let table = build(
-        &fake::Indexed::new(&cluster),
-        "backend",
-        &SelectionConfig::default(),
-    )
-    .table;
+    let table = build(&fake::Indexed::new(&cluster), &SelectionConfig::default()).table;
     let picks = 10_000_000u64;
     let t = Instant::now();
     let mut acc = 0u64;

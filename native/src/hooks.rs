@@ -144,7 +144,7 @@ impl LbInstance {
         let cfg = self.config();
         let start = Instant::now();
         let cpu_start = abi::thread_cpu_micros();
-        let built = table::build(&EnvoyHosts(lb), &self.cluster, &cfg.config.selection);
+        let built = table::build(&EnvoyHosts(lb), &cfg.config.selection);
         let micros = start.elapsed().as_micros() as u64;
         let cpu_micros = abi::thread_cpu_micros().saturating_sub(cpu_start);
         cfg.count(Metric::Rebuilds, 1);

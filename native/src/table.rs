@@ -3,19 +3,21 @@
 //! removals, and the 0/0 updates Envoy sends for metadata, weight and health
 //! changes), then read per request with an O(1) pick.
 //!
-//! The decision is the core's (`plan_cluster`); this module only reads hosts
-//! into `HostRecord`s and maps the planned hosts back to what `choose_host`
-//! must answer: (priority, index into that priority's healthy hosts).
+//! The decision is the core's (`plan_weights`); this module only reads hosts
+//! into `HostRecord`s and maps the planned hosts (by record index) back to
+//! what `choose_host` must answer: (priority, index into that priority's
+//! healthy hosts).
 //! Indexes shift between updates, so everything is keyed by address and the
 //! table is rebuilt whole.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use serving_picker_core::conditions::{effective, EdsHealth, Health, MetaFlags, TopologyMeta};
 use serving_picker_core::config::SelectionConfig;
-use serving_picker_core::host::{ClusterHosts, HostRecord};
+use serving_picker_core::host::HostRecord;
 use serving_picker_core::picker::Picker;
-use serving_picker_core::plan::{plan_cluster_at, Tier, Topology};
+use serving_picker_core::plan::{hints_used, plan_weights, Tier, Topology};
 
 /// Envoy's coarse view of a host (`lb_get_host_health`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,15 +87,13 @@ pub struct Built {
     pub unreadable: usize,
 }
 
-const KEYS: [&str; 7] = [
-    "ready",
-    "serving",
-    "terminating",
-    "zone",
-    "node_name",
-    "hints_zones",
-    "hints_nodes",
-];
+// The metadata keys read (EndpointSlice conditions and topology).
+const READY: &str = "ready";
+const SERVING: &str = "serving";
+const TERMINATING: &str = "terminating";
+const ZONE: &str = "zone";
+const HINTS_ZONES: &str = "hints_zones";
+const HINTS_NODES: &str = "hints_nodes";
 
 /// FxHash (rustc's): a fast, non-cryptographic hash for the address maps
 /// built on every rebuild (the addresses come from Envoy, not from clients).
@@ -161,59 +161,63 @@ fn healthy_indexes(src: &impl HostSource, p: u32, hosts: &[Option<&str>]) -> Vec
         .collect()
 }
 
-/// Reads every host and plans the cluster.
-pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Built {
+/// The conditions in a host's metadata. Each read is an ABI call (a lock,
+/// two map lookups in Envoy): a present `serving` wins over `ready`, and
+/// `terminating` cannot matter to a host whose metadata says not serving.
+fn read_flags(src: &impl HostSource, p: u32, i: usize, ns: &str) -> MetaFlags {
+    let serving = src.metadata_bool(p, i, ns, SERVING);
+    let ready = match serving {
+        Some(_) => None,
+        None => src.metadata_bool(p, i, ns, READY),
+    };
+    let terminating = match serving.or(ready) {
+        Some(false) => None,
+        _ => src.metadata_bool(p, i, ns, TERMINATING),
+    };
+    MetaFlags {
+        ready,
+        serving,
+        terminating,
+    }
+}
+
+fn text(value: Option<&str>) -> String {
+    value.map(str::to_string).unwrap_or_default()
+}
+
+/// Reads every host and plans the cluster. Reads only what the plan can
+/// use: the zone of serving hosts when a local zone is set, the hints of
+/// ready hosts when a local zone or node can match them (`hints_used`),
+/// never `node_name`. (Keeping the record buffers between rebuilds made no
+/// measurable difference in Envoy, whose allocator reuses the freed memory,
+/// and would keep over a megabyte per instance of a 10,000-host cluster.)
+pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
     let ns = cfg.metadata_namespace.as_str();
-    let want_zone = cfg.local_zone.is_some();
+    let zone_pref = cfg.zone_preference();
+    let local_node = cfg.local_node.as_deref();
+    let (zone_hints, node_hints) = hints_used(zone_pref.as_ref(), local_node);
     let priorities = src.priority_count().min(u32::MAX as usize) as u32;
     let total: usize = (0..priorities).map(|p| src.host_count(p)).sum();
     let mut records = Vec::with_capacity(total);
-    // Address -> where it can be picked (the lowest priority that offers it).
-    let mut offered: FxMap<&str, Slot> = FxMap::default();
-    offered.reserve(total);
+    // Per record: where Envoy offers it (`None`: not in the healthy list),
+    // and its address (borrowed from Envoy for this call).
+    let mut offered: Vec<Option<Slot>> = Vec::with_capacity(total);
+    let mut addresses: Vec<&str> = Vec::with_capacity(total);
     let mut not_offered = Vec::new();
     let mut unreadable = 0usize;
     for p in 0..priorities {
         let count = src.host_count(p).min(u32::MAX as usize);
-        let addresses: Vec<Option<&str>> = (0..count).map(|i| src.address(p, i)).collect();
-        let healthy = healthy_indexes(src, p, &addresses);
-        for (i, (addr, healthy_index)) in addresses.iter().zip(healthy).enumerate() {
+        let all: Vec<Option<&str>> = (0..count).map(|i| src.address(p, i)).collect();
+        let healthy = healthy_indexes(src, p, &all);
+        for (i, (addr, healthy_index)) in all.iter().zip(healthy).enumerate() {
             let Some(addr) = *addr else {
                 unreadable += 1;
                 continue;
             };
-            // A present `serving` wins over `ready`: skip the read then.
-            let serving = src.metadata_bool(p, i, ns, KEYS[1]);
-            let flags = MetaFlags {
-                ready: match serving {
-                    Some(_) => None,
-                    None => src.metadata_bool(p, i, ns, KEYS[0]),
-                },
-                serving,
-                terminating: src.metadata_bool(p, i, ns, KEYS[2]),
-            };
-            let zone = if want_zone {
-                src.metadata_str(p, i, ns, KEYS[3])
-                    .filter(|z| !z.is_empty())
-                    .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
-                    .map(str::to_string)
-            } else {
-                None
-            };
-            let text = |key| src.metadata_str(p, i, ns, key).unwrap_or("").to_string();
-            let topology = TopologyMeta {
-                node_name: text(KEYS[4]),
-                hints_zones: text(KEYS[5]),
-                hints_nodes: text(KEYS[6]),
-            };
+            let flags = read_flags(src, p, i, ns);
             let (health, weight) = match healthy_index {
                 // In the healthy list: healthy, by Envoy's definition.
-                Some(h) => {
-                    offered.entry(addr).or_insert(Slot {
-                        priority: p,
-                        healthy_index: h,
-                        host_index: i as u32,
-                    });
+                Some(_) => {
                     let health = Health {
                         eds: None,
                         coarse: EdsHealth::Healthy,
@@ -241,8 +245,31 @@ pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Bui
                     (health, 1)
                 }
             };
+            let now = effective(&flags, &health);
+            let zone = if zone_pref.is_some() && now.serving {
+                src.metadata_str(p, i, ns, ZONE)
+                    .filter(|z| !z.is_empty())
+                    .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
+                    .map(str::to_string)
+            } else {
+                None
+            };
+            let ready = now.serving && !now.terminating;
+            let hints = |used: bool, key| {
+                if used && ready {
+                    text(src.metadata_str(p, i, ns, key))
+                } else {
+                    String::new()
+                }
+            };
+            let topology = TopologyMeta {
+                node_name: String::new(),
+                hints_zones: hints(zone_hints, HINTS_ZONES),
+                hints_nodes: hints(node_hints, HINTS_NODES),
+            };
             records.push(HostRecord {
-                address: addr.to_string(),
+                // The plan answers by index: the address stays in `addresses`.
+                address: String::new(),
                 weight,
                 priority: p,
                 flags,
@@ -250,24 +277,38 @@ pub fn build(src: &impl HostSource, cluster: &str, cfg: &SelectionConfig) -> Bui
                 topology,
                 health,
             });
+            offered.push(healthy_index.map(|h| Slot {
+                priority: p,
+                healthy_index: h,
+                host_index: i as u32,
+            }));
+            addresses.push(addr);
         }
     }
     let hosts = records.len() + unreadable;
-    let plan = plan_cluster_at(
-        &ClusterHosts {
-            name: cluster.to_string(),
-            hosts: records,
-        },
-        cfg.zone_preference().as_ref(),
-        cfg.local_node.as_deref(),
-    );
-    let mut slots = Vec::with_capacity(plan.hosts.len());
-    let mut weights = Vec::with_capacity(plan.hosts.len());
-    for h in &plan.hosts {
+    let plan = plan_weights(&records, zone_pref.as_ref(), local_node);
+    // A host listed twice (same address, e.g. in two localities) is one
+    // pick with both weights, at its first planned listing.
+    let mut slots: Vec<Slot> = Vec::with_capacity(plan.hosts.len());
+    let mut weights: Vec<u32> = Vec::with_capacity(plan.hosts.len());
+    let mut seen: FxMap<&str, usize> = FxMap::default();
+    seen.reserve(plan.hosts.len());
+    for (index, weight) in plan.hosts {
         // Every planned host is offered (the others are not serving).
-        if let Some(slot) = offered.get(h.address.as_str()) {
-            slots.push(*slot);
-            weights.push(h.weight);
+        let (Some(addr), Some(Some(slot))) = (addresses.get(index), offered.get(index)) else {
+            continue;
+        };
+        match seen.entry(addr) {
+            Entry::Occupied(at) => {
+                if let Some(w) = weights.get_mut(*at.get()) {
+                    *w = w.saturating_add(weight);
+                }
+            }
+            Entry::Vacant(at) => {
+                at.insert(slots.len());
+                slots.push(*slot);
+                weights.push(weight);
+            }
         }
     }
     let picker = Picker::new(&weights);
@@ -366,6 +407,7 @@ impl Table {
 /// Plain-vector hosts for tests and benchmarks.
 pub mod fake {
     use super::{Coarse, HostSource};
+    use std::cell::Cell;
 
     #[derive(Clone, Debug)]
     pub struct FakeHost {
@@ -491,10 +533,12 @@ pub mod fake {
     }
 
     /// A `FakeCluster` with its healthy lists indexed (O(1) reads, as
-    /// Envoy's are): what the benchmark reads.
+    /// Envoy's are): what the benchmark reads. Counts the per-host reads
+    /// (each an ABI call in Envoy).
     pub struct Indexed<'a> {
         cluster: &'a FakeCluster,
         healthy: Vec<Vec<usize>>,
+        reads: Cell<usize>,
     }
 
     impl<'a> Indexed<'a> {
@@ -504,7 +548,21 @@ pub mod fake {
                 .iter()
                 .map(|hs| (0..hs.len()).filter(|i| hs[*i].offered).collect())
                 .collect();
-            Indexed { cluster, healthy }
+            Indexed {
+                cluster,
+                healthy,
+                reads: Cell::new(0),
+            }
+        }
+
+        /// Per-host reads so far.
+        pub fn reads(&self) -> usize {
+            self.reads.get()
+        }
+
+        fn read(&self) -> &FakeCluster {
+            self.reads.set(self.reads.get() + 1);
+            self.cluster
         }
     }
 
@@ -520,25 +578,25 @@ pub mod fake {
         }
         fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
             let at = *self.healthy.get(p as usize)?.get(i)?;
-            self.cluster.address(p, at)
+            self.read().address(p, at)
         }
         fn address(&self, p: u32, i: usize) -> Option<&str> {
-            self.cluster.address(p, i)
+            self.read().address(p, i)
         }
         fn weight(&self, p: u32, i: usize) -> u32 {
-            self.cluster.weight(p, i)
+            self.read().weight(p, i)
         }
         fn health(&self, p: u32, i: usize) -> Coarse {
-            self.cluster.health(p, i)
+            self.read().health(p, i)
         }
         fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
-            self.cluster.locality_zone(p, i)
+            self.read().locality_zone(p, i)
         }
         fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
-            self.cluster.metadata_bool(p, i, ns, key)
+            self.read().metadata_bool(p, i, ns, key)
         }
         fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
-            self.cluster.metadata_str(p, i, ns, key)
+            self.read().metadata_str(p, i, ns, key)
         }
     }
 
@@ -580,7 +638,7 @@ mod tests {
     }
 
     fn built(c: &FakeCluster) -> Built {
-        build(c, "backend", &SelectionConfig::default())
+        build(c, &SelectionConfig::default())
     }
 
     /// Addresses picked over `n` picks (no retries).
@@ -732,7 +790,7 @@ mod tests {
             local_zone: Some("z1".into()),
             ..SelectionConfig::default()
         };
-        let b = build(&c, "backend", &cfg);
+        let b = build(&c, &cfg);
         assert_eq!(b.table.len(), 1);
         // The metadata zone wins over the locality's.
         let mut a = FakeHost::new(A).conditions(true, true, false).zone("z2");
@@ -742,7 +800,7 @@ mod tests {
             a,
             FakeHost::new(B).conditions(true, true, false).zone("z2"),
         ]);
-        let b = build(&c, "backend", &cfg);
+        let b = build(&c, &cfg);
         assert_eq!(b.table.len(), 1);
         assert_eq!(
             b.table.choose(0, 0, |_| false),
@@ -848,7 +906,7 @@ mod tests {
             FakeHost::new(C).conditions(false, true, true),
         ]));
         // Healthy list (reversed): [C, A]. Ready A is healthy index 1.
-        let b = build(&src, "backend", &SelectionConfig::default());
+        let b = build(&src, &SelectionConfig::default());
         assert_eq!(
             b.table.choose(0, 0, |_| false),
             Choice::Host {
@@ -862,6 +920,63 @@ mod tests {
             }
         );
         assert_eq!(b.not_offered, [B]);
+    }
+
+    fn hinted(a: &str, zones: &str) -> FakeHost {
+        let mut h = FakeHost::new(a).conditions(true, true, false);
+        h.strings.push((
+            "k8s.endpointslice".into(),
+            "hints_zones".into(),
+            zones.into(),
+        ));
+        h
+    }
+
+    #[test]
+    fn reads_only_what_the_plan_uses() {
+        let c = cluster(vec![
+            FakeHost::new(A).conditions(true, true, false),
+            FakeHost::new(B).conditions(false, false, true),
+            FakeHost::new(C).conditions(true, true, false).not_offered(),
+        ]);
+        let src = fake::Indexed::new(&c);
+        let b = build(&src, &SelectionConfig::default());
+        assert_eq!(b.table.len(), 1);
+        // A: address, healthy address, serving, terminating, weight.
+        // B: address, healthy address, serving (false: terminating cannot
+        // matter), weight. C: address, serving, terminating, health.
+        // No hints, no zone, no node_name.
+        assert_eq!(src.reads(), 5 + 4 + 4);
+        // A local zone: the zone and both hint lists of the ready host A;
+        // the zone of nobody else (B is not serving, C not offered).
+        let cfg = SelectionConfig {
+            local_zone: Some("z1".into()),
+            ..SelectionConfig::default()
+        };
+        let src = fake::Indexed::new(&c);
+        build(&src, &cfg);
+        // A's zone: metadata, then the locality (neither set).
+        assert_eq!(src.reads(), 5 + 4 + 4 + 2 + 2);
+    }
+
+    #[test]
+    fn zone_hints_choose_hosts_only_with_a_local_zone() {
+        let c = cluster(vec![hinted(A, "z1"), hinted(B, "z2")]);
+        assert_eq!(built(&c).table.len(), 2);
+        let cfg = SelectionConfig {
+            local_zone: Some("z1".into()),
+            ..SelectionConfig::default()
+        };
+        let b = build(&c, &cfg);
+        assert_eq!((b.table.len(), b.table.topology), (1, Topology::Zone));
+        match b.table.choose(0, 0, |_| false) {
+            Choice::Host { slot, .. } => assert_eq!(slot.host_index, 0),
+            Choice::NoServing => panic!(),
+        }
+        // A not-offered hinted host neither votes nor is picked.
+        let c = cluster(vec![hinted(A, "z1").not_offered(), hinted(B, "z2")]);
+        let b = build(&c, &cfg);
+        assert_eq!((b.table.len(), b.table.topology), (1, Topology::None));
     }
 
     #[test]
