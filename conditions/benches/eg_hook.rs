@@ -4,9 +4,9 @@
 //! update's mix of conditions (90% ready, 5% serving+terminating, 5% not
 //! serving).
 //!
-//! 1. `hook::modify` alone (index lookups, metadata and health written);
+//! 1. `hook::modify` alone (EG's encoded assignment in, the answer's out);
 //! 2. the service's answer without the network: the request's bytes
-//!    decoded, modified, encoded (what a call costs the companion);
+//!    walked, modified, written (what a call costs the companion);
 //!    also with the priority output, and for an unmanaged assignment (echo);
 //! 3. a gRPC round trip on loopback (tonic client and server, one core
 //!    each at most), as EG would see it.
@@ -28,13 +28,13 @@ use serving_picker_conditions::envoy_gateway::eg_shape::{
     eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::envoy_gateway::hook;
+use serving_picker_conditions::envoy_gateway::prepared::PreparedIndex;
 use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::service::{
     HookConfig, HookMetrics, HookService, Shared,
 };
-use serving_picker_conditions::index::Index;
 use serving_picker_conditions::publish::{Change, Update};
 use serving_picker_conditions::slice::{ServiceKey, Slice};
 
@@ -142,31 +142,40 @@ fn service(priorities: bool) -> HookService {
 fn main() {
     let n = 2000;
     let cla_bytes = eg_cla("web");
+    let slices_once = slices("web");
     println!(
         "PostEndpointsModify, {ENDPOINTS} endpoints in {} slices; EG's assignment {} bytes",
         ENDPOINTS / PER_SLICE,
         cla_bytes.len()
     );
 
-    let mut ix = Index::new();
-    ix.replace(slices("web"));
-    let decoded = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-        cla_bytes.as_slice(),
-    )
-    .unwrap();
+    let mut ix = PreparedIndex::new();
+    ix.edit([Change::Replace(slices("web"))]);
     let out = Output::default();
     let trusted = BTreeSet::new();
     let mut answer_len = 0;
     report(
-        "hook::modify (decoded assignment in, modified out)",
+        "hook::modify (encoded assignment in, encoded answer out)",
         time(n, || {
-            let mut c = decoded.clone();
-            let a = hook::modify(&mut c, &ix, &trusted, &out);
-            assert_eq!(a.annotated, ENDPOINTS);
-            answer_len = c.encoded_len();
+            let m = hook::modify(&cla_bytes, &ix, &trusted, &out).unwrap();
+            assert_eq!(m.answer.annotated, ENDPOINTS);
+            answer_len = m.assignment.unwrap().len();
         }),
     );
-
+    // One slice of the Service changes (a pod's conditions flip): the
+    // index and the Service's prepared endpoints follow, under the lock
+    // hook calls read.
+    let mut flipped = slices_once[0].clone();
+    flipped.endpoints[0].ready = Some(!flipped.endpoints[0].ready.unwrap_or(true));
+    let versions = [flipped, slices_once[0].clone()];
+    let mut i = 0;
+    report(
+        "one slice changes: the Service prepared again (not per call)",
+        time(n / 4, || {
+            i += 1;
+            ix.edit([Change::Apply(versions[i % 2].clone())]);
+        }),
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -176,8 +185,8 @@ fn main() {
         post_endpoints_context: Some(Bytes::new()),
     };
     for (what, priorities) in [
-        ("answer: decode + modify + encode", false),
-        ("answer: decode + modify + encode, --priorities", true),
+        ("answer: walk + modify + write", false),
+        ("answer: walk + modify + write, --priorities", true),
     ] {
         let svc = service(priorities);
         report(
@@ -191,7 +200,7 @@ fn main() {
     let other = eg_cla("other");
     let svc = service(false);
     report(
-        "answer: unmanaged (decode, echo EG's bytes)",
+        "answer: unmanaged (walk, echo EG's bytes)",
         time(n, || {
             let r = rt.block_on(svc.answer(request(&other)));
             assert_eq!(r.load_assignment.as_deref(), Some(other.as_slice()));
@@ -212,7 +221,9 @@ fn main() {
     rt.spawn(
         tonic::transport::Server::builder()
             .add_service(EnvoyGatewayExtensionServer::new(service(false)))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
     );
     let client = rt
         .block_on(EnvoyGatewayExtensionClient::connect(format!(

@@ -191,7 +191,8 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
     };
 
     let (ads, eds) = XdsServer::new(snap_rx, metrics.clone()).services();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+    // TCP_NODELAY: a response's last segment must not wait for Envoy's delayed ACK.
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))

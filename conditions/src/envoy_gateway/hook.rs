@@ -30,20 +30,34 @@
 //!   `policy.overprovisioning_factor` is raised (`assignment`) so that
 //!   nothing spills while a higher priority has a healthy host.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+//!
+//! **On the wire.** The assignment is edited in its encoded form (`wire`):
+//! the fields the hook does not change are copied byte for byte (EG's
+//! locality metadata, unmanaged localities, unknown fields), each annotated
+//! endpoint gets its health status and its conditions metadata, encoded
+//! when the Service's slices changed (`prepared`). Only what the hook reads
+//! is decoded: each locality's metadata and each managed endpoint. The
+//! result decodes to what editing the decoded assignment would give (a
+//! repeated embedded message merges, a map entry replaces the key's
+//! earlier one, the last scalar wins), so the edit is done once, in place:
+//! an endpoint's fields other than health and metadata, and its metadata
+//! entries other than the conditions namespace, stay as EG wrote them.
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
-use envoy_types::pb::envoy::config::core::v3::{address, socket_address, HealthStatus};
-use envoy_types::pb::envoy::config::endpoint::v3::{
-    cluster_load_assignment::Policy, lb_endpoint, ClusterLoadAssignment, LbEndpoint,
-    LocalityLbEndpoints,
-};
-use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::pb::envoy::config::core::v3::{address, socket_address, HealthStatus, Metadata};
+use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint, LbEndpoint};
+use prost::encoding::WireType;
+use prost::Message;
 
-use super::naming::{locality_backend, NotAService};
-use crate::assignment::{set_conditions, Output, OVERPROVISIONING_FACTOR};
-use crate::endpoint::{Conditions, Endpoint};
-use crate::index::{Index, IpFamily};
+use super::naming::metadata_backend;
+use super::prepared::{Annotation, PreparedIndex};
+use super::wire::{
+    fields, len_field_size, put_len_head, put_varint, varint_field_size, Field, Malformed,
+};
+use crate::assignment::{Output, OVERPROVISIONING_FACTOR};
+use crate::endpoint::{Conditions, Health};
 use crate::slice::ServiceKey;
 
 /// An endpoint the index and EG do not agree on.
@@ -90,6 +104,15 @@ pub struct Answer {
     pub not_services: usize,
 }
 
+/// The hook's result for one assignment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Modified {
+    pub answer: Answer,
+    /// The encoded assignment to send; `None` when nothing is managed (EG's
+    /// bytes go back untouched).
+    pub assignment: Option<Vec<u8>>,
+}
+
 /// EG's drain rule applied to conditions (nil values already resolved).
 pub fn eg_would_drain(c: Conditions) -> bool {
     c.terminating || !c.serving
@@ -110,33 +133,14 @@ pub fn lb_addr(lb: &LbEndpoint) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
 }
 
-type Lookup = HashMap<SocketAddr, Endpoint>;
-
-/// A Service's endpoints at slice port `port`, in one family, copies merged
-/// (the index's rule), over every port name with that number.
-fn lookup(index: &Index, service: &ServiceKey, port: u16, v6: bool) -> Lookup {
-    let names: BTreeSet<&str> = index
-        .slices_of(service)
-        .flat_map(|s| s.ports.iter())
-        .filter(|p| p.port == port)
-        .map(|p| p.name.as_str())
-        .collect();
-    let family = if v6 { IpFamily::Ipv6 } else { IpFamily::Ipv4 };
-    let mut out: Lookup = HashMap::new();
-    for name in names {
-        for (addr, ep) in index.view(service, name, family) {
-            if addr.port() != port {
-                continue;
-            }
-            match out.get_mut(&addr) {
-                Some(first) => first.conditions = first.conditions.cautious(ep.conditions),
-                None => {
-                    out.insert(addr, ep);
-                }
-            }
-        }
-    }
-    out
+/// The assignment's cluster name (for logs; "" when it has none).
+pub fn cluster_name(cla: &[u8]) -> String {
+    fields(cla)
+        .map_while(Result::ok)
+        .filter(|f| f.number == CLA_CLUSTER_NAME)
+        .last()
+        .map(|f| String::from_utf8_lossy(f.payload).into_owned())
+        .unwrap_or_default()
 }
 
 /// The tier of an endpoint left as EG sent it (priority output).
@@ -147,97 +151,364 @@ fn eg_tier(lb: &LbEndpoint) -> u32 {
     }
 }
 
-/// Modifies `cla` in place (module doc). `trusted`: Services whose slices
-/// were just re-read, whose disagreements the index settles.
+// Field numbers (envoy.config.endpoint.v3, envoy.config.core.v3).
+const CLA_CLUSTER_NAME: u32 = 1;
+const CLA_ENDPOINTS: u32 = 2;
+const CLA_POLICY: u32 = 4;
+const POLICY_OVERPROVISIONING_FACTOR: u32 = 3;
+const LOCALITY_LB_ENDPOINTS: u32 = 2;
+const LOCALITY_PRIORITY: u32 = 5;
+const LOCALITY_METADATA: u32 = 9;
+const LB_HEALTH_STATUS: u32 = 2;
+const LB_METADATA: u32 = 3;
+const METADATA_FILTER_METADATA: u32 = 1;
+const MAP_KEY: u32 = 1;
+const MAP_VALUE: u32 = 2;
+const UINT32_VALUE: u32 = 1;
+
+fn payload_of<'a>(f: &Field<'a>) -> Result<&'a [u8], Malformed> {
+    if f.wire_type == WireType::LengthDelimited {
+        Ok(f.payload)
+    } else {
+        Err(Malformed)
+    }
+}
+
+/// One LocalityLbEndpoints of EG's assignment, walked.
+struct Locality<'a> {
+    /// The whole field (copied when nothing in it changes).
+    raw: &'a [u8],
+    /// Its fields but lb_endpoints and priority, in wire order.
+    other: Vec<&'a [u8]>,
+    priority: u32,
+    lb_endpoints: Vec<&'a [u8]>,
+    metadata: Option<Metadata>,
+}
+
+fn walk_locality<'a>(raw: &'a [u8], msg: &'a [u8]) -> Result<Locality<'a>, Malformed> {
+    let mut l = Locality {
+        raw,
+        other: Vec::new(),
+        priority: 0,
+        lb_endpoints: Vec::new(),
+        metadata: None,
+    };
+    for f in fields(msg) {
+        let f = f?;
+        match f.number {
+            LOCALITY_LB_ENDPOINTS => l.lb_endpoints.push(payload_of(&f)?),
+            LOCALITY_PRIORITY if f.wire_type == WireType::Varint => l.priority = f.varint as u32,
+            LOCALITY_PRIORITY => return Err(Malformed),
+            LOCALITY_METADATA => {
+                // A repeated embedded message merges, as prost decodes it.
+                l.metadata
+                    .get_or_insert_with(Metadata::default)
+                    .merge(payload_of(&f)?)
+                    .map_err(|_| Malformed)?;
+                l.other.push(f.raw);
+            }
+            _ => l.other.push(f.raw),
+        }
+    }
+    Ok(l)
+}
+
+/// Where encoded bytes go: a buffer, or a byte count (lengths come first).
+trait Sink {
+    fn raw(&mut self, bytes: &[u8]);
+    fn len_head(&mut self, number: u32, len: usize);
+    fn varint(&mut self, number: u32, value: u64);
+}
+
+impl Sink for Vec<u8> {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+    fn len_head(&mut self, number: u32, len: usize) {
+        put_len_head(self, number, len);
+    }
+    fn varint(&mut self, number: u32, value: u64) {
+        put_varint(self, number, value);
+    }
+}
+
+/// Counts what would be written.
+#[derive(Default)]
+struct Size(usize);
+
+impl Sink for Size {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+    fn len_head(&mut self, number: u32, len: usize) {
+        self.0 += len_field_size(number, len) - len;
+    }
+    fn varint(&mut self, number: u32, value: u64) {
+        self.0 += varint_field_size(number, value);
+    }
+}
+
+/// An endpoint of the answer.
+enum Lb<'a> {
+    /// As EG sent it.
+    Kept(&'a [u8]),
+    /// With the index's health and conditions metadata; `len`: its size.
+    Annotated {
+        src: &'a [u8],
+        annotation: &'a Annotation,
+        len: usize,
+    },
+}
+
+impl Lb<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Lb::Kept(src) => src.len(),
+            Lb::Annotated { len, .. } => *len,
+        }
+    }
+}
+
+/// The metadata entries of `lb` kept beside the conditions: every field of
+/// every metadata occurrence but a `filter_metadata` entry keyed `ns`.
+fn other_metadata(lb: &[u8], ns: &[u8], sink: &mut impl Sink) {
+    for f in fields(lb).flatten() {
+        if f.number != LB_METADATA {
+            continue;
+        }
+        for m in fields(f.payload).flatten() {
+            if !(m.number == METADATA_FILTER_METADATA && map_key(m.payload) == ns) {
+                sink.raw(m.raw);
+            }
+        }
+    }
+}
+
+/// A map entry's key (the last one wins; absent: empty).
+fn map_key(entry: &[u8]) -> &[u8] {
+    fields(entry)
+        .flatten()
+        .filter(|e| e.number == MAP_KEY)
+        .last()
+        .map_or(&[][..], |e| e.payload)
+}
+
+/// Writes an annotated lb_endpoint's fields: EG's, but health and
+/// metadata; the health; the metadata with the conditions entry.
+fn annotated(lb: &[u8], annotation: &Annotation, ns: &[u8], sink: &mut impl Sink) {
+    for f in fields(lb).flatten() {
+        if f.number != LB_HEALTH_STATUS && f.number != LB_METADATA {
+            sink.raw(f.raw);
+        }
+    }
+    let health = match annotation.conditions.health() {
+        Health::Healthy => HealthStatus::Healthy,
+        Health::Unhealthy => HealthStatus::Unhealthy,
+    };
+    sink.varint(LB_HEALTH_STATUS, health as u64);
+    let mut kept = Size::default();
+    other_metadata(lb, ns, &mut kept);
+    let struct_bytes = &annotation.metadata;
+    let entry = len_field_size(MAP_KEY, ns.len()) + len_field_size(MAP_VALUE, struct_bytes.len());
+    sink.len_head(
+        LB_METADATA,
+        kept.0 + len_field_size(METADATA_FILTER_METADATA, entry),
+    );
+    other_metadata(lb, ns, sink);
+    sink.len_head(METADATA_FILTER_METADATA, entry);
+    sink.len_head(MAP_KEY, ns.len());
+    sink.raw(ns);
+    sink.len_head(MAP_VALUE, struct_bytes.len());
+    sink.raw(struct_bytes);
+}
+
+/// A locality of the answer.
+enum LocalityOut<'a> {
+    /// EG's, untouched.
+    Same(&'a Locality<'a>),
+    /// EG's fields with this priority and these endpoints.
+    Rewritten {
+        from: &'a Locality<'a>,
+        priority: u32,
+        lb_endpoints: Vec<Lb<'a>>,
+    },
+}
+
+fn write_locality(out: &mut Vec<u8>, l: &LocalityOut<'_>, ns: &[u8]) {
+    let (from, priority, lbs) = match l {
+        LocalityOut::Same(from) => {
+            out.extend_from_slice(from.raw);
+            return;
+        }
+        LocalityOut::Rewritten {
+            from,
+            priority,
+            lb_endpoints,
+        } => (from, *priority, lb_endpoints),
+    };
+    let priority_len = if priority == 0 {
+        0
+    } else {
+        varint_field_size(LOCALITY_PRIORITY, u64::from(priority))
+    };
+    let len = from.other.iter().map(|f| f.len()).sum::<usize>()
+        + priority_len
+        + lbs
+            .iter()
+            .map(|lb| len_field_size(LOCALITY_LB_ENDPOINTS, lb.len()))
+            .sum::<usize>();
+    put_len_head(out, CLA_ENDPOINTS, len);
+    for f in &from.other {
+        out.extend_from_slice(f);
+    }
+    if priority != 0 {
+        put_varint(out, LOCALITY_PRIORITY, u64::from(priority));
+    }
+    for lb in lbs {
+        put_len_head(out, LOCALITY_LB_ENDPOINTS, lb.len());
+        match lb {
+            Lb::Kept(src) => out.extend_from_slice(src),
+            Lb::Annotated {
+                src, annotation, ..
+            } => annotated(src, annotation, ns, out),
+        }
+    }
+}
+
+/// The policy with the overprovisioning factor raised: every field of
+/// every policy occurrence but that factor, then the factor.
+fn write_policy(out: &mut Vec<u8>, policies: &[&[u8]]) -> Result<(), Malformed> {
+    let mut kept = Vec::new();
+    for p in policies {
+        for f in fields(p) {
+            let f = f?;
+            if f.number != POLICY_OVERPROVISIONING_FACTOR {
+                kept.push(f.raw);
+            }
+        }
+    }
+    let factor = varint_field_size(UINT32_VALUE, u64::from(OVERPROVISIONING_FACTOR));
+    let len = kept.iter().map(|f| f.len()).sum::<usize>()
+        + len_field_size(POLICY_OVERPROVISIONING_FACTOR, factor);
+    put_len_head(out, CLA_POLICY, len);
+    for f in kept {
+        out.extend_from_slice(f);
+    }
+    put_len_head(out, POLICY_OVERPROVISIONING_FACTOR, factor);
+    put_varint(out, UINT32_VALUE, u64::from(OVERPROVISIONING_FACTOR));
+    Ok(())
+}
+
+/// Modifies EG's encoded assignment (module doc). `trusted`: Services whose
+/// slices were just re-read, whose disagreements the index settles.
+/// `Err`: the assignment (or a managed endpoint) does not decode.
 pub fn modify(
-    cla: &mut ClusterLoadAssignment,
-    index: &Index,
+    cla: &[u8],
+    index: &PreparedIndex,
     trusted: &BTreeSet<ServiceKey>,
     out: &Output,
-) -> Answer {
+) -> Result<Modified, Malformed> {
     let mut answer = Answer::default();
-    // Which localities are managed, by which Service.
-    let owners: Vec<Option<ServiceKey>> = cla
-        .endpoints
+    let top: Vec<Field<'_>> = fields(cla).collect::<Result<_, _>>()?;
+    let localities: Vec<Locality<'_>> = top
         .iter()
-        .map(|l| match locality_backend(l) {
-            Ok(b) if index.slices_of(&b.service).next().is_some() => Some(b.service),
-            Ok(_) => None,
-            Err(NotAService::NoMetadata | NotAService::Kind(_) | NotAService::Ambiguous) => None,
+        .filter(|f| f.number == CLA_ENDPOINTS)
+        .map(|f| walk_locality(f.raw, payload_of(f)?))
+        .collect::<Result<_, _>>()?;
+    // Which localities are managed, by which Service.
+    let owners: Vec<Option<(ServiceKey, &_)>> = localities
+        .iter()
+        .map(|l| {
+            let b = metadata_backend(l.metadata.as_ref()).ok()?;
+            let eps = index.service(&b.service)?;
+            Some((b.service, eps))
         })
         .collect();
     if owners.iter().all(Option::is_none) {
-        return answer;
+        return Ok(Modified {
+            answer,
+            assignment: None,
+        });
     }
     answer.managed = true;
     answer.not_services = owners.iter().filter(|o| o.is_none()).count();
+    let ns = out.metadata_namespace.as_bytes();
 
-    // Per Service, per (slice port, IPv6): built once per call.
-    let mut lookups: HashMap<ServiceKey, HashMap<(u16, bool), Lookup>> = HashMap::new();
-    let mut split: Vec<(u32, LocalityLbEndpoints)> = Vec::with_capacity(cla.endpoints.len() * 2);
-    for (mut loc, owner) in std::mem::take(&mut cla.endpoints).into_iter().zip(owners) {
+    let mut split: Vec<(u32, LocalityOut<'_>)> = Vec::with_capacity(localities.len() * 2);
+    for (loc, owner) in localities.iter().zip(owners) {
         let base = loc.priority.saturating_mul(2);
-        let Some(service) = owner else {
-            split.push((base, loc));
+        let Some((service, eps)) = owner else {
+            split.push((base, LocalityOut::Same(loc)));
             continue;
         };
-        answer.services.insert(service.clone());
-        // One clone per locality, not per endpoint.
-        let by_port = lookups.entry(service.clone()).or_default();
-        let mut tiers: [Vec<LbEndpoint>; 2] = [Vec::new(), Vec::new()];
-        for mut lb in std::mem::take(&mut loc.lb_endpoints) {
+        let mut tiers: [Vec<Lb<'_>>; 2] = [Vec::new(), Vec::new()];
+        for &src in &loc.lb_endpoints {
+            let lb = LbEndpoint::decode(src).map_err(|_| Malformed)?;
             let Some(addr) = lb_addr(&lb) else {
-                tiers[eg_tier(&lb) as usize].push(lb);
+                tiers[eg_tier(&lb) as usize].push(Lb::Kept(src));
                 continue;
             };
-            let map = by_port
-                .entry((addr.port(), addr.is_ipv6()))
-                .or_insert_with(|| lookup(index, &service, addr.port(), addr.is_ipv6()));
-            let tier = match map.get(&addr) {
+            let (tier, written) = match eps.get(&addr) {
                 None => {
                     answer.doubts.push(Doubt::Unknown {
                         service: service.clone(),
                         addr,
                     });
-                    Some(eg_tier(&lb))
+                    (Some(eg_tier(&lb)), Lb::Kept(src))
                 }
-                Some(ep) => {
+                Some(annotation) => {
+                    let c = annotation.conditions;
                     let eg_draining = lb.health_status == HealthStatus::Draining as i32;
-                    let agrees = eg_would_drain(ep.conditions) == eg_draining;
+                    let agrees = eg_would_drain(c) == eg_draining;
                     if agrees || trusted.contains(&service) {
                         answer.overruled += usize::from(!agrees);
                         answer.annotated += 1;
-                        set_conditions(&mut lb, ep, out);
-                        ep.conditions.priority()
+                        let mut size = Size::default();
+                        annotated(src, annotation, ns, &mut size);
+                        let lb = Lb::Annotated {
+                            src,
+                            annotation,
+                            len: size.0,
+                        };
+                        (c.priority(), lb)
                     } else {
                         answer.doubts.push(Doubt::Disagrees {
                             service: service.clone(),
                             addr,
                             eg_draining,
-                            ours: ep.conditions,
+                            ours: c,
                         });
-                        Some(eg_tier(&lb))
+                        (Some(eg_tier(&lb)), Lb::Kept(src))
                     }
                 }
             };
             match (out.priorities, tier) {
-                (false, _) => tiers[0].push(lb),
-                (true, Some(t)) => tiers[t.min(1) as usize].push(lb),
+                (false, _) => tiers[0].push(written),
+                (true, Some(t)) => tiers[t.min(1) as usize].push(written),
                 (true, None) => answer.dropped += 1,
             }
         }
+        answer.services.insert(service);
         let [first, second] = tiers;
+        let rewritten = |priority, lb_endpoints| LocalityOut::Rewritten {
+            from: loc,
+            priority,
+            lb_endpoints,
+        };
         if second.is_empty() {
-            loc.lb_endpoints = first;
-            split.push((base, loc));
+            split.push((base, rewritten(loc.priority, first)));
         } else {
-            let mut terminating = loc.clone();
-            terminating.lb_endpoints = second;
             if !first.is_empty() {
-                loc.lb_endpoints = first;
-                split.push((base, loc));
+                split.push((base, rewritten(loc.priority, first)));
             }
-            split.push((base + 1, terminating));
+            split.push((base + 1, rewritten(loc.priority, second)));
+        }
+    }
+
+    let mut buf = Vec::with_capacity(cla.len() + answer.annotated * 160);
+    for f in &top {
+        if f.number != CLA_ENDPOINTS && !(out.priorities && f.number == CLA_POLICY) {
+            buf.extend_from_slice(f.raw);
         }
     }
     if out.priorities {
@@ -250,21 +521,40 @@ pub fn modify(
             .zip(0..)
             .collect();
         split.sort_by_key(|(p, _)| *p);
-        cla.endpoints = split
-            .into_iter()
-            .map(|(p, mut l)| {
-                l.priority = used.get(&p).copied().unwrap_or(0);
-                l
-            })
-            .collect();
-        let policy = cla.policy.get_or_insert_with(Policy::default);
-        policy.overprovisioning_factor = Some(UInt32Value {
-            value: OVERPROVISIONING_FACTOR,
-        });
+        for (p, l) in split {
+            let priority = used.get(&p).copied().unwrap_or(0);
+            let l = match l {
+                LocalityOut::Same(from) if from.priority != priority => LocalityOut::Rewritten {
+                    from,
+                    priority,
+                    lb_endpoints: from.lb_endpoints.iter().map(|s| Lb::Kept(s)).collect(),
+                },
+                same @ LocalityOut::Same(_) => same,
+                LocalityOut::Rewritten {
+                    from, lb_endpoints, ..
+                } => LocalityOut::Rewritten {
+                    from,
+                    priority,
+                    lb_endpoints,
+                },
+            };
+            write_locality(&mut buf, &l, ns);
+        }
+        let policies: Vec<&[u8]> = top
+            .iter()
+            .filter(|f| f.number == CLA_POLICY)
+            .map(payload_of)
+            .collect::<Result<_, _>>()?;
+        write_policy(&mut buf, &policies)?;
     } else {
-        cla.endpoints = split.into_iter().map(|(_, l)| l).collect();
+        for (_, l) in &split {
+            write_locality(&mut buf, l, ns);
+        }
     }
-    answer
+    Ok(Modified {
+        answer,
+        assignment: Some(buf),
+    })
 }
 
 #[cfg(test)]
@@ -274,8 +564,13 @@ mod tests {
     use crate::envoy_gateway::eg_shape::{
         eg_draining, resource_metadata, rule_assignments, BackendRef, EgEndpoint, ResourceRef,
     };
+    use crate::publish::Change;
     use crate::slice::Slice;
     use envoy_types::pb::envoy::config::core::v3::Metadata;
+    use envoy_types::pb::envoy::config::endpoint::v3::{
+        cluster_load_assignment::Policy, ClusterLoadAssignment,
+    };
+    use envoy_types::pb::google::protobuf::UInt32Value;
     use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 
     /// (ready, serving, terminating) of the seed table's states.
@@ -336,10 +631,24 @@ mod tests {
         }
     }
 
-    fn index(slices: Vec<Slice>) -> Index {
-        let mut ix = Index::new();
-        ix.replace(slices);
+    fn index(slices: Vec<Slice>) -> PreparedIndex {
+        let mut ix = PreparedIndex::new();
+        ix.edit([Change::Replace(slices)]);
         ix
+    }
+
+    /// `modify` on a decoded assignment: encoded, modified, decoded back.
+    fn modify_typed(
+        cla: &mut ClusterLoadAssignment,
+        ix: &PreparedIndex,
+        trusted: &BTreeSet<ServiceKey>,
+        out: &Output,
+    ) -> Answer {
+        let m = modify(&cla.encode_to_vec(), ix, trusted, out).unwrap();
+        if let Some(bytes) = m.assignment {
+            *cla = ClusterLoadAssignment::decode(bytes.as_slice()).unwrap();
+        }
+        m.answer
     }
 
     fn md_bool(lb: &LbEndpoint, key: &str) -> Option<bool> {
@@ -378,13 +687,17 @@ mod tests {
             .collect()
     }
 
-    fn run(ix: &Index, refs: &[BackendRef], priorities: bool) -> (ClusterLoadAssignment, Answer) {
+    fn run(
+        ix: &PreparedIndex,
+        refs: &[BackendRef],
+        priorities: bool,
+    ) -> (ClusterLoadAssignment, Answer) {
         let mut cla = rule_assignments("shop", "app", 0, refs, false).remove(0);
         let out = Output {
             priorities,
             ..Output::default()
         };
-        let a = modify(&mut cla, ix, &BTreeSet::new(), &out);
+        let a = modify_typed(&mut cla, ix, &BTreeSet::new(), &out);
         (cla, a)
     }
 
@@ -458,14 +771,14 @@ mod tests {
         let mut cla =
             rule_assignments("shop", "app", 0, &[eg_ref("api", 8080, &eps)], false).remove(0);
         let before = cla.clone();
-        let a = modify(&mut cla, &ix, &BTreeSet::new(), &Output::default());
+        let a = modify_typed(&mut cla, &ix, &BTreeSet::new(), &Output::default());
         assert!(!a.managed);
         assert_eq!(cla, before);
         // No EG metadata at all (not a route backend): untouched.
         let mut bare = before.clone();
         bare.endpoints[0].metadata = None;
         let copy = bare.clone();
-        assert!(!modify(&mut bare, &ix, &BTreeSet::new(), &Output::default()).managed);
+        assert!(!modify_typed(&mut bare, &ix, &BTreeSet::new(), &Output::default()).managed);
         assert_eq!(bare, copy);
     }
 
@@ -518,7 +831,7 @@ mod tests {
         // After a re-read (trusted), the index settles the disagreement.
         let mut cla = sent.clone();
         let trusted: BTreeSet<ServiceKey> = [svc("web")].into_iter().collect();
-        let a = modify(&mut cla, &ix, &trusted, &Output::default());
+        let a = modify_typed(&mut cla, &ix, &trusted, &Output::default());
         assert_eq!((a.annotated, a.overruled, a.doubts.len()), (1, 1, 1));
         assert_eq!(
             health(&cla.endpoints[0].lb_endpoints[0]),
@@ -608,7 +921,7 @@ mod tests {
             ..Default::default()
         };
         cla.endpoints[0].lb_endpoints[0].metadata = Some(tls);
-        let a = modify(&mut cla, &ix, &BTreeSet::new(), &Output::default());
+        let a = modify_typed(&mut cla, &ix, &BTreeSet::new(), &Output::default());
         assert_eq!(a.annotated, 2);
         let zones: Vec<&str> = cla
             .endpoints
@@ -670,7 +983,7 @@ mod tests {
             priorities: true,
             ..Output::default()
         };
-        modify(&mut cla, &ix, &BTreeSet::new(), &out);
+        modify_typed(&mut cla, &ix, &BTreeSet::new(), &out);
         let p: Vec<(u32, usize)> = cla
             .endpoints
             .iter()
@@ -678,5 +991,112 @@ mod tests {
             .collect();
         // ready web at 0, terminating web at 1, the fallback Backend at 2.
         assert_eq!(p, vec![(0, 1), (1, 1), (2, 2)]);
+    }
+
+    #[test]
+    fn an_annotated_endpoint_keeps_egs_other_fields_and_metadata() {
+        use envoy_types::pb::google::protobuf::Any;
+        let eps = [("10.0.0.1", SERVING_TERMINATING)];
+        let ix = index(vec![slice("web-1", "web", 8080, &eps)]);
+        let cla = rule_assignments("shop", "app", 0, &[eg_ref("web", 8080, &eps)], false).remove(0);
+        let mut lb = cla.endpoints[0].lb_endpoints[0].clone();
+        lb.load_balancing_weight = Some(UInt32Value { value: 5 });
+        let strings = |k: &str, v: &str| Struct {
+            fields: [(
+                k.to_string(),
+                Value {
+                    kind: Some(Kind::StringValue(v.into())),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        lb.metadata = Some(Metadata {
+            filter_metadata: [
+                (
+                    "envoy.transport_socket_match".to_string(),
+                    strings("name", "c/tls/0"),
+                ),
+                // A stale conditions entry: replaced, not merged.
+                ("k8s.endpointslice".to_string(), strings("stale", "yes")),
+            ]
+            .into_iter()
+            .collect(),
+            typed_filter_metadata: [(
+                "x".to_string(),
+                Any {
+                    type_url: "t".into(),
+                    value: vec![1],
+                },
+            )]
+            .into_iter()
+            .collect(),
+        });
+        let mut src = lb.encode_to_vec();
+        // A field this version of the protos does not know (111, varint 1).
+        let unknown = [0xf8, 0x06, 0x01];
+        src.extend_from_slice(&unknown);
+        let annotation = ix
+            .service(&svc("web"))
+            .unwrap()
+            .get(&"10.0.0.1:8080".parse().unwrap())
+            .unwrap();
+        let out = Output::default();
+        let ns = out.metadata_namespace.as_bytes();
+        let mut written = Vec::new();
+        annotated(&src, annotation, ns, &mut written);
+        let mut size = Size::default();
+        annotated(&src, annotation, ns, &mut size);
+        assert_eq!(size.0, written.len());
+        assert!(written.windows(3).any(|w| w == unknown));
+        // What setting the conditions on the decoded endpoint gives.
+        let mut expected = lb;
+        let ep = ix.endpoints(&svc("web"), "http", crate::index::IpFamily::Ipv4);
+        crate::assignment::set_conditions(&mut expected, &ep[0], &out);
+        assert_eq!(LbEndpoint::decode(written.as_slice()).unwrap(), expected);
+    }
+
+    #[test]
+    fn unmanaged_localities_are_copied_and_malformed_input_refused() {
+        let web = [("10.0.0.1", READY)];
+        let ix = index(vec![slice("web-1", "web", 8080, &web)]);
+        let refs = [eg_ref("web", 8080, &web), eg_ref("api", 8080, &web)];
+        let cla = rule_assignments("shop", "app", 0, &refs, false).remove(0);
+        let bytes = cla.encode_to_vec();
+        let out = Output::default();
+        let m = modify(&bytes, &ix, &BTreeSet::new(), &out).unwrap();
+        let answer = m.assignment.unwrap();
+        let api = cla.endpoints[1].encode_to_vec();
+        assert!(answer.windows(api.len()).any(|w| w == api));
+        assert_eq!(m.answer.not_services, 1);
+        assert_eq!(cluster_name(&answer), cla.cluster_name);
+        assert_eq!(
+            modify(&bytes[..bytes.len() - 3], &ix, &BTreeSet::new(), &out),
+            Err(Malformed)
+        );
+    }
+
+    #[test]
+    fn the_priority_output_keeps_egs_policy_but_the_factor() {
+        let eps = [("10.0.0.1", READY)];
+        let ix = index(vec![slice("web-1", "web", 8080, &eps)]);
+        let mut cla =
+            rule_assignments("shop", "app", 0, &[eg_ref("web", 8080, &eps)], false).remove(0);
+        cla.policy = Some(Policy {
+            overprovisioning_factor: Some(UInt32Value { value: 140 }),
+            weighted_priority_health: true,
+            ..Default::default()
+        });
+        let out = Output {
+            priorities: true,
+            ..Output::default()
+        };
+        modify_typed(&mut cla, &ix, &BTreeSet::new(), &out);
+        let policy = cla.policy.unwrap();
+        assert_eq!(
+            policy.overprovisioning_factor.unwrap().value,
+            OVERPROVISIONING_FACTOR
+        );
+        assert!(policy.weighted_priority_health);
     }
 }

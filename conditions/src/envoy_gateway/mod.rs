@@ -9,7 +9,10 @@
 //! - `proto`: EG's extension service (hand-written against
 //!   `conditions/proto/extension/service.proto`), server and client.
 //! - `naming`: EG's locality metadata -> the Service.
-//! - `hook`: the pure function, assignment in -> assignment out.
+//! - `hook`: the pure function, assignment in -> assignment out, edited
+//!   on the wire (`wire`).
+//! - `prepared`: the index plus each managed Service's endpoints with their
+//!   conditions metadata encoded, made when its slices change.
 //! - `service`: the gRPC service over it (re-reads, metrics).
 //! - `eg_shape`: what EG >= 1.6 sends (for tests, benchmarks, clients).
 //!
@@ -31,8 +34,10 @@
 pub mod eg_shape;
 pub mod hook;
 pub mod naming;
+pub mod prepared;
 pub mod proto;
 pub mod service;
+pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -89,21 +94,15 @@ pub struct Args {
 
 /// Applies a batch of source updates to the shared index; true once ready.
 pub fn apply_updates(shared: &Shared, updates: Vec<Update>) -> bool {
+    let full_list = updates
+        .iter()
+        .any(|u| matches!(u.change, Change::Replace(_)));
     let mut index = shared.write();
-    for u in updates {
-        match u.change {
-            Change::Apply(s) => {
-                index.apply(s);
-            }
-            Change::Delete(k) => {
-                index.delete(&k);
-            }
-            Change::Replace(all) => {
-                index.replace(all);
-                shared.ready.store(true, Ordering::SeqCst);
-            }
-        }
+    index.edit(updates.into_iter().map(|u| u.change));
+    if full_list {
+        shared.ready.store(true, Ordering::SeqCst);
     }
+    drop(index);
     shared.ready.load(Ordering::SeqCst)
 }
 
@@ -214,7 +213,9 @@ pub async fn run(
     let svc = proto::EnvoyGatewayExtensionServer::new(hook)
         .max_decoding_message_size(args.max_message_size)
         .max_encoding_message_size(usize::MAX);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+    // Without TCP_NODELAY, the answer's last segment waits for EG's delayed
+    // ACK: 40 ms on some calls (Nagle), twenty times the call itself.
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))

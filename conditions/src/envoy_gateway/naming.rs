@@ -28,6 +28,7 @@
 //! several different Services, is not ours: it is left as EG sent it. The
 //! region is parsed only for logs.
 
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::config::endpoint::v3::LocalityLbEndpoints;
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 
@@ -64,12 +65,8 @@ fn string_field<'a>(s: &'a Struct, key: &str) -> Option<&'a str> {
     }
 }
 
-fn resources(l: &LocalityLbEndpoints) -> Option<&[Value]> {
-    let eg = l
-        .metadata
-        .as_ref()?
-        .filter_metadata
-        .get(EG_METADATA_NAMESPACE)?;
+fn resources(metadata: Option<&Metadata>) -> Option<&[Value]> {
+    let eg = metadata?.filter_metadata.get(EG_METADATA_NAMESPACE)?;
     match eg.fields.get(EG_RESOURCES_KEY)?.kind.as_ref()? {
         Kind::ListValue(list) => Some(&list.values),
         _ => None,
@@ -78,7 +75,12 @@ fn resources(l: &LocalityLbEndpoints) -> Option<&[Value]> {
 
 /// The Service a locality's endpoints belong to.
 pub fn locality_backend(l: &LocalityLbEndpoints) -> Result<LocalityBackend, NotAService> {
-    let list = resources(l).ok_or(NotAService::NoMetadata)?;
+    metadata_backend(l.metadata.as_ref())
+}
+
+/// The Service a locality's metadata names.
+pub fn metadata_backend(metadata: Option<&Metadata>) -> Result<LocalityBackend, NotAService> {
+    let list = resources(metadata).ok_or(NotAService::NoMetadata)?;
     let mut found: Option<LocalityBackend> = None;
     for v in list {
         let Some(Kind::StructValue(r)) = v.kind.as_ref() else {

@@ -8,10 +8,10 @@
 //!   decoded (envoy-types' prost type), for clients and tests;
 //! - raw ([`RawPostEndpointsModifyRequest`]): the ClusterLoadAssignment
 //!   field kept as its encoded bytes (a message field and a bytes field share
-//!   wire type 2). The server decodes the assignment only to see whether it
-//!   manages it, and answers an unmanaged one with the very bytes it got:
-//!   prost drops unknown fields and orders `Struct` maps unlike Go, so a
-//!   decode and re-encode would not be byte-identical.
+//!   wire type 2). The server edits the assignment on the wire (`hook`),
+//!   and answers an unmanaged one with the very bytes it got: prost drops
+//!   unknown fields and orders `Struct` maps unlike Go, so a decode and
+//!   re-encode would not be byte-identical.
 //!
 //! Fields are `optional` so that an empty message still goes on the wire
 //! (Go sends a present, empty context; a response must always carry the

@@ -3,10 +3,11 @@
 //! EG disagree, metrics and logs.
 //!
 //! Per call:
-//! 1. Before the first full list of slices, or when the assignment does not
-//!    decode: EG's bytes back, untouched.
-//! 2. `hook::modify` with the index. Nothing managed: EG's bytes back,
-//!    untouched (byte-identical, not a re-encoding).
+//! 1. Before the first full list of slices, or when the assignment (or a
+//!    managed endpoint of it) does not decode: EG's bytes back, untouched.
+//! 2. `hook::modify` with the index, on EG's encoded bytes. Nothing
+//!    managed: EG's bytes back, untouched (byte-identical, not a
+//!    re-encoding).
 //! 3. Doubts (an endpoint the index lacks, or conditions EG's health
 //!    contradicts): the Services concerned are re-read from the source
 //!    (Kubernetes API list, or the slice directory), all together within
@@ -27,54 +28,52 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use prost::Message;
 
-use super::hook::{self, Answer};
+use super::hook::{self, Modified};
+use super::prepared::PreparedIndex;
 use super::proto::{
     PostEndpointsModify, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
 };
 use crate::assignment::Output;
-use crate::index::Index;
 use crate::metrics::Metrics;
+use crate::publish::Change;
 use crate::slice::{ServiceKey, Slice, SliceKey};
 
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]
 pub struct Shared {
-    pub index: RwLock<Index>,
+    pub index: RwLock<PreparedIndex>,
     /// Set once the first full list is in.
     pub ready: AtomicBool,
 }
 
 impl Shared {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, PreparedIndex> {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, PreparedIndex> {
         self.index.write().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Makes the index's slices of `service` exactly `slices`.
-pub fn replace_service(index: &mut Index, service: &ServiceKey, slices: Vec<Slice>) {
+pub fn replace_service(index: &mut PreparedIndex, service: &ServiceKey, slices: Vec<Slice>) {
     let keep: BTreeSet<SliceKey> = slices.iter().map(|s| s.key.clone()).collect();
-    let gone: Vec<SliceKey> = index
+    let gone: Vec<Change> = index
         .slices_of(service)
         .map(|s| s.key.clone())
         .filter(|k| !keep.contains(k))
+        .map(Change::Delete)
         .collect();
-    for k in gone {
-        index.delete(&k);
-    }
-    for s in slices {
-        index.apply(s);
-    }
+    index.edit(
+        gone.into_iter()
+            .chain(slices.into_iter().map(Change::Apply)),
+    );
 }
 
 /// Reads one Service's slices from the source, now.
@@ -278,14 +277,8 @@ impl HookService {
         }
     }
 
-    fn modify(
-        &self,
-        bytes: &[u8],
-        trusted: &BTreeSet<ServiceKey>,
-    ) -> Option<(ClusterLoadAssignment, Answer)> {
-        let mut cla = ClusterLoadAssignment::decode(bytes).ok()?;
-        let answer = hook::modify(&mut cla, &self.shared.read(), trusted, &self.config.output);
-        Some((cla, answer))
+    fn modify(&self, bytes: &[u8], trusted: &BTreeSet<ServiceKey>) -> Option<Modified> {
+        hook::modify(bytes, &self.shared.read(), trusted, &self.config.output).ok()
     }
 
     /// Re-reads `services` within the timeout; returns those re-read.
@@ -352,36 +345,38 @@ impl HookService {
         }
         let attempted = recent(&self.attempted, started, self.config.reread_min_interval);
         let mut trusted = BTreeSet::new();
-        let Some((mut cla, mut answer)) = self.modify(&raw, &trusted) else {
+        let Some(mut modified) = self.modify(&raw, &trusted) else {
             self.metrics.call("undecodable");
             tracing::warn!(
                 "a ClusterLoadAssignment from Envoy Gateway does not decode: sent back untouched"
             );
             return echo(Some(raw));
         };
-        if !answer.managed {
+        if !modified.answer.managed {
             self.metrics.call("unmanaged");
             self.metrics
                 .seconds
                 .observe(started.elapsed().as_secs_f64());
             return echo(Some(raw));
         }
-        let doubtful: BTreeSet<ServiceKey> = answer
+        let doubtful: BTreeSet<ServiceKey> = modified
+            .answer
             .doubts
             .iter()
             .map(|d| d.service().clone())
             .filter(|s| !attempted.contains(s))
             .collect();
         if !doubtful.is_empty() && self.reread.is_some() {
-            tracing::debug!(cluster = %cla.cluster_name, doubts = ?answer.doubts, "index and Envoy Gateway disagree");
+            tracing::debug!(cluster = %hook::cluster_name(&raw), doubts = ?modified.answer.doubts, "index and Envoy Gateway disagree");
             let reread = self.reread(doubtful).await;
             if !reread.is_empty() {
                 trusted.extend(reread);
                 if let Some(again) = self.modify(&raw, &trusted) {
-                    (cla, answer) = again;
+                    modified = again;
                 }
             }
         }
+        let answer = &modified.answer;
         let disagreed = answer
             .doubts
             .iter()
@@ -396,7 +391,7 @@ impl HookService {
         self.metrics.endpoints("dropped", answer.dropped);
         if !answer.doubts.is_empty() {
             tracing::info!(
-                cluster = %cla.cluster_name,
+                cluster = %hook::cluster_name(&raw),
                 doubts = answer.doubts.len(),
                 "endpoints left as Envoy Gateway sent them (the index does not know them, or disagrees without a fresh re-read)"
             );
@@ -404,7 +399,7 @@ impl HookService {
         self.metrics
             .seconds
             .observe(started.elapsed().as_secs_f64());
-        echo(Some(Bytes::from(cla.encode_to_vec())))
+        echo(Some(modified.assignment.map_or(raw, Bytes::from)))
     }
 }
 
