@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
@@ -27,6 +28,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
 use crate::endpoint::{Endpoint, Health, MetadataValue};
+use crate::view::EndpointChange;
 
 /// Type URL of the EDS resource.
 pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
@@ -153,31 +155,29 @@ pub fn cluster_load_assignment(
     }
 }
 
-/// Encodes assignments straight to protobuf bytes, keeping each endpoint's
-/// encoded lb_endpoint while the endpoint does not change: a change to one
-/// slice of a 10,000-endpoint Service re-encodes only its endpoints and
+/// Encodes assignments straight to protobuf bytes, endpoint by endpoint:
+/// each endpoint's lb_endpoint is encoded when it changes and kept, in its
+/// (priority, zone) group, so that a change to one slice of a
+/// 10,000-endpoint Service encodes only the endpoints that changed and
 /// copies the others' bytes once. The bytes decode to exactly what
-/// `cluster_load_assignment` builds.
+/// `cluster_load_assignment` builds for the endpoints the changes lead to.
 #[derive(Debug, Default)]
 pub struct Encoder {
-    cache: BTreeMap<SocketAddr, Cached>,
-    generation: u64,
+    groups: BTreeMap<GroupKey, Group>,
 }
 
+/// (priority, zone): the order of LocalityLbEndpoints. No zone sorts first,
+/// as "" does in `cluster_load_assignment`.
+type GroupKey = (u32, Option<Arc<str>>);
+
+/// One LocalityLbEndpoints: its own fields, and its lb_endpoints by
+/// address, each encoded as a whole field (key, length, message).
 #[derive(Debug)]
-struct Cached {
-    endpoint: Endpoint,
-    priority: u32,
-    bytes: Vec<u8>,
-    seen: u64,
-}
-
-/// One LocalityLbEndpoints being assembled: its own fields, its encoded
-/// length, its lb_endpoints' bytes.
-struct Group<'a> {
+struct Group {
     head: Vec<u8>,
+    lbs: BTreeMap<SocketAddr, Vec<u8>>,
+    /// Encoded length of the message (head and every lb_endpoint field).
     len: usize,
-    lbs: Vec<&'a [u8]>,
 }
 
 fn field_len(len: usize) -> usize {
@@ -189,77 +189,101 @@ fn push_field(buf: &mut Vec<u8>, tag: u32, len: usize) {
     encode_varint(len as u64, buf);
 }
 
+/// Where an endpoint is written; `None`: left out (the priority output
+/// leaves out not serving endpoints).
+fn group_of(ep: &Endpoint, out: &Output) -> Option<GroupKey> {
+    let priority = if out.priorities {
+        ep.conditions.priority()?
+    } else {
+        0
+    };
+    Some((priority, ep.zone.clone().filter(|z| !z.is_empty())))
+}
+
 impl Encoder {
     pub fn new() -> Encoder {
         Encoder::default()
     }
 
-    /// Takes the cluster's endpoints (sorted by address); true when the
-    /// assignment they make differs from the last one.
-    pub fn update(&mut self, endpoints: &[Endpoint], out: &Output) -> bool {
-        self.generation += 1;
-        let generation = self.generation;
-        let mut changed = false;
-        let mut kept = 0usize;
-        for ep in endpoints {
-            let priority = if out.priorities {
-                match ep.conditions.priority() {
-                    Some(p) => p,
-                    None => continue,
-                }
-            } else {
-                0
-            };
-            kept += 1;
-            match self.cache.get_mut(&ep.addr) {
-                Some(c) if c.endpoint == *ep => c.seen = generation,
-                _ => {
-                    changed = true;
-                    self.cache.insert(
-                        ep.addr,
-                        Cached {
-                            endpoint: ep.clone(),
-                            priority,
-                            bytes: lb_endpoint(ep, out).encode_to_vec(),
-                            seen: generation,
-                        },
-                    );
-                }
-            }
+    /// Takes one endpoint's change (`old` must be what the encoder last
+    /// took for that address); true when the assignment changed.
+    pub fn apply(&mut self, change: &EndpointChange, out: &Output) -> bool {
+        let old = change
+            .old
+            .as_ref()
+            .and_then(|e| Some((e, group_of(e, out)?)));
+        let new = change
+            .new
+            .as_ref()
+            .and_then(|e| Some((e, group_of(e, out)?)));
+        match (&old, &new) {
+            (None, None) => return false,
+            (Some((o, _)), Some((n, _))) if o == n => return false,
+            _ => {}
         }
-        if self.cache.len() != kept {
-            changed = true;
-            self.cache.retain(|_, c| c.seen == generation);
+        if let Some((_, key)) = old {
+            self.unplace(&key, &change.addr);
         }
-        changed
+        if let Some((e, key)) = new {
+            self.place(key, e, out);
+        }
+        true
     }
 
-    /// The encoded ClusterLoadAssignment of the endpoints last taken.
-    pub fn assemble(&self, cluster_name: &str, out: &Output) -> Vec<u8> {
-        // Groups by (priority, zone), each in address order, as
-        // `cluster_load_assignment` makes them.
-        let mut groups: BTreeMap<(u32, &str), Group<'_>> = BTreeMap::new();
-        for c in self.cache.values() {
-            let zone = c.endpoint.zone.as_deref().unwrap_or("");
-            let g = groups.entry((c.priority, zone)).or_insert_with(|| {
+    /// How many endpoints the assignment has.
+    pub fn len(&self) -> usize {
+        self.groups.values().map(|g| g.lbs.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    fn unplace(&mut self, key: &GroupKey, addr: &SocketAddr) {
+        let Some(g) = self.groups.get_mut(key) else {
+            return;
+        };
+        if let Some(bytes) = g.lbs.remove(addr) {
+            g.len -= bytes.len();
+        }
+        if g.lbs.is_empty() {
+            self.groups.remove(key);
+        }
+    }
+
+    fn place(&mut self, key: GroupKey, ep: &Endpoint, out: &Output) {
+        let lb = lb_endpoint(ep, out);
+        let len = lb.encoded_len();
+        let mut bytes = Vec::with_capacity(field_len(len));
+        push_field(&mut bytes, 2, len);
+        lb.encode_raw(&mut bytes);
+        let g = self
+            .groups
+            .entry(key)
+            .or_insert_with_key(|(priority, zone)| {
                 let head = LocalityLbEndpoints {
-                    locality: (!zone.is_empty()).then(|| Locality {
+                    locality: zone.as_ref().map(|zone| Locality {
                         zone: zone.to_string(),
                         ..Default::default()
                     }),
-                    priority: c.priority,
+                    priority: *priority,
                     ..Default::default()
                 }
                 .encode_to_vec();
                 Group {
                     len: head.len(),
                     head,
-                    lbs: Vec::new(),
+                    lbs: BTreeMap::new(),
                 }
             });
-            g.len += field_len(c.bytes.len());
-            g.lbs.push(&c.bytes);
+        g.len += bytes.len();
+        if let Some(old) = g.lbs.insert(ep.addr, bytes) {
+            g.len -= old.len();
         }
+    }
+
+    /// The encoded ClusterLoadAssignment of the endpoints last taken.
+    pub fn assemble(&self, cluster_name: &str, out: &Output) -> Vec<u8> {
         let shell = ClusterLoadAssignment {
             cluster_name: cluster_name.to_string(),
             policy: out.priorities.then(|| Policy {
@@ -271,24 +295,22 @@ impl Encoder {
             ..Default::default()
         }
         .encode_to_vec();
-        let total = shell.len() + groups.values().map(|g| field_len(g.len)).sum::<usize>();
+        let total = shell.len()
+            + self
+                .groups
+                .values()
+                .map(|g| field_len(g.len))
+                .sum::<usize>();
         let mut cla = Vec::with_capacity(total);
         cla.extend_from_slice(&shell);
-        for g in groups.into_values() {
+        for g in self.groups.values() {
             push_field(&mut cla, 2, g.len);
             cla.extend_from_slice(&g.head);
-            for lb in g.lbs {
-                push_field(&mut cla, 2, lb.len());
+            for lb in g.lbs.values() {
                 cla.extend_from_slice(lb);
             }
         }
         cla
-    }
-
-    /// `update` then `assemble`.
-    pub fn encode(&mut self, cluster_name: &str, endpoints: &[Endpoint], out: &Output) -> Vec<u8> {
-        self.update(endpoints, out);
-        self.assemble(cluster_name, out)
     }
 }
 
@@ -400,6 +422,30 @@ mod tests {
 
     #[test]
     fn encoder_bytes_decode_to_the_built_assignment_across_changes() {
+        /// Feeds the encoder the changes from `was` to `now`.
+        fn take(enc: &mut Encoder, was: &[Endpoint], now: &[Endpoint], out: &Output) -> bool {
+            let by_addr = |v: &[Endpoint]| -> BTreeMap<SocketAddr, Endpoint> {
+                v.iter().map(|e| (e.addr, e.clone())).collect()
+            };
+            let (was, now) = (by_addr(was), by_addr(now));
+            let addrs: std::collections::BTreeSet<&SocketAddr> =
+                was.keys().chain(now.keys()).collect();
+            let mut changed = false;
+            for addr in addrs {
+                let (old, new) = (was.get(addr).cloned(), now.get(addr).cloned());
+                if old != new {
+                    changed |= enc.apply(
+                        &EndpointChange {
+                            addr: *addr,
+                            old,
+                            new,
+                        },
+                        out,
+                    );
+                }
+            }
+            changed
+        }
         for priorities in [false, true] {
             let out = Output {
                 priorities,
@@ -412,15 +458,22 @@ mod tests {
                 ep("10.0.0.4:80", true, true, false, None),
             ];
             let mut enc = Encoder::new();
+            assert!(take(&mut enc, &[], &eps, &out));
             for step in 0..4 {
-                let bytes = enc.encode("backend", &eps, &out);
+                let bytes = enc.assemble("backend", &out);
                 let decoded = ClusterLoadAssignment::decode(bytes.as_slice()).unwrap();
                 assert_eq!(
                     decoded,
                     cluster_load_assignment("backend", &eps, &out),
                     "step {step}, priorities {priorities}"
                 );
+                let kept = eps
+                    .iter()
+                    .filter(|e| !priorities || e.conditions.serving)
+                    .count();
+                assert_eq!(enc.len(), kept);
                 // Change one endpoint, drop one, add one.
+                let was = eps.clone();
                 eps[step % 3].conditions.serving = !eps[step % 3].conditions.serving;
                 eps.pop();
                 eps.push(ep(
@@ -430,17 +483,30 @@ mod tests {
                     false,
                     Some("z1"),
                 ));
+                assert!(take(&mut enc, &was, &eps, &out));
             }
-            assert!(enc.cache.len() <= eps.len());
-            // Nothing changed: update says so.
-            enc.encode("backend", &eps, &out);
-            assert!(!enc.update(&eps, &out));
+            // A left-out endpoint changes: the assignment does not, with
+            // the priority output.
+            let was = eps.clone();
+            eps.push(ep("10.0.2.1:80", false, false, false, Some("z1")));
+            assert_eq!(take(&mut enc, &was, &eps, &out), !priorities);
+            let was = eps.clone();
+            eps.pop();
+            eps.push(ep("10.0.2.1:80", false, false, true, Some("z9")));
+            assert_eq!(take(&mut enc, &was, &eps, &out), !priorities);
+            let bytes = enc.assemble("backend", &out);
+            assert_eq!(
+                ClusterLoadAssignment::decode(bytes.as_slice()).unwrap(),
+                cluster_load_assignment("backend", &eps, &out)
+            );
+            // Everything goes: an empty assignment.
+            assert!(take(&mut enc, &eps, &[], &out));
+            assert!(enc.is_empty());
+            assert_eq!(
+                ClusterLoadAssignment::decode(enc.assemble("backend", &out).as_slice()).unwrap(),
+                cluster_load_assignment("backend", &[], &out)
+            );
         }
-        let empty = Encoder::new().encode("backend", &[], &Output::default());
-        assert_eq!(
-            ClusterLoadAssignment::decode(empty.as_slice()).unwrap(),
-            cluster_load_assignment("backend", &[], &Output::default())
-        );
     }
 
     #[test]

@@ -81,7 +81,16 @@ impl Index {
     /// Replaces every slice with `slices` (a full list); returns the
     /// Services whose slices changed.
     pub fn replace(&mut self, slices: Vec<Slice>) -> BTreeSet<ServiceKey> {
-        let mut changed = BTreeSet::new();
+        self.replace_slices(slices)
+            .into_iter()
+            .map(|(_, service)| service)
+            .collect()
+    }
+
+    /// `replace`, returning each slice that changed with the Service it
+    /// left or joined (a slice that moved comes twice).
+    pub fn replace_slices(&mut self, slices: Vec<Slice>) -> Vec<(SliceKey, ServiceKey)> {
+        let mut changed = Vec::new();
         let keep: BTreeSet<SliceKey> = slices.iter().map(|s| s.key.clone()).collect();
         let gone: Vec<SliceKey> = self
             .slices
@@ -90,10 +99,17 @@ impl Index {
             .cloned()
             .collect();
         for k in gone {
-            changed.extend(self.delete(&k));
+            if let Some(service) = self.delete(&k) {
+                changed.push((k, service));
+            }
         }
         for s in slices {
-            changed.extend(self.apply(s));
+            let key = s.key.clone();
+            changed.extend(
+                self.apply(s)
+                    .into_iter()
+                    .map(|service| (key.clone(), service)),
+            );
         }
         changed
     }

@@ -8,7 +8,8 @@
 //! - `slice`: an EndpointSlice as kept; `index`: slices by Service, endpoints
 //!   by address:port (which copy wins); `endpoint`: one endpoint's conditions,
 //!   health and priority; `assignment`: endpoints -> ClusterLoadAssignment;
-//!   `cluster`: `--cluster` specs.
+//!   `cluster`: `--cluster` specs; `view`: one Service port's endpoints
+//!   kept up to date slice by slice.
 //! - `source::kube`, `source::files`: where slices come from.
 //! - `publish`: applies updates, publishes snapshots (never half built).
 //! - `eds`: the xDS protocol per stream, and the gRPC services.
@@ -26,3 +27,4 @@ pub mod metrics;
 pub mod publish;
 pub mod slice;
 pub mod source;
+pub mod view;

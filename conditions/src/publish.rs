@@ -1,9 +1,10 @@
 //! The index -> the published snapshot of EDS resources.
 //!
 //! A source sends `Update`s (a slice applied or deleted, or a full list);
-//! the publisher applies every update waiting, rebuilds only the clusters
-//! whose Service changed, and publishes a new snapshot when an assignment
-//! changed. Nothing is published as ready before the first full list: a
+//! the publisher applies every update waiting, updates the clusters whose
+//! Service changed from the changed slices only (each cluster keeps its
+//! merged view and its encoded endpoints: see `view`, `assignment`), and
+//! publishes a new snapshot when an assignment changed. Nothing is published as ready before the first full list: a
 //! half-built index never reaches Envoy.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -18,6 +19,7 @@ use crate::cluster::ClusterSpec;
 use crate::index::{Index, IpFamily};
 use crate::metrics::Metrics;
 use crate::slice::{ServiceKey, Slice, SliceKey};
+use crate::view::{EndpointChange, PortView};
 
 /// A change from a source.
 #[derive(Clone, Debug)]
@@ -83,14 +85,21 @@ impl Snapshot {
 pub struct Publisher {
     index: Index,
     clusters: Vec<ClusterSpec>,
+    /// Per cluster (same order): its merged endpoints and their encoding,
+    /// kept up to date slice by slice.
+    served: Vec<Served>,
     by_service: HashMap<ServiceKey, Vec<usize>>,
-    family: IpFamily,
     output: Output,
-    encoders: HashMap<String, Encoder>,
     resources: BTreeMap<String, Arc<Resource>>,
     boot: String,
     counter: u64,
     ready: bool,
+}
+
+/// One cluster's state between changes.
+struct Served {
+    view: PortView,
+    encoder: Encoder,
 }
 
 impl Publisher {
@@ -99,6 +108,13 @@ impl Publisher {
         for (i, c) in clusters.iter().enumerate() {
             by_service.entry(c.service.clone()).or_default().push(i);
         }
+        let served = clusters
+            .iter()
+            .map(|c| Served {
+                view: PortView::new(&c.port_name, family),
+                encoder: Encoder::new(),
+            })
+            .collect();
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
@@ -106,10 +122,9 @@ impl Publisher {
         Publisher {
             index: Index::new(),
             clusters,
+            served,
             by_service,
-            family,
             output,
-            encoders: HashMap::new(),
             resources: BTreeMap::new(),
             boot: boot.to_string(),
             counter: 0,
@@ -134,50 +149,86 @@ impl Publisher {
     pub fn apply(&mut self, updates: Vec<Update>) -> Option<Snapshot> {
         let earliest = updates.iter().map(|u| u.received).min()?;
         let was_ready = self.ready;
-        let mut services: BTreeSet<ServiceKey> = BTreeSet::new();
+        // The slices that changed, by the Service they left or joined.
+        let mut slices: BTreeMap<ServiceKey, BTreeSet<String>> = BTreeMap::new();
+        let mut note = |service: ServiceKey, name: &str| {
+            slices.entry(service).or_default().insert(name.to_string());
+        };
         for u in updates {
             match u.change {
-                Change::Apply(s) => services.extend(self.index.apply(s)),
-                Change::Delete(k) => services.extend(self.index.delete(&k)),
+                Change::Apply(s) => {
+                    let name = s.key.name.clone();
+                    for service in self.index.apply(s) {
+                        note(service, &name);
+                    }
+                }
+                Change::Delete(k) => {
+                    if let Some(service) = self.index.delete(&k) {
+                        note(service, &k.name);
+                    }
+                }
                 Change::Replace(all) => {
-                    services.extend(self.index.replace(all));
+                    for (k, service) in self.index.replace_slices(all) {
+                        note(service, &k.name);
+                    }
                     self.ready = true;
                 }
             }
         }
-        let rebuild: BTreeSet<usize> = if !self.ready {
-            BTreeSet::new()
-        } else if !was_ready {
-            (0..self.clusters.len()).collect()
+        if !self.ready {
+            return None;
+        }
+        let mut changed = !was_ready;
+        if !was_ready {
+            // The first full list: every cluster from every slice known.
+            for i in 0..self.clusters.len() {
+                let service = &self.clusters[i].service;
+                let names: Vec<String> = self
+                    .index
+                    .slices_of(service)
+                    .map(|s| s.key.name.clone())
+                    .collect();
+                changed |= self.refresh(i, &names, earliest);
+            }
         } else {
-            services
-                .iter()
-                .filter_map(|s| self.by_service.get(s))
-                .flatten()
-                .copied()
-                .collect()
-        };
-        let mut changed = self.ready != was_ready;
-        for i in rebuild {
-            changed |= self.rebuild(i, earliest);
+            for (service, names) in &slices {
+                let names: Vec<String> = names.iter().cloned().collect();
+                for i in self.by_service.get(service).cloned().unwrap_or_default() {
+                    changed |= self.refresh(i, &names, earliest);
+                }
+            }
         }
         changed.then(|| self.snapshot())
     }
 
-    /// Rebuilds one cluster; true when its assignment changed.
-    fn rebuild(&mut self, i: usize, changed_at: Instant) -> bool {
-        let Some(spec) = self.clusters.get(i) else {
+    /// Re-reads slices `names` of cluster `i`'s Service; true when its
+    /// assignment changed (or was never published).
+    fn refresh(&mut self, i: usize, names: &[String], changed_at: Instant) -> bool {
+        let (Some(spec), Some(served)) = (self.clusters.get(i), self.served.get_mut(i)) else {
             return false;
         };
-        let endpoints = self
-            .index
-            .endpoints(&spec.service, &spec.port_name, self.family);
-        let encoder = self.encoders.entry(spec.name.clone()).or_default();
-        let changed = encoder.update(&endpoints, &self.output);
-        if !changed && self.resources.contains_key(&spec.name) {
+        let mut changes = Vec::new();
+        for name in names {
+            let key = SliceKey {
+                namespace: spec.service.namespace.clone(),
+                name: name.clone(),
+            };
+            let slice = self.index.slice(&key).filter(|s| s.service == spec.service);
+            served.view.put(name, slice, &mut changes);
+        }
+        let published = self.resources.contains_key(&spec.name);
+        if published {
+            // Whether the assignment changed is the net change's to say.
+            changes = net(changes);
+        }
+        let mut changed = false;
+        for c in &changes {
+            changed |= served.encoder.apply(c, &self.output);
+        }
+        if !changed && published {
             return false;
         }
-        let value = encoder.assemble(&spec.name, &self.output);
+        let value = served.encoder.assemble(&spec.name, &self.output);
         self.counter += 1;
         let resource = Resource {
             name: spec.name.clone(),
@@ -186,7 +237,7 @@ impl Publisher {
                 type_url: CLA_TYPE_URL.to_string(),
                 value,
             },
-            endpoints: endpoints.len(),
+            endpoints: served.view.len(),
             changed_at,
         };
         self.resources.insert(spec.name.clone(), Arc::new(resource));
@@ -201,6 +252,26 @@ impl Publisher {
             resources: self.resources.clone(),
         }
     }
+}
+
+/// One change per address, from the first state to the last (several
+/// slices, or several updates of a batch, may change one address); none
+/// where they cancel out.
+fn net(mut changes: Vec<EndpointChange>) -> Vec<EndpointChange> {
+    if changes.len() < 2 {
+        return changes;
+    }
+    // Stable: an address's changes stay in order.
+    changes.sort_by_key(|c| c.addr);
+    changes.dedup_by(|later, first| {
+        let same = later.addr == first.addr;
+        if same {
+            first.new = later.new.take();
+        }
+        same
+    });
+    changes.retain(|c| c.old != c.new);
+    changes
 }
 
 /// Runs the publisher: takes every update waiting at once, publishes the
@@ -367,5 +438,82 @@ mod tests {
             .unwrap();
         assert!(cla(&s3, "a").endpoints.is_empty());
         assert_eq!(cla(&s3, "b").endpoints[0].lb_endpoints.len(), 1);
+    }
+
+    #[test]
+    fn kept_slice_by_slice_assignments_equal_fresh_builds() {
+        use crate::assignment::cluster_load_assignment;
+        // A small deterministic generator (xorshift).
+        fn below(state: &mut u64, n: u64) -> u64 {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state % n
+        }
+        fn random_slice(r: &mut u64, name: &str) -> Slice {
+            let mut s = slice(name, ["web", "api"][below(r, 2) as usize], &[]);
+            let flag = |n: u64| [None, Some(true), Some(false)][n as usize];
+            for _ in 0..below(r, 8) {
+                s.endpoints.push(SliceEndpoint {
+                    address: std::net::IpAddr::from([10, 0, 0, below(r, 12) as u8]),
+                    ready: flag(below(r, 3)),
+                    serving: flag(below(r, 3)),
+                    terminating: flag(below(r, 3)),
+                    zone: (below(r, 3) > 0).then(|| format!("z{}", below(r, 3)).into()),
+                    node_name: None,
+                    hints_zones: None,
+                    hints_nodes: None,
+                });
+            }
+            s
+        }
+        let r = &mut 0x2545_F491_4F6C_DD1Du64;
+        for priorities in [false, true] {
+            let out = Output {
+                priorities,
+                ..Output::default()
+            };
+            let specs = vec![spec("a", "web"), spec("b", "api")];
+            let mut p = Publisher::new(specs.clone(), IpFamily::Auto, out.clone());
+            let mut last: BTreeMap<String, (u64, Vec<u8>)> = BTreeMap::new();
+            for step in 0..400 {
+                let names = ["s1", "s2", "s3", "s4"];
+                let mut batch = Vec::new();
+                for _ in 0..=below(r, 2) {
+                    let name = names[below(r, 4) as usize];
+                    batch.push(Update::now(match below(r, 10) {
+                        0 => Change::Replace(names.iter().map(|n| random_slice(r, n)).collect()),
+                        1 | 2 => Change::Delete(SliceKey {
+                            namespace: "ns".into(),
+                            name: name.into(),
+                        }),
+                        _ => Change::Apply(random_slice(r, name)),
+                    }));
+                }
+                if step == 0 {
+                    batch.push(Update::now(Change::Replace(vec![])));
+                }
+                let snap = p.apply(batch);
+                for c in &specs {
+                    let fresh = cluster_load_assignment(
+                        &c.name,
+                        &p.index()
+                            .endpoints(&c.service, &c.port_name, IpFamily::Auto),
+                        &out,
+                    );
+                    let r = &p.resources[&c.name];
+                    let decoded = ClusterLoadAssignment::decode(r.any.value.as_slice()).unwrap();
+                    assert_eq!(decoded, fresh, "step {step}, {}", c.name);
+                    // A new version exactly when the bytes changed.
+                    if let Some((version, bytes)) = last.get(&c.name) {
+                        assert_eq!(r.version == *version, r.any.value == *bytes, "step {step}");
+                    }
+                    last.insert(c.name.clone(), (r.version, r.any.value.clone()));
+                    if let Some(s) = &snap {
+                        assert_eq!(s.resources[&c.name].version, r.version);
+                    }
+                }
+            }
+        }
     }
 }
