@@ -118,8 +118,8 @@ fn weight_decides_the_local_share() {
 }
 
 /// Without `local_zone` the wasm filter takes Envoy's own zone (bootstrap
-/// `node.locality.zone`, which `--service-zone` overrides); `local_zone` in the
-/// configuration wins over it.
+/// `node.locality.zone`, or `--service-zone` which overrides it); `local_zone`
+/// in the configuration wins over both.
 #[test]
 fn local_zone_defaults_to_envoys_node_locality() {
     let a = Backend::start("A");
@@ -128,16 +128,29 @@ fn local_zone_defaults_to_envoys_node_locality() {
         Endpoint::serving(a.addr()).zone("zone-a"),
         Endpoint::serving(b.addr()).zone("zone-b"),
     ];
-    for (config, zone, local, source) in [
-        (json!({}), "zone-a", &a, "Envoy's node.locality.zone"),
-        (json!({"local_zone": "zone-b"}), "zone-b", &b, "local_zone"),
+    let node = "Envoy's node.locality.zone";
+    // (config, `--service-zone`, the zone used, its host, where it came from)
+    for (config, service_zone, zone, local, source) in [
+        (json!({}), None, "zone-a", &a, node),
+        // `--service-zone` replaces the bootstrap's zone, as a DaemonSet passes it.
+        (json!({}), Some("zone-b"), "zone-b", &b, node),
+        (
+            json!({"local_zone": "zone-b"}),
+            None,
+            "zone-b",
+            &b,
+            "local_zone",
+        ),
     ] {
-        let envoy = EnvoyBuilder::new()
+        let mut builder = EnvoyBuilder::new()
             .tag("zone-from-node")
             .with_filter(Some(&plugin_config(config)))
             .bootstrap_hook(support::tweak::node_zone("zone-a"))
-            .eds_cluster("backend", &endpoints)
-            .start();
+            .eds_cluster("backend", &endpoints);
+        if let Some(z) = service_zone {
+            builder = builder.arg("--service-zone").arg(z);
+        }
+        let envoy = builder.start();
         // Each zone holds half the tier's weight (>= the default 0.2): the local one only.
         expect_routing(
             &envoy,

@@ -55,6 +55,7 @@
 #   BENCH_NOISY_PCT      "other" load (share of one core) above which a run is marked noisy (default 15)
 #   BENCH_PROBE, BENCH_PROBE_PATH, BENCH_STACK, BENCH_DECOMPOSE  diagnostic configs, described below
 #   BENCH_IL_LAPS, BENCH_IL_WARMUP, BENCH_IL_CONFIGS, LATENCY_CLIENT  the interleaved c1 phase
+#   BENCH_SHARED_REPS, BENCH_SHARED_DURATION  the shared-core throughput phase (interleaved fronts)
 #
 # Per run it prints req/s, p50/p99 latency, the front's CPU us per request and the CPU use of
 # front, backend, wrk and "other" (everything else on the machine, steal included) over the
@@ -129,6 +130,16 @@ DECOMPOSE="${BENCH_DECOMPOSE:-0}"
 IL_LAPS="${BENCH_IL_LAPS:-20000}"
 IL_WARMUP="${BENCH_IL_WARMUP:-2000}"
 LATENCY_CLIENT="$(abspath "${LATENCY_CLIENT:-benches/latency-client/target/release/latency_client}")"
+# The shared-core throughput phase (after the interleaved one, on the same side-by-side fronts):
+# BENCH_SHARED_REPS repetitions of BENCH_SHARED_DURATION in which every front is saturated at the
+# same time by its own wrk -c$BENCH_CONNECTIONS, all fronts on one core. The kernel gives each
+# the same share of that core, so the cheaper config serves more requests in it: the per-rep
+# ratio (native / plain, serving-picker / noop) is the inverse ratio of CPU per request, measured
+# at the same instants. The VM's speed drifts by 20% and more between the rounds' runs minutes
+# apart, and even between neighbouring 3 s runs; here the drift hits both sides alike.
+SHARED_REPS="${BENCH_SHARED_REPS:-8}"
+SHARED_DURATION="${BENCH_SHARED_DURATION:-5s}"
+[[ "$SHARED_REPS" =~ ^[0-9]+$ ]] || { echo "bench-e2e: BENCH_SHARED_REPS must be a whole number" >&2; exit 1; }
 [[ "$IL_LAPS" =~ ^[0-9]+$ && "$IL_WARMUP" =~ ^[0-9]+$ ]] || { echo "bench-e2e: BENCH_IL_LAPS and BENCH_IL_WARMUP must be whole numbers" >&2; exit 1; }
 [[ "$DECOMPOSE" =~ ^[01]$ ]] || { echo "bench-e2e: BENCH_DECOMPOSE must be 0 or 1" >&2; exit 1; }
 OVERRIDE_HEADER=x-gateway-destination-endpoint
@@ -657,6 +668,36 @@ if (( IL_LAPS > 0 )); then
     awk -F'\t' -v c="${IL_CONFIGS[i]}" -v t=$((t1 - IL_T0[i])) -v hz="$CLK_TCK" -v n=$((IL_LAPS + IL_WARMUP)) \
       '$1 == c { printf "%s\t%.2f\n", $0, t * 1e6 / hz / n }' "$WORK/interleaved.out" >>"$RAW_IL"
   done
+fi
+
+# ---------------------------------------------------------------- shared-core throughput
+# One line per front and rep: config rep req/s cpu_us_req non2xx socket_errors
+RAW_SHARED="$WORK/raw-shared.tsv"
+: >"$RAW_SHARED"
+if (( IL_LAPS > 0 && SHARED_REPS > 0 )); then
+  echo "== shared core: ${IL_CONFIGS[*]} on core 0 at once, each driven by its own wrk -c$CONNS, $SHARED_REPS x $SHARED_DURATION"
+  for rep in $(seq 1 "$SHARED_REPS"); do
+    declare -a SH_T0 SH_WRK
+    for i in "${!IL_CONFIGS[@]}"; do SH_T0[i]="$(cpu_ticks "${IL_PIDS[i]}")"; done
+    for i in "${!IL_CONFIGS[@]}"; do
+      c="${IL_CONFIGS[i]}"
+      client_header=()
+      [[ "$c" != override-client ]] || client_header=(-s "$WORK/override-client.lua")
+      "${PIN_OTHER[@]+"${PIN_OTHER[@]}"}" "${WRK[@]}" "${client_header[@]+"${client_header[@]}"}" -d"$SHARED_DURATION" \
+        "http://127.0.0.1:$((21010 + i))/" >"$WORK/shared-$c-$rep.txt" 2>&1 &
+      SH_WRK[i]=$!
+    done
+    for i in "${!IL_CONFIGS[@]}"; do wait "${SH_WRK[i]}" || true; done
+    for i in "${!IL_CONFIGS[@]}"; do
+      c="${IL_CONFIGS[i]}"
+      t1="$(cpu_ticks "${IL_PIDS[i]}")"
+      read -r rps p50 p99 reqs non2xx sockerr <<<"$(parse_wrk "$WORK/shared-$c-$rep.txt")"
+      awk -v c="$c" -v rep="$rep" -v rps="$rps" -v t=$((t1 - SH_T0[i])) -v hz="$CLK_TCK" -v n="$reqs" -v e="$non2xx" -v s="$sockerr" \
+        'BEGIN { printf "%s\t%s\t%s\t%.2f\t%s\t%s\n", c, rep, rps, (n > 0) ? t * 1e6 / hz / n : 0, e, s }' >>"$RAW_SHARED"
+    done
+  done
+fi
+if (( IL_LAPS > 0 )); then
   for pid in "${IL_PIDS[@]}"; do stop_envoy "$pid"; done
 fi
 
@@ -680,6 +721,36 @@ interleaved_block() {
       d = n - p
       printf "T4 interleaved c1 p50  native - plain          %+.1f us (native %+.1f, plain %+.1f vs noop; p50 %.1f vs %.1f us)  target < %s us: %s\n", d, n, p, p50n, p50p, lim, (d < lim + 0) ? "met" : "MISSED"
     }' "$RAW_IL"
+}
+
+# shared_block: the shared-core phase's per-rep figures, with T3 and T1 from them.
+shared_block() {
+  echo "== shared core: $SHARED_REPS reps of $SHARED_DURATION, all fronts saturated at once on one core; per-rep"
+  echo "   figures of fronts measured at the same instants, their median and min..max"
+  printf '%-45s %9s %20s   %s\n' figure median "min..max" "each rep"
+  local pair a b col op fmt label target tname
+  for pair in "native plain 3 / %.3f req/s T3 $T3_MIN_RATIO" "native plain 4 - %+.2f cpu_us/req - -" \
+              "serving-picker noop 3 / %.3f req/s T1 $T1_MIN_RATIO" "serving-picker noop 4 - %+.2f cpu_us/req - -"; do
+    read -r a b col op fmt label tname target <<<"$pair"
+    awk -F'\t' -v a="$a" -v b="$b" -v col="$col" -v op="$op" -v fmt="$fmt" -v label="$label" \
+        -v tname="$tname" -v target="$target" -v load="c$CONNS" '
+      $1 == a { va[$2] = $col } $1 == b { vb[$2] = $col }
+      END {
+        n = 0
+        for (r = 1; (r in va) || (r in vb); r++) if ((r in va) && (r in vb) && vb[r] + 0 != 0) {
+          n++; v[n] = (op == "/") ? va[r] / vb[r] : va[r] - vb[r]; all = all sprintf(" " fmt, v[n])
+        }
+        if (n == 0) exit
+        for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+        m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+        name = sprintf("%-4s %-11s %s %s %s", load, label, a, op, b)
+        printf "%-45s " fmt " %20s  %s\n", name, m, sprintf(fmt ".." fmt, v[1], v[n]), all
+        if (tname != "-") {
+          k = 0; for (i = 1; i <= n; i++) if (v[i] >= target + 0) k++
+          printf "%-45s " fmt " [" fmt ".." fmt "]  target >= %s: %s (%d of %d reps)\n", tname " shared " name, m, v[1], v[n], target, (m >= target + 0) ? "met" : "MISSED", k, n
+        }
+      }' "$RAW_SHARED"
+  done
 }
 
 # ---------------------------------------------------------------- summary
@@ -906,6 +977,7 @@ SUMMARY="$WORK/summary.txt"
   (( STACK == 1 )) || { echo; stack_block; }
   (( DECOMPOSE == 0 )) || { echo; decompose_block; }
   [[ ! -s "$RAW_IL" ]] || { echo; interleaved_block; }
+  [[ ! -s "$RAW_SHARED" ]] || { echo; shared_block; }
   echo
   echo "wasm module sizes: noop $(size_of "$NOOP_WASM") bytes (copied at start from $NOOP_WASM_SRC)"
   echo "                   serving-picker $(size_of "$SP_WASM") bytes (copied at start from $SP_WASM_SRC)"
@@ -945,7 +1017,7 @@ SUMMARY="$WORK/summary.txt"
   grep -E '^backend::127\.0\.0\.1:[0-9]+::rq_total::' "$WORK/front-serving-picker-r$ROUNDS.clusters.txt" 2>/dev/null \
     | sed 's/^/    /' || echo "    (not available)"
   echo
-  echo "raw rounds: $RAW (throughput), $RAW_LAT (latency); configs, logs and wrk output: $WORK"
+  echo "raw rounds: $RAW (throughput), $RAW_LAT (latency), $RAW_SHARED (shared core); configs, logs and wrk output: $WORK"
 } | tee "$SUMMARY"
 
 # Any config, either phase: errors in a baseline run would make its figures, and the ratios
@@ -954,3 +1026,5 @@ for f in "$RAW" "$RAW_LAT"; do
   bad="$(awk -F'\t' '{ n = $8 + $9 + ($10 - $11); if (n > 0) printf "%s%s round %s: %d", (s++ ? ", " : ""), $1, $2, n }' "$f")"
   [[ -z "$bad" ]] || die "non-2xx responses or socket errors in $f: $bad"
 done
+bad="$(awk -F'\t' '{ n = $5 + $6; if (n > 0) printf "%s%s rep %s: %d", (s++ ? ", " : ""), $1, $2, n }' "$RAW_SHARED")"
+[[ -z "$bad" ]] || die "non-2xx responses or socket errors in $RAW_SHARED: $bad"

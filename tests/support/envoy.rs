@@ -161,6 +161,8 @@ pub struct EnvoyBuilder {
     form: Form,
     /// The native policy's JSON verbatim (else derived from the filter's).
     native_config: Option<String>,
+    /// Command-line arguments after the harness's own.
+    extra_args: Vec<String>,
 }
 
 /// Edits the generated bootstrap (and may write files into the Envoy's dir)
@@ -186,7 +188,14 @@ impl EnvoyBuilder {
             hooks: Vec::new(),
             form: Form::Wasm,
             native_config: None,
+            extra_args: Vec::new(),
         }
+    }
+
+    /// One more Envoy command-line argument (e.g. `--service-zone`).
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.extra_args.push(arg.to_string());
+        self
     }
 
     /// Which form of serving-picker runs (default: wasm). With `Native`,
@@ -493,7 +502,14 @@ impl EnvoyBuilder {
                 .unwrap_or_else(|e| panic!("write {}: {e}", bpath.display()));
             let log = dir.join("envoy.log");
             let _ = std::fs::remove_file(&log);
-            let child = spawn_envoy(&bin, &bpath, &log, &dir, native.as_deref());
+            let child = spawn_envoy(
+                &bin,
+                &bpath,
+                &log,
+                &dir,
+                native.as_deref(),
+                &self.extra_args,
+            );
             let mut envoy = Envoy {
                 child: Some(child),
                 dir: dir.clone(),
@@ -544,6 +560,7 @@ fn spawn_envoy(
     log: &Path,
     dir: &Path,
     native: Option<&Path>,
+    extra_args: &[String],
 ) -> Child {
     let stdout = std::fs::File::create(dir.join("stdout.log")).ok();
     let stderr = std::fs::File::create(dir.join("stderr.log")).ok();
@@ -560,6 +577,7 @@ fn spawn_envoy(
         .arg("--log-path")
         .arg(log)
         .args(["--file-flush-interval-msec", "100"])
+        .args(extra_args)
         .stdin(Stdio::null())
         .stdout(stdout.map(Stdio::from).unwrap_or_else(Stdio::null))
         .stderr(stderr.map(Stdio::from).unwrap_or_else(Stdio::null))
