@@ -14,6 +14,7 @@
 //! - `publish`: applies updates, publishes snapshots (never half built).
 //! - `eds`: the xDS protocol per stream, and the gRPC services.
 //! - `metrics`: Prometheus, `/healthz`, `/readyz`.
+//! - `serve`: the listeners and the gRPC server, as both modes run them.
 //! - `envoy_gateway`: mode `envoy-gateway`, Envoy Gateway's PostEndpointsModify
 //!   hook answered from the index.
 
@@ -25,6 +26,7 @@ pub mod envoy_gateway;
 pub mod index;
 pub mod metrics;
 pub mod publish;
+pub mod serve;
 pub mod slice;
 pub mod source;
 pub mod view;

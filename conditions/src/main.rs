@@ -12,9 +12,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, watch};
 
@@ -24,6 +22,7 @@ use serving_picker_conditions::eds::XdsServer;
 use serving_picker_conditions::index::IpFamily;
 use serving_picker_conditions::metrics::{self, Metrics};
 use serving_picker_conditions::publish::{self, Publisher, Snapshot};
+use serving_picker_conditions::serve;
 use serving_picker_conditions::source;
 
 #[derive(Parser, Debug)]
@@ -140,12 +139,7 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         priorities: args.priorities,
     };
     let metrics = Arc::new(Metrics::new());
-    let grpc = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("--listen {}", args.listen))?;
-    let http = metrics::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("--metrics-listen {}", args.metrics_listen))?;
+    let (grpc, http) = serve::bind_listeners(args.listen, args.metrics_listen).await?;
     tracing::info!(
         listen = %args.listen,
         metrics = %args.metrics_listen,
@@ -168,14 +162,12 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
 
     let source_metrics = metrics.clone();
     let clusters = args.clusters.clone();
-    let mut source_task = match args.slices_dir.clone() {
+    let source_task = match args.slices_dir.clone() {
         Some(dir) => {
             tokio::spawn(async move { source::files::run(dir, updates_tx, source_metrics).await })
         }
         None => {
-            let client = kube::Client::try_default()
-                .await
-                .context("Kubernetes client (in-cluster config, KUBECONFIG or ~/.kube/config); use --slices-dir for files")?;
+            let client = serve::kube_client().await?;
             tokio::spawn(async move {
                 source::kube::run(
                     client,
@@ -191,28 +183,11 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
     };
 
     let (ads, eds) = XdsServer::new(snap_rx, metrics.clone()).services();
-    // TCP_NODELAY: a response's last segment must not wait for Envoy's delayed ACK.
-    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    let server = serve::grpc_server()
         .add_service(ads)
         .add_service(eds)
-        .serve_with_incoming_shutdown(incoming, shutdown_signal());
-    tokio::select! {
-        r = server => {
-            r.context("xDS server")?;
-            tracing::info!("shutting down");
-        }
-        r = &mut source_task => {
-            match r {
-                Ok(Ok(())) => anyhow::bail!("the EndpointSlice source ended"),
-                Ok(Err(e)) => return Err(e),
-                Err(e) => anyhow::bail!("the EndpointSlice source failed: {e}"),
-            }
-        }
-    }
-    Ok(())
+        .serve_with_incoming_shutdown(serve::incoming(grpc), shutdown_signal());
+    serve::until_source_ends(server, "xDS server", source_task).await
 }
 
 fn main() -> std::process::ExitCode {

@@ -46,12 +46,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use tokio::sync::mpsc;
 
 use crate::assignment::Output;
 use crate::metrics::{self, Metrics};
 use crate::publish::{Change, Update};
+use crate::serve;
 use crate::source;
 use service::{FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared};
 
@@ -143,12 +143,7 @@ pub async fn run(
     let mut metrics = Metrics::new();
     let hook_metrics = HookMetrics::register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
-    let grpc = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("--listen {}", args.listen))?;
-    let http = metrics::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("--metrics-listen {}", args.metrics_listen))?;
+    let (grpc, http) = serve::bind_listeners(args.listen, args.metrics_listen).await?;
     tracing::info!(
         listen = %args.listen,
         metrics = %args.metrics_listen,
@@ -164,7 +159,7 @@ pub async fn run(
     tokio::spawn(metrics::serve(http, metrics.clone()));
 
     let source_metrics = metrics.clone();
-    let (mut source_task, reread): (tokio::task::JoinHandle<anyhow::Result<()>>, Arc<dyn Reread>) =
+    let (source_task, reread): (tokio::task::JoinHandle<anyhow::Result<()>>, Arc<dyn Reread>) =
         match args.slices_dir.clone() {
             Some(dir) => {
                 let reread = Arc::new(FilesReread::new(dir.clone(), metrics.clone()));
@@ -176,9 +171,7 @@ pub async fn run(
                 )
             }
             None => {
-                let client = kube::Client::try_default()
-                    .await
-                    .context("Kubernetes client (in-cluster config, KUBECONFIG or ~/.kube/config); use --slices-dir for files")?;
+                let client = serve::kube_client().await?;
                 let sel = source::kube::Selection {
                     namespace: None,
                     label_selector: selector.clone(),
@@ -213,26 +206,10 @@ pub async fn run(
     let svc = proto::EnvoyGatewayExtensionServer::new(hook)
         .max_decoding_message_size(args.max_message_size)
         .max_encoding_message_size(usize::MAX);
-    // Without TCP_NODELAY, the answer's last segment waits for EG's delayed
-    // ACK: 40 ms on some calls (Nagle), twenty times the call itself.
-    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    // TCP_NODELAY (`serve::incoming`): without it, the answer's last segment
+    // waits for EG's delayed ACK, twenty times the call itself.
+    let server = serve::grpc_server()
         .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, shutdown);
-    tokio::select! {
-        r = server => {
-            r.context("extension server")?;
-            tracing::info!("shutting down");
-        }
-        r = &mut source_task => {
-            match r {
-                Ok(Ok(())) => anyhow::bail!("the EndpointSlice source ended"),
-                Ok(Err(e)) => return Err(e),
-                Err(e) => anyhow::bail!("the EndpointSlice source failed: {e}"),
-            }
-        }
-    }
-    Ok(())
+        .serve_with_incoming_shutdown(serve::incoming(grpc), shutdown);
+    serve::until_source_ends(server, "extension server", source_task).await
 }
