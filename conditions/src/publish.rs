@@ -274,6 +274,17 @@ fn net(mut changes: Vec<EndpointChange>) -> Vec<EndpointChange> {
     changes
 }
 
+/// The next batch: waits for an update, then takes every other one waiting
+/// with it. `None` once every source has gone.
+pub async fn next_batch(updates: &mut mpsc::Receiver<Update>) -> Option<Vec<Update>> {
+    let first = updates.recv().await?;
+    let mut batch = vec![first];
+    while let Ok(more) = updates.try_recv() {
+        batch.push(more);
+    }
+    Some(batch)
+}
+
 /// Runs the publisher: takes every update waiting at once, publishes the
 /// result. Ends when every source has gone.
 pub async fn run(
@@ -282,11 +293,7 @@ pub async fn run(
     snapshots: watch::Sender<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
 ) {
-    while let Some(first) = updates.recv().await {
-        let mut batch = vec![first];
-        while let Ok(more) = updates.try_recv() {
-            batch.push(more);
-        }
+    while let Some(batch) = next_batch(&mut updates).await {
         let n = batch.len();
         let started = Instant::now();
         let snapshot = publisher.apply(batch);

@@ -50,7 +50,7 @@ use tokio::sync::mpsc;
 
 use crate::assignment::Output;
 use crate::metrics::{self, Metrics};
-use crate::publish::{Change, Update};
+use crate::publish::{next_batch, Change, Update};
 use crate::serve;
 use crate::source;
 use service::{FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared};
@@ -107,11 +107,7 @@ pub fn apply_updates(shared: &Shared, updates: Vec<Update>) -> bool {
 }
 
 async fn consume(shared: Arc<Shared>, mut updates: mpsc::Receiver<Update>, metrics: Arc<Metrics>) {
-    while let Some(first) = updates.recv().await {
-        let mut batch = vec![first];
-        while let Ok(more) = updates.try_recv() {
-            batch.push(more);
-        }
+    while let Some(batch) = next_batch(&mut updates).await {
         let n = batch.len();
         let started = Instant::now();
         let was_ready = shared.ready.load(Ordering::SeqCst);
