@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
 
 use crate::index::Index;
@@ -54,84 +54,117 @@ impl Default for Metrics {
     }
 }
 
+/// `metric`, registered in `registry` as `name` with `help` (the registry
+/// keeps a handle to the same metric).
+pub fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("serving_picker_conditions");
-        let m = Metrics {
-            registry: Registry::default(),
-            ready: AtomicBool::new(false),
-            watch_events: Family::default(),
-            source_errors: Family::default(),
-            index_slices: Gauge::default(),
-            index_endpoints: Gauge::default(),
-            ready_gauge: Gauge::default(),
-            updates: Counter::default(),
-            snapshots: Counter::default(),
-            build_seconds: seconds_buckets(),
-            streams: Gauge::default(),
-            pushes: Counter::default(),
-            pushed_resources: Counter::default(),
-            acks: Counter::default(),
-            nacks: Counter::default(),
-            push_lag_seconds: seconds_buckets(),
-            ack_seconds: seconds_buckets(),
-        };
-        registry.register(
+        let r = &mut registry;
+        // Registered (and so rendered) in this order.
+        let watch_events = registered(
+            r,
             "watch_events",
             "Events from the source, by kind (apply, delete, init, init_apply, init_done, files_reload)",
-            m.watch_events.clone(),
+            Family::default(),
         );
-        registry.register(
+        let source_errors = registered(
+            r,
             "source_errors",
             "Source errors, by kind (watch, file)",
-            m.source_errors.clone(),
+            Family::default(),
         );
-        registry.register(
+        let index_slices = registered(
+            r,
             "index_slices",
             "EndpointSlices in the index",
-            m.index_slices.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let index_endpoints = registered(
+            r,
             "index_endpoints",
             "Endpoints over all indexed slices",
-            m.index_endpoints.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let ready_gauge = registered(
+            r,
             "ready",
             "1 once the first full list of EndpointSlices is in",
-            m.ready_gauge.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let updates = registered(
+            r,
             "updates",
             "Source updates applied to the index",
-            m.updates.clone(),
+            Counter::default(),
         );
-        registry.register("snapshots", "Snapshots published", m.snapshots.clone());
-        registry.register(
+        let snapshots = registered(r, "snapshots", "Snapshots published", Counter::default());
+        let build_seconds = registered(
+            r,
             "snapshot_build_seconds",
             "Time to apply a batch of updates and rebuild the changed assignments",
-            m.build_seconds.clone(),
+            seconds_buckets(),
         );
-        registry.register("xds_streams", "Connected xDS streams", m.streams.clone());
-        registry.register("xds_pushes", "xDS responses sent", m.pushes.clone());
-        registry.register(
+        let streams = registered(r, "xds_streams", "Connected xDS streams", Gauge::default());
+        let pushes = registered(r, "xds_pushes", "xDS responses sent", Counter::default());
+        let pushed_resources = registered(
+            r,
             "xds_pushed_resources",
             "ClusterLoadAssignments sent (over all responses)",
-            m.pushed_resources.clone(),
+            Counter::default(),
         );
-        registry.register("xds_acks", "xDS responses Envoy accepted", m.acks.clone());
-        registry.register("xds_nacks", "xDS responses Envoy rejected", m.nacks.clone());
-        registry.register(
+        let acks = registered(
+            r,
+            "xds_acks",
+            "xDS responses Envoy accepted",
+            Counter::default(),
+        );
+        let nacks = registered(
+            r,
+            "xds_nacks",
+            "xDS responses Envoy rejected",
+            Counter::default(),
+        );
+        let push_lag_seconds = registered(
+            r,
             "xds_push_lag_seconds",
             "From a source change to the assignment it produced handed to a stream",
-            m.push_lag_seconds.clone(),
+            seconds_buckets(),
         );
-        registry.register(
+        let ack_seconds = registered(
+            r,
             "xds_ack_seconds",
             "From a response sent to Envoy's ACK (Envoy's time to apply it, plus the round trip)",
-            m.ack_seconds.clone(),
+            seconds_buckets(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry,
+            ready: AtomicBool::new(false),
+            watch_events,
+            source_errors,
+            index_slices,
+            index_endpoints,
+            ready_gauge,
+            updates,
+            snapshots,
+            build_seconds,
+            streams,
+            pushes,
+            pushed_resources,
+            acks,
+            nacks,
+            push_lag_seconds,
+            ack_seconds,
+        }
     }
 
     /// For a mode's own metrics, registered before the Metrics is shared

@@ -39,7 +39,7 @@ use super::proto::{
     PostEndpointsModify, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
 };
 use crate::assignment::Output;
-use crate::metrics::Metrics;
+use crate::metrics::{registered, Metrics};
 use crate::publish::Change;
 use crate::slice::{ServiceKey, Slice, SliceKey};
 
@@ -163,40 +163,39 @@ pub struct HookMetrics {
 
 impl HookMetrics {
     pub fn register(registry: &mut Registry) -> HookMetrics {
-        let m = HookMetrics {
-            // 20 us .. ~5 s.
-            seconds: Histogram::new(exponential_buckets(0.000_02, 2.0, 18)),
-            reread_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 12)),
-            calls: Family::default(),
-            endpoints: Family::default(),
-            rereads: Family::default(),
-        };
-        registry.register(
-            "eg_hook_calls",
-            "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable)",
-            m.calls.clone(),
-        );
-        registry.register(
-            "eg_hook_endpoints",
-            "Endpoints of managed assignments, by outcome (annotated, unknown, disagreed, overruled, dropped)",
-            m.endpoints.clone(),
-        );
-        registry.register(
-            "eg_rereads",
-            "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout)",
-            m.rereads.clone(),
-        );
-        registry.register(
-            "eg_hook_seconds",
-            "Time to answer one PostEndpointsModify call",
-            m.seconds.clone(),
-        );
-        registry.register(
-            "eg_reread_seconds",
-            "Time of one re-read round (all the Services in doubt of a call)",
-            m.reread_seconds.clone(),
-        );
-        m
+        HookMetrics {
+            calls: registered(
+                registry,
+                "eg_hook_calls",
+                "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable)",
+                Family::default(),
+            ),
+            endpoints: registered(
+                registry,
+                "eg_hook_endpoints",
+                "Endpoints of managed assignments, by outcome (annotated, unknown, disagreed, overruled, dropped)",
+                Family::default(),
+            ),
+            rereads: registered(
+                registry,
+                "eg_rereads",
+                "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout)",
+                Family::default(),
+            ),
+            seconds: registered(
+                registry,
+                "eg_hook_seconds",
+                "Time to answer one PostEndpointsModify call",
+                // 20 us .. ~5 s.
+                Histogram::new(exponential_buckets(0.000_02, 2.0, 18)),
+            ),
+            reread_seconds: registered(
+                registry,
+                "eg_reread_seconds",
+                "Time of one re-read round (all the Services in doubt of a call)",
+                Histogram::new(exponential_buckets(0.000_5, 2.0, 12)),
+            ),
+        }
     }
 
     fn call(&self, result: &'static str) {
