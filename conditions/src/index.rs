@@ -37,6 +37,19 @@ pub enum IpFamily {
     Ipv6,
 }
 
+impl IpFamily {
+    /// The address type served, given whether the Service port has an IPv4
+    /// slice (what `Auto` decides on).
+    pub fn served(self, has_ipv4: bool) -> AddressType {
+        match self {
+            IpFamily::Ipv4 => AddressType::IPv4,
+            IpFamily::Ipv6 => AddressType::IPv6,
+            IpFamily::Auto if has_ipv4 => AddressType::IPv4,
+            IpFamily::Auto => AddressType::IPv6,
+        }
+    }
+}
+
 /// The slices the companion knows.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -165,20 +178,11 @@ impl Index {
             .slices_of(service)
             .filter_map(|s| s.port(port_name).map(|p| (s, p)))
             .collect();
-        let wanted = match family {
-            IpFamily::Ipv4 => AddressType::IPv4,
-            IpFamily::Ipv6 => AddressType::IPv6,
-            IpFamily::Auto => {
-                if with_port
-                    .iter()
-                    .any(|(s, _)| s.address_type == AddressType::IPv4)
-                {
-                    AddressType::IPv4
-                } else {
-                    AddressType::IPv6
-                }
-            }
-        };
+        let wanted = family.served(
+            with_port
+                .iter()
+                .any(|(s, _)| s.address_type == AddressType::IPv4),
+        );
         let mut out: BTreeMap<SocketAddr, Endpoint> = BTreeMap::new();
         for (slice, port) in with_port {
             if slice.address_type != wanted {

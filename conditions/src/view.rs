@@ -138,7 +138,7 @@ impl PortView {
             family,
             slices: BTreeMap::new(),
             ipv4_slices: 0,
-            served: served(family, 0),
+            served: family.served(false),
             holders: HashMap::new(),
         }
     }
@@ -157,7 +157,7 @@ impl PortView {
             |c: Option<&SliceCopies>| c.is_some_and(|c| c.address_type == AddressType::IPv4);
         let ipv4_slices =
             self.ipv4_slices + usize::from(is_v4(new.as_ref())) - usize::from(is_v4(old));
-        let now_served = served(self.family, ipv4_slices);
+        let now_served = self.family.served(ipv4_slices > 0);
         // The addresses that may change, and their endpoints before.
         let mut addrs = Vec::new();
         if now_served != self.served {
@@ -309,16 +309,6 @@ impl PortView {
                 self.hold(a, &name);
             }
         }
-    }
-}
-
-/// The family served, given how many IPv4 slices have the port.
-fn served(family: IpFamily, ipv4_slices: usize) -> AddressType {
-    match family {
-        IpFamily::Ipv4 => AddressType::IPv4,
-        IpFamily::Ipv6 => AddressType::IPv6,
-        IpFamily::Auto if ipv4_slices > 0 => AddressType::IPv4,
-        IpFamily::Auto => AddressType::IPv6,
     }
 }
 
