@@ -131,25 +131,14 @@ pub enum MetadataValue {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use crate::fixtures::{conds as c, endpoint};
 
     fn ep(ready: Option<bool>, serving: Option<bool>, terminating: Option<bool>) -> SliceEndpoint {
         SliceEndpoint {
-            address: "10.0.0.1".parse().unwrap(),
             ready,
             serving,
             terminating,
-            zone: None,
-            node_name: None,
-            hints_zones: None,
-            hints_nodes: None,
-        }
-    }
-
-    fn c(ready: bool, serving: bool, terminating: bool) -> Conditions {
-        Conditions {
-            ready,
-            serving,
-            terminating,
+            ..endpoint("10.0.0.1")
         }
     }
 

@@ -229,56 +229,22 @@ impl Index {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::endpoint::Conditions;
-    use crate::slice::{SliceEndpoint, SlicePort};
-
-    fn svc(name: &str) -> ServiceKey {
-        ServiceKey {
-            namespace: "ns".into(),
-            name: name.into(),
-        }
-    }
+    use crate::fixtures::{conds, endpoint, slice_key, svc};
+    use crate::slice::SliceEndpoint;
 
     fn ep(ip: &str, ready: bool, serving: bool, terminating: bool) -> SliceEndpoint {
         SliceEndpoint {
-            address: ip.parse().unwrap(),
             ready: Some(ready),
             serving: Some(serving),
             terminating: Some(terminating),
             zone: Some(format!("zone-of-{ip}").into()),
-            node_name: None,
-            hints_zones: None,
-            hints_nodes: None,
+            ..endpoint(ip)
         }
     }
 
+    /// Port `http` = `port`.
     fn slice(name: &str, service: &str, port: u16, eps: Vec<SliceEndpoint>) -> Slice {
-        let v6 = eps.first().is_some_and(|e| e.address.is_ipv6());
-        Slice {
-            key: SliceKey {
-                namespace: "ns".into(),
-                name: name.into(),
-            },
-            service: svc(service),
-            address_type: if v6 {
-                AddressType::IPv6
-            } else {
-                AddressType::IPv4
-            },
-            ports: vec![SlicePort {
-                name: "http".into(),
-                port,
-            }],
-            endpoints: eps,
-        }
-    }
-
-    fn conds(ready: bool, serving: bool, terminating: bool) -> Conditions {
-        Conditions {
-            ready,
-            serving,
-            terminating,
-        }
+        crate::fixtures::slice(name, service, &[("http", port)], eps)
     }
 
     #[test]
@@ -412,10 +378,7 @@ mod tests {
         assert_eq!(e.conditions, conds(true, true, false));
 
         // The move completes: the old copy goes, the new one alone decides.
-        ix.delete(&SliceKey {
-            namespace: "ns".into(),
-            name: "web-old".into(),
-        });
+        ix.delete(&slice_key("web-old"));
         let e = &ix.endpoints(&svc("web"), "http", IpFamily::Auto)[0];
         assert_eq!(e.conditions, conds(true, true, false));
     }

@@ -23,6 +23,8 @@ pub mod cluster;
 pub mod eds;
 pub mod endpoint;
 pub mod envoy_gateway;
+#[cfg(test)]
+mod fixtures;
 pub mod index;
 pub mod metrics;
 pub mod publish;

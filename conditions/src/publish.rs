@@ -323,7 +323,8 @@ pub async fn run(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::slice::{AddressType, SliceEndpoint, SlicePort};
+    use crate::fixtures::{endpoint, slice_key};
+    use crate::slice::SliceEndpoint;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use prost::Message;
 
@@ -331,35 +332,10 @@ mod tests {
         format!("{name}=ns/{svc}:http").parse().unwrap()
     }
 
+    /// IPv4 (every address here is), port `http` = 80, no conditions set.
     fn slice(name: &str, svc: &str, ips: &[&str]) -> Slice {
-        Slice {
-            key: SliceKey {
-                namespace: "ns".into(),
-                name: name.into(),
-            },
-            service: ServiceKey {
-                namespace: "ns".into(),
-                name: svc.into(),
-            },
-            address_type: AddressType::IPv4,
-            ports: vec![SlicePort {
-                name: "http".into(),
-                port: 80,
-            }],
-            endpoints: ips
-                .iter()
-                .map(|ip| SliceEndpoint {
-                    address: ip.parse().unwrap(),
-                    ready: None,
-                    serving: None,
-                    terminating: None,
-                    zone: None,
-                    node_name: None,
-                    hints_zones: None,
-                    hints_nodes: None,
-                })
-                .collect(),
-        }
+        let eps = ips.iter().map(|ip| endpoint(ip)).collect();
+        crate::fixtures::slice(name, svc, &[("http", 80)], eps)
     }
 
     fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
@@ -436,10 +412,7 @@ mod tests {
         // A batch: several updates, one snapshot.
         let s3 = p
             .apply(vec![
-                Update::now(Change::Delete(SliceKey {
-                    namespace: "ns".into(),
-                    name: "w1".into(),
-                })),
+                Update::now(Change::Delete(slice_key("w1"))),
                 Update::now(Change::Apply(slice("a1", "api", &["10.0.1.2"]))),
             ])
             .unwrap();
@@ -490,10 +463,7 @@ mod tests {
                     let name = names[below(r, 4) as usize];
                     batch.push(Update::now(match below(r, 10) {
                         0 => Change::Replace(names.iter().map(|n| random_slice(r, n)).collect()),
-                        1 | 2 => Change::Delete(SliceKey {
-                            namespace: "ns".into(),
-                            name: name.into(),
-                        }),
+                        1 | 2 => Change::Delete(slice_key(name)),
                         _ => Change::Apply(random_slice(r, name)),
                     }));
                 }

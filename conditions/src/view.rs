@@ -316,8 +316,9 @@ impl PortView {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use crate::fixtures::{slice_key, svc};
     use crate::index::Index;
-    use crate::slice::{ServiceKey, SliceEndpoint, SliceKey, SlicePort};
+    use crate::slice::{SliceEndpoint, SlicePort};
     use std::net::IpAddr;
 
     /// A small deterministic generator (xorshift).
@@ -331,13 +332,6 @@ mod tests {
         }
         fn flag(&mut self) -> Option<bool> {
             [None, Some(true), Some(false)][self.below(3) as usize]
-        }
-    }
-
-    fn svc(name: &str) -> ServiceKey {
-        ServiceKey {
-            namespace: "ns".into(),
-            name: name.into(),
         }
     }
 
@@ -375,10 +369,7 @@ mod tests {
             })
             .collect();
         Slice {
-            key: SliceKey {
-                namespace: "ns".into(),
-                name: name.into(),
-            },
+            key: slice_key(name),
             service: svc(["web", "api"][r.below(4).min(1) as usize]),
             address_type,
             ports,
@@ -401,10 +392,7 @@ mod tests {
         let mut flips = 0;
         for step in 0..3000 {
             let name = names[r.below(names.len() as u64) as usize];
-            let key = SliceKey {
-                namespace: "ns".into(),
-                name: name.into(),
-            };
+            let key = slice_key(name);
             if r.below(5) == 0 {
                 ix.delete(&key);
             } else {

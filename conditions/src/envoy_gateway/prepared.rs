@@ -197,51 +197,18 @@ impl PreparedIndex {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::slice::{Slice, SliceEndpoint, SliceKey, SlicePort};
+    use crate::fixtures::{endpoint, slice, slice_key, svc};
+    use crate::slice::SliceEndpoint;
     use envoy_types::pb::google::protobuf::{value::Kind, Struct};
     use prost::Message;
 
-    fn svc(name: &str) -> ServiceKey {
-        ServiceKey {
-            namespace: "ns".into(),
-            name: name.into(),
-        }
-    }
-
     fn ep(ip: &str, ready: bool, terminating: bool) -> SliceEndpoint {
         SliceEndpoint {
-            address: ip.parse().unwrap(),
             ready: Some(ready),
             serving: Some(true),
             terminating: Some(terminating),
             zone: Some("zone-a".into()),
-            node_name: None,
-            hints_zones: None,
-            hints_nodes: None,
-        }
-    }
-
-    fn slice(name: &str, service: &str, ports: &[(&str, u16)], eps: Vec<SliceEndpoint>) -> Slice {
-        let v6 = eps.first().is_some_and(|e| e.address.is_ipv6());
-        Slice {
-            key: SliceKey {
-                namespace: "ns".into(),
-                name: name.into(),
-            },
-            service: svc(service),
-            address_type: if v6 {
-                AddressType::IPv6
-            } else {
-                AddressType::IPv4
-            },
-            ports: ports
-                .iter()
-                .map(|(n, p)| SlicePort {
-                    name: (*n).into(),
-                    port: *p,
-                })
-                .collect(),
-            endpoints: eps,
+            ..endpoint(ip)
         }
     }
 
@@ -321,12 +288,7 @@ mod tests {
         assert!(web.get(&"10.0.0.2:8080".parse().unwrap()).is_some());
 
         // All its slices gone: no longer managed.
-        ix.edit(["web-a", "web-b", "web-c"].map(|n| {
-            Change::Delete(SliceKey {
-                namespace: "ns".into(),
-                name: n.into(),
-            })
-        }));
+        ix.edit(["web-a", "web-b", "web-c"].map(|n| Change::Delete(slice_key(n))));
         assert!(ix.service(&svc("web")).is_none());
         assert_eq!(ix.slice_count(), 0);
     }
