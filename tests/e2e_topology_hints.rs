@@ -115,251 +115,101 @@ fn run(form: Form, case: &Case) {
     });
 }
 
-fn zone_hints_used(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "all-hinted-zone-a",
-            zone: Some("zone-a"),
-            node: None,
-            eps: &[
-                (C::R, "zone-a", ""),
-                (C::R, "zone-b", ""),
-                (C::R, "zone-c", ""),
-                (C::R, "zone-a", ""),
-            ],
-            want: &[0, 3],
-            mode: "zone",
-        },
-    );
+/// `name { Case fields }` rows: a `fn name(form)` running that case, and its
+/// tests `name::wasm` and `name::native` (`both_forms!`).
+macro_rules! hint_cases {
+    ($($(#[$attr:meta])* $fn:ident { $($field:ident: $value:expr),* $(,)? })*) => {
+        $(
+            $(#[$attr])*
+            fn $fn(form: Form) {
+                run(form, &Case { $($field: $value),* });
+            }
+        )*
+        both_forms!($($fn),*);
+    };
 }
 
-fn empty_node_labels(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "no-zone",
-            zone: None,
-            node: None,
-            eps: &[(C::R, "zone-a", "")],
-            want: &[0],
-            mode: "none",
-        },
-    );
+hint_cases! {
+    zone_hints_used {
+        name: "all-hinted-zone-a", zone: Some("zone-a"), node: None, mode: "zone",
+        eps: &[(C::R, "zone-a", ""), (C::R, "zone-b", ""), (C::R, "zone-c", ""), (C::R, "zone-a", "")],
+        want: &[0, 3],
+    }
+    empty_node_labels {
+        name: "no-zone", zone: None, node: None, mode: "none",
+        eps: &[(C::R, "zone-a", "")],
+        want: &[0],
+    }
+    node_in_different_zone_no_filtering {
+        name: "other-zone", zone: Some("zone-b"), node: None, mode: "none",
+        eps: &[(C::R, "zone-a", ""), (C::R, "zone-c", "")],
+        want: &[0, 1],
+    }
+    unready_endpoint {
+        name: "unready", zone: Some("zone-a"), node: None, mode: "zone",
+        eps: &[(C::R, "zone-a", ""), (C::R, "zone-b", ""), (C::R, "zone-c", ""), (C::U, "zone-a", "")],
+        want: &[0],
+    }
+    only_unready_endpoints_in_same_zone {
+        name: "only-unready-local", zone: Some("zone-a"), node: None, mode: "none",
+        eps: &[(C::U, "zone-a", ""), (C::R, "zone-b", ""), (C::R, "zone-c", ""), (C::U, "zone-a", "")],
+        want: &[1, 2],
+    }
+    missing_hints_no_filtering {
+        name: "missing-hints", zone: Some("zone-a"), node: None, mode: "none",
+        eps: &[(C::R, "zone-a", ""), (C::R, "zone-b", ""), (C::R, "", ""), (C::R, "zone-a", "")],
+        want: &[0, 1, 2, 3],
+    }
+    multiple_hints_per_endpoint {
+        name: "multiple-hints", zone: Some("zone-c"), node: None, mode: "zone",
+        eps: &[
+            (C::R, "zone-a,zone-b,zone-c", ""),
+            (C::R, "zone-b,zone-c", ""),
+            (C::R, "zone-b,zone-d", ""),
+            (C::R, "zone-c", ""),
+        ],
+        want: &[0, 1, 3],
+    }
+    endpoints_not_ready {
+        name: "none-ready", zone: None, node: None, mode: "none",
+        eps: &[(C::U, "", ""), (C::U, "", "")],
+        want: &[],
+    }
+    some_endpoints_ready {
+        name: "some-ready", zone: None, node: None, mode: "none",
+        eps: &[(C::U, "", ""), (C::R, "", "")],
+        want: &[1],
+    }
+    all_endpoints_terminating {
+        name: "all-terminating", zone: None, node: None, mode: "none",
+        eps: &[(C::St, "", ""), (C::St, "", "")],
+        want: &[0, 1],
+    }
+    /// Beyond kube-proxy's table: hints on terminating endpoints are ignored
+    /// by the fallback.
+    terminating_fallback_ignores_hints {
+        name: "terminating-hinted", zone: Some("zone-a"), node: Some("node-1"), mode: "none",
+        eps: &[(C::St, "zone-b", "node-2"), (C::St, "zone-a", "node-1"), (C::U, "zone-a", "node-1")],
+        want: &[0, 1],
+    }
+    prefer_same_node_available {
+        name: "same-node", zone: Some("zone-a"), node: Some("node-1"), mode: "node",
+        eps: FOUR,
+        want: &[0],
+    }
+    prefer_same_node_ignored_if_some_unhinted {
+        name: "same-node-unhinted", zone: Some("zone-a"), node: Some("node-1"), mode: "none",
+        eps: &[
+            (C::R, "zone-a", "node-1"),
+            (C::R, "", ""),
+            (C::R, "zone-c", "node-3"),
+            (C::R, "zone-a", "node-4"),
+        ],
+        want: &[0, 1, 2, 3],
+    }
+    prefer_same_node_falls_back_to_zone {
+        name: "same-node-to-zone", zone: Some("zone-a"), node: Some("node-0"), mode: "zone",
+        eps: FOUR,
+        want: &[0, 3],
+    }
 }
-
-fn node_in_different_zone_no_filtering(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "other-zone",
-            zone: Some("zone-b"),
-            node: None,
-            eps: &[(C::R, "zone-a", ""), (C::R, "zone-c", "")],
-            want: &[0, 1],
-            mode: "none",
-        },
-    );
-}
-
-fn unready_endpoint(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "unready",
-            zone: Some("zone-a"),
-            node: None,
-            eps: &[
-                (C::R, "zone-a", ""),
-                (C::R, "zone-b", ""),
-                (C::R, "zone-c", ""),
-                (C::U, "zone-a", ""),
-            ],
-            want: &[0],
-            mode: "zone",
-        },
-    );
-}
-
-fn only_unready_endpoints_in_same_zone(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "only-unready-local",
-            zone: Some("zone-a"),
-            node: None,
-            eps: &[
-                (C::U, "zone-a", ""),
-                (C::R, "zone-b", ""),
-                (C::R, "zone-c", ""),
-                (C::U, "zone-a", ""),
-            ],
-            want: &[1, 2],
-            mode: "none",
-        },
-    );
-}
-
-fn missing_hints_no_filtering(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "missing-hints",
-            zone: Some("zone-a"),
-            node: None,
-            eps: &[
-                (C::R, "zone-a", ""),
-                (C::R, "zone-b", ""),
-                (C::R, "", ""),
-                (C::R, "zone-a", ""),
-            ],
-            want: &[0, 1, 2, 3],
-            mode: "none",
-        },
-    );
-}
-
-fn multiple_hints_per_endpoint(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "multiple-hints",
-            zone: Some("zone-c"),
-            node: None,
-            eps: &[
-                (C::R, "zone-a,zone-b,zone-c", ""),
-                (C::R, "zone-b,zone-c", ""),
-                (C::R, "zone-b,zone-d", ""),
-                (C::R, "zone-c", ""),
-            ],
-            want: &[0, 1, 3],
-            mode: "zone",
-        },
-    );
-}
-
-fn endpoints_not_ready(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "none-ready",
-            zone: None,
-            node: None,
-            eps: &[(C::U, "", ""), (C::U, "", "")],
-            want: &[],
-            mode: "none",
-        },
-    );
-}
-
-fn some_endpoints_ready(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "some-ready",
-            zone: None,
-            node: None,
-            eps: &[(C::U, "", ""), (C::R, "", "")],
-            want: &[1],
-            mode: "none",
-        },
-    );
-}
-
-fn all_endpoints_terminating(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "all-terminating",
-            zone: None,
-            node: None,
-            eps: &[(C::St, "", ""), (C::St, "", "")],
-            want: &[0, 1],
-            mode: "none",
-        },
-    );
-}
-
-/// Beyond kube-proxy's table: hints on terminating endpoints are ignored
-/// by the fallback.
-fn terminating_fallback_ignores_hints(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "terminating-hinted",
-            zone: Some("zone-a"),
-            node: Some("node-1"),
-            eps: &[
-                (C::St, "zone-b", "node-2"),
-                (C::St, "zone-a", "node-1"),
-                (C::U, "zone-a", "node-1"),
-            ],
-            want: &[0, 1],
-            mode: "none",
-        },
-    );
-}
-
-fn prefer_same_node_available(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "same-node",
-            zone: Some("zone-a"),
-            node: Some("node-1"),
-            eps: FOUR,
-            want: &[0],
-            mode: "node",
-        },
-    );
-}
-
-fn prefer_same_node_ignored_if_some_unhinted(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "same-node-unhinted",
-            zone: Some("zone-a"),
-            node: Some("node-1"),
-            eps: &[
-                (C::R, "zone-a", "node-1"),
-                (C::R, "", ""),
-                (C::R, "zone-c", "node-3"),
-                (C::R, "zone-a", "node-4"),
-            ],
-            want: &[0, 1, 2, 3],
-            mode: "none",
-        },
-    );
-}
-
-fn prefer_same_node_falls_back_to_zone(form: Form) {
-    run(
-        form,
-        &Case {
-            name: "same-node-to-zone",
-            zone: Some("zone-a"),
-            node: Some("node-0"),
-            eps: FOUR,
-            want: &[0, 3],
-            mode: "zone",
-        },
-    );
-}
-
-both_forms!(
-    zone_hints_used,
-    empty_node_labels,
-    node_in_different_zone_no_filtering,
-    unready_endpoint,
-    only_unready_endpoints_in_same_zone,
-    missing_hints_no_filtering,
-    multiple_hints_per_endpoint,
-    endpoints_not_ready,
-    some_endpoints_ready,
-    all_endpoints_terminating,
-    terminating_fallback_ignores_hints,
-    prefer_same_node_available,
-    prefer_same_node_ignored_if_some_unhinted,
-    prefer_same_node_falls_back_to_zone,
-);
