@@ -18,12 +18,15 @@ use tokio::sync::{mpsc, watch};
 
 use serving_picker_conditions::assignment::Output;
 use serving_picker_conditions::cluster::{check_unique, ClusterSpec};
-use serving_picker_conditions::eds::XdsServer;
+use serving_picker_conditions::eds::Names;
 use serving_picker_conditions::index::IpFamily;
+use serving_picker_conditions::limits::{ServeLimits, XdsLimits};
+use serving_picker_conditions::listener::Connections;
 use serving_picker_conditions::metrics::{self, Metrics};
 use serving_picker_conditions::publish::{self, Publisher, Snapshot};
 use serving_picker_conditions::serve;
 use serving_picker_conditions::source;
+use serving_picker_conditions::xds::XdsServer;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -90,6 +93,10 @@ struct EdsArgs {
     /// Address family served per Service port.
     #[arg(long, value_enum, default_value_t = Family::Auto)]
     ip_family: Family,
+    #[command(flatten)]
+    limits: ServeLimits,
+    #[command(flatten)]
+    xds: XdsLimits,
 }
 
 fn init_logs(format: LogFormat) {
@@ -158,7 +165,11 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         snap_tx,
         metrics.clone(),
     ));
-    tokio::spawn(metrics::serve(http, metrics.clone()));
+    tokio::spawn(metrics::serve(
+        http,
+        metrics.clone(),
+        args.limits.http.clone(),
+    ));
 
     let source_metrics = metrics.clone();
     let clusters = args.clusters.clone();
@@ -182,11 +193,20 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         }
     };
 
-    let (ads, eds) = XdsServer::new(snap_rx, metrics.clone()).services();
-    let server = serve::grpc_server()
+    let connections = Connections::new(&args.limits.grpc, metrics.clone());
+    let xds = XdsServer::new(
+        snap_rx,
+        Names::new(args.clusters.iter().map(|c| c.name.clone())),
+        args.xds.clone(),
+        metrics.clone(),
+        Some(connections.clone()),
+    );
+    tokio::spawn(xds.clone().run_fanout());
+    let (ads, eds) = xds.services();
+    let server = serve::grpc_server(&args.limits.grpc, &connections)
         .add_service(ads)
         .add_service(eds)
-        .serve_with_incoming_shutdown(serve::incoming(grpc), shutdown_signal());
+        .serve_with_incoming_shutdown(serve::incoming(grpc, connections), shutdown_signal());
     serve::until_source_ends(server, "xDS server", source_task).await
 }
 
@@ -204,6 +224,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    serve::raise_fd_limit(match &cli.command {
+        Command::Eds(args) => &args.limits,
+        Command::EnvoyGateway(args) => &args.limits,
+    });
     let result = rt.block_on(async {
         match cli.command {
             Command::Eds(args) => run_eds(args).await,

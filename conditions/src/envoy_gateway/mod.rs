@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::assignment::Output;
+use crate::listener::Connections;
 use crate::metrics::{self, Metrics};
 use crate::publish::{next_batch, Change, Update};
 use crate::serve;
@@ -90,6 +91,9 @@ pub struct Args {
     /// Largest request accepted (EG's maxMessageSize, default 4M, must not exceed it).
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
     pub max_message_size: usize,
+    /// Connection and metrics-port limits (`limits`).
+    #[command(flatten)]
+    pub limits: crate::limits::ServeLimits,
 }
 
 /// Applies a batch of source updates to the shared index; true once ready.
@@ -152,7 +156,12 @@ pub async fn run(
     let shared = Arc::new(Shared::default());
     let (updates_tx, updates_rx) = mpsc::channel(1024);
     tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
-    tokio::spawn(metrics::serve(http, metrics.clone()));
+    tokio::spawn(metrics::serve(
+        http,
+        metrics.clone(),
+        args.limits.http.clone(),
+    ));
+    let connections = Connections::new(&args.limits.grpc, metrics.clone());
 
     let source_metrics = metrics.clone();
     let (source_task, reread): (tokio::task::JoinHandle<anyhow::Result<()>>, Arc<dyn Reread>) =
@@ -204,8 +213,8 @@ pub async fn run(
         .max_encoding_message_size(usize::MAX);
     // TCP_NODELAY (`serve::incoming`): without it, the answer's last segment
     // waits for EG's delayed ACK, twenty times the call itself.
-    let server = serve::grpc_server()
+    let server = serve::grpc_server(&args.limits.grpc, &connections)
         .add_service(svc)
-        .serve_with_incoming_shutdown(serve::incoming(grpc), shutdown);
+        .serve_with_incoming_shutdown(serve::incoming(grpc, connections), shutdown);
     serve::until_source_ends(server, "extension server", source_task).await
 }
