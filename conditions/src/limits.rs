@@ -53,6 +53,12 @@ pub struct XdsLimits {
     /// RESOURCE_EXHAUSTED, refused from its 5-byte header.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub max_request_bytes: usize,
+    /// Request bytes that all xDS streams may hold at once beyond the first
+    /// 64 KiB of each message (Envoy's requests, about 60 KB with its node,
+    /// never count); a message that does not fit ends its stream with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    pub request_buffer_bytes: usize,
     /// Largest xDS response message: assignments that do not fit together
     /// go in further responses; one that alone is larger is not sent.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
@@ -64,12 +70,29 @@ pub struct XdsLimits {
     pub send_timeout: Duration,
 }
 
+/// The part of each request message that `--request-buffer-bytes` does not count.
+pub const FREE_REQUEST_BYTES: usize = 64 * 1024;
+
+impl XdsLimits {
+    /// The flags that must agree.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_request_bytes > FREE_REQUEST_BYTES + self.request_buffer_bytes {
+            return Err(format!(
+                "--max-request-bytes {} cannot fit in --request-buffer-bytes {} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)",
+                self.max_request_bytes, self.request_buffer_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for XdsLimits {
     fn default() -> Self {
         XdsLimits {
             max_streams: 2048,
             max_resource_names: 4096,
             max_request_bytes: 1 << 20,
+            request_buffer_bytes: 32 << 20,
             max_response_bytes: 16 << 20,
             send_timeout: Duration::from_secs(30),
         }
@@ -114,6 +137,7 @@ pub mod names {
     pub const MAX_STREAMS: &str = "max-streams";
     pub const MAX_RESOURCE_NAMES: &str = "max-resource-names";
     pub const MAX_REQUEST_BYTES: &str = "max-request-bytes";
+    pub const REQUEST_BUFFER_BYTES: &str = "request-buffer-bytes";
     pub const MAX_RESPONSE_BYTES: &str = "max-response-bytes";
     pub const SEND_TIMEOUT: &str = "send-timeout";
     pub const METRICS_MAX_CONNECTIONS: &str = "metrics-max-connections";
@@ -150,5 +174,19 @@ mod tests {
         assert_eq!(cli.xds.send_timeout, Duration::from_millis(1500));
         assert_eq!(cli.xds.max_streams, 7);
         assert!(Cli::try_parse_from(["x", "--keepalive-interval", "soon"]).is_err());
+        assert!(cli.xds.check().is_ok());
+        let cli = Cli::try_parse_from([
+            "x",
+            "--request-buffer-bytes",
+            "0",
+            "--max-request-bytes",
+            "70000",
+        ])
+        .unwrap();
+        assert!(cli
+            .xds
+            .check()
+            .unwrap_err()
+            .contains("--request-buffer-bytes"));
     }
 }

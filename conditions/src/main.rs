@@ -99,6 +99,11 @@ struct EdsArgs {
     xds: XdsLimits,
 }
 
+/// What an xDS client may send before the companion reads it, per stream
+/// and per connection: requests are read at once, so a small window costs
+/// nothing but caps what a connection can park in the companion's memory.
+const XDS_RECEIVE_WINDOW: u32 = 64 * 1024;
+
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -136,6 +141,7 @@ async fn shutdown_signal() {
 
 async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
     check_unique(&args.clusters).map_err(anyhow::Error::msg)?;
+    args.xds.check().map_err(anyhow::Error::msg)?;
     let family = match args.ip_family {
         Family::Auto => IpFamily::Auto,
         Family::Ipv4 => IpFamily::Ipv4,
@@ -204,6 +210,8 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
     tokio::spawn(xds.clone().run_fanout());
     let (ads, eds) = xds.services();
     let server = serve::grpc_server(&args.limits.grpc, &connections)
+        .initial_stream_window_size(XDS_RECEIVE_WINDOW)
+        .initial_connection_window_size(XDS_RECEIVE_WINDOW)
         .add_service(ads)
         .add_service(eds)
         .serve_with_incoming_shutdown(serve::incoming(grpc, connections), shutdown_signal());

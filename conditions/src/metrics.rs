@@ -55,6 +55,7 @@ pub struct Metrics {
     oldest_unsent_seconds: Gauge<f64, AtomicU64>,
     unknown_names: Counter,
     largest_request_bytes: Gauge,
+    request_buffer_bytes: Gauge,
     connections: Gauge,
     limit_hits: Family<Labels, Counter>,
     limits: Family<Labels, Gauge>,
@@ -223,6 +224,12 @@ impl Metrics {
             "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})",
             Gauge::default(),
         );
+        let request_buffer_bytes = registered(
+            r,
+            "xds_request_buffer_bytes",
+            "Request bytes held beyond each message's first 64 KiB (see limit{limit=\"request-buffer-bytes\"})",
+            Gauge::default(),
+        );
         let connections = registered(
             r,
             "grpc_connections",
@@ -232,7 +239,7 @@ impl Metrics {
         let limit_hits = registered(
             r,
             "limit_hits",
-            "Times a limit was hit, by its flag (max-connections, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)",
+            "Times a limit was hit, by its flag (max-connections, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)",
             Family::default(),
         );
         let limits = registered(
@@ -258,6 +265,7 @@ impl Metrics {
             oldest_unsent_seconds,
             unknown_names,
             largest_request_bytes,
+            request_buffer_bytes,
             connections,
             limit_hits,
             limits,
@@ -352,6 +360,10 @@ impl Metrics {
         if bytes > self.largest_request_bytes.get() {
             self.largest_request_bytes.set(bytes);
         }
+    }
+
+    pub fn set_request_buffer_bytes(&self, n: usize) {
+        self.request_buffer_bytes.set(n as i64);
     }
 
     pub fn unknown_names(&self, n: usize) {

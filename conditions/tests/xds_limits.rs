@@ -313,11 +313,11 @@ fn a_flood_of_stuck_streams_holds_at_most_one_response_each() {
         coalesced >= 1000.0 * (changes as f64 - 2.0),
         "coalesced {coalesced}"
     );
-    assert!(c.metric("serving_picker_conditions_xds_oldest_unsent_response_seconds") > 0.0);
-    assert_eq!(
-        c.metric("serving_picker_conditions_xds_subscribers{cluster=\"big\"}"),
-        1001.0
-    );
+    // (The stream gauges are set once a second.)
+    wait_until("the gauges", || {
+        c.metric("serving_picker_conditions_xds_oldest_unsent_response_seconds") > 0.0
+            && c.metric("serving_picker_conditions_xds_subscribers{cluster=\"big\"}") == 1001.0
+    });
     let rss_after = c.rss_mb();
     eprintln!("companion RSS: {rss_before:.1} MB with 1,001 streams, {rss_after:.1} MB after {changes} changes");
     assert!(
@@ -513,9 +513,10 @@ fn request(names: Vec<String>) -> envoy_types::pb::envoy::service::discovery::v3
     }
 }
 
-/// A request over `--max-request-bytes` (refused from its header) or with
-/// more names than `--max-resource-names` ends its stream, after the
-/// response in flight, with RESOURCE_EXHAUSTED naming the flag.
+/// A request over `--max-request-bytes` (refused from its header), with
+/// more names than `--max-resource-names`, or with no room left in
+/// `--request-buffer-bytes`, ends its stream, after the response in flight,
+/// with RESOURCE_EXHAUSTED naming the flag.
 #[test]
 fn requests_over_the_size_or_name_limits_end_their_stream() {
     let rt = runtime();
@@ -524,7 +525,9 @@ fn requests_over_the_size_or_name_limits_end_their_stream() {
         &slices.dir,
         &[
             "--max-request-bytes",
-            "10000",
+            "150000",
+            "--request-buffer-bytes",
+            "100000",
             "--max-resource-names",
             "100",
         ],
@@ -544,12 +547,39 @@ fn requests_over_the_size_or_name_limits_end_their_stream() {
         end.starts_with("8 ") && end.contains("--max-resource-names"),
         "{end}"
     );
+    // A 140,000-byte message half sent holds 140,000 - 64 KiB of the
+    // 100,000-byte budget: a second one finds no room.
+    let partial = |len: u32| {
+        let mut f = vec![0u8];
+        f.extend_from_slice(&len.to_be_bytes());
+        f.extend_from_slice(&[0u8; 70_000]);
+        bytes::Bytes::from(f)
+    };
+    let holder = rt.block_on(async {
+        let conn = Connection::open(c.grpc, None).await.unwrap();
+        let (mut send, resp) = conn.stream(&sub("holder")).await.unwrap();
+        send.send_data(partial(140_000), false).unwrap();
+        (conn, send, resp)
+    });
+    wait_until("the budget to be held", || {
+        c.metric("serving_picker_conditions_xds_request_buffer_bytes") > 0.0
+    });
+    let end = rt.block_on(end_of(c.grpc, partial(140_000)));
+    assert!(
+        end.starts_with("8 ") && end.contains("--request-buffer-bytes"),
+        "{end}"
+    );
+    drop(holder);
     assert_eq!(
         c.metric("serving_picker_conditions_limit_hits_total{limit=\"max-request-bytes\"}"),
         1.0
     );
     assert_eq!(
         c.metric("serving_picker_conditions_limit_hits_total{limit=\"max-resource-names\"}"),
+        1.0
+    );
+    assert_eq!(
+        c.metric("serving_picker_conditions_limit_hits_total{limit=\"request-buffer-bytes\"}"),
         1.0
     );
 }

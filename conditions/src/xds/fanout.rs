@@ -85,6 +85,12 @@ fn sweep(core: &Core, now: Instant) {
         }
     }
     core.metrics.set_oldest_unsent(oldest);
+    let budget = core
+        .limits
+        .request_buffer_bytes
+        .min(tokio::sync::Semaphore::MAX_PERMITS);
+    core.metrics
+        .set_request_buffer_bytes(budget.saturating_sub(core.request_budget.available_permits()));
     for (i, n) in subscribers.into_iter().enumerate() {
         core.metrics.set_subscribers(core.names.name(i), n);
     }

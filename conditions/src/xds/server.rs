@@ -21,13 +21,13 @@ use http::{HeaderMap, HeaderValue};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use prost::Message;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::Status;
 
 use crate::eds::{EdsStream, Names, RequestKind, Taken};
-use crate::limits::{names as limit, XdsLimits};
+use crate::limits::{names as limit, XdsLimits, FREE_REQUEST_BYTES};
 use crate::listener::{Conn, Connections};
 use crate::metrics::Metrics;
 use crate::publish::Snapshot;
@@ -63,6 +63,8 @@ pub(crate) struct Core {
     pub(crate) metrics: Arc<Metrics>,
     connections: Option<Arc<Connections>>,
     pub(crate) streams: Streams,
+    /// `--request-buffer-bytes`, as permits of one byte.
+    pub(crate) request_budget: Arc<Semaphore>,
 }
 
 /// The open streams.
@@ -153,6 +155,13 @@ impl XdsServer {
         metrics.set_limit(limit::MAX_RESOURCE_NAMES, limits.max_resource_names as i64);
         metrics.set_limit(limit::MAX_REQUEST_BYTES, limits.max_request_bytes as i64);
         metrics.set_limit(limit::MAX_RESPONSE_BYTES, limits.max_response_bytes as i64);
+        metrics.set_limit(
+            limit::REQUEST_BUFFER_BYTES,
+            limits.request_buffer_bytes as i64,
+        );
+        let request_budget = Arc::new(Semaphore::new(
+            limits.request_buffer_bytes.min(Semaphore::MAX_PERMITS),
+        ));
         metrics.set_limit(limit::SEND_TIMEOUT, limits.send_timeout.as_secs() as i64);
         XdsServer {
             core: Arc::new(Core {
@@ -162,6 +171,7 @@ impl XdsServer {
                 metrics,
                 connections,
                 streams: Streams::default(),
+                request_budget,
             }),
         }
     }
@@ -339,6 +349,8 @@ enum ReadError {
     Decode(prost::DecodeError),
     /// Ended inside a message.
     Truncated,
+    /// A message (of this length) that `--request-buffer-bytes` has no room for.
+    NoRoom(usize),
     /// The stream or connection failed (reset, closed).
     Transport(String),
 }
@@ -350,18 +362,23 @@ struct RequestReader {
     buf: BytesMut,
     max: usize,
     ended: bool,
+    budget: Arc<Semaphore>,
+    /// The budget the message being received holds.
+    held: Option<OwnedSemaphorePermit>,
 }
 
 /// The buffer a stream keeps between requests.
 const READ_BUFFER: usize = 8 * 1024;
 
 impl RequestReader {
-    fn new(body: Body, max: usize) -> RequestReader {
+    fn new(body: Body, core: &Core) -> RequestReader {
         RequestReader {
             body,
             buf: BytesMut::new(),
-            max,
+            max: core.limits.max_request_bytes,
             ended: false,
+            budget: core.request_budget.clone(),
+            held: None,
         }
     }
 
@@ -372,10 +389,20 @@ impl RequestReader {
             {
                 let len = m.len();
                 let req = DiscoveryRequest::decode(m).map_err(ReadError::Decode)?;
+                self.held = None;
                 if self.buf.is_empty() && self.buf.capacity() > READ_BUFFER {
                     self.buf = BytesMut::new();
                 }
                 return Ok(Some((req, len)));
+            }
+            if let Some(len) = wire::announced_len(&self.buf) {
+                if len > FREE_REQUEST_BYTES && self.held.is_none() {
+                    let n = u32::try_from(len - FREE_REQUEST_BYTES).unwrap_or(u32::MAX);
+                    match self.budget.clone().try_acquire_many_owned(n) {
+                        Ok(p) => self.held = Some(p),
+                        Err(_) => return Err(ReadError::NoRoom(len)),
+                    }
+                }
             }
             if self.ended {
                 return if self.buf.is_empty() {
@@ -401,7 +428,7 @@ impl RequestReader {
 /// stream ends (trailers after the response in flight) when requests end
 /// or break a limit.
 async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
-    let mut reader = RequestReader::new(body, core.limits.max_request_bytes);
+    let mut reader = RequestReader::new(body, &core);
     let mut other_types = BTreeSet::new();
     let end = loop {
         let next = tokio::select! {
@@ -421,6 +448,13 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
                 break Some(Status::resource_exhausted(format!(
                     "request message of {len} bytes is over --max-request-bytes {}",
                     core.limits.max_request_bytes
+                )));
+            }
+            Err(ReadError::NoRoom(len)) => {
+                core.metrics.limit_hit(limit::REQUEST_BUFFER_BYTES);
+                break Some(Status::resource_exhausted(format!(
+                    "no room for a request message of {len} bytes: the streams' request buffers are full (--request-buffer-bytes {}); retry later",
+                    core.limits.request_buffer_bytes
                 )));
             }
             Err(ReadError::Message(MessageError::Compressed)) => {
@@ -640,7 +674,7 @@ impl Drop for ResponseBody {
 
 /// The unary FetchEndpoints: one request, the current state.
 async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
-    let mut reader = RequestReader::new(body, core.limits.max_request_bytes);
+    let mut reader = RequestReader::new(body, core);
     let req = match reader.next().await {
         Ok(Some((req, _))) => req,
         Ok(None) => return Status::invalid_argument("no request").into_http(),
