@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod contract;
+pub mod counters;
 #[doc(hidden)]
 pub mod de;
 pub mod health;
