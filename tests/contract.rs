@@ -9,6 +9,8 @@
 //!
 //! The contract itself is `serving_picker_core::contract`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use envoy_types::pb::envoy::config::core::v3::{address, socket_address, HealthStatus};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, LbEndpoint,
