@@ -214,7 +214,10 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         .initial_connection_window_size(XDS_RECEIVE_WINDOW)
         .add_service(ads)
         .add_service(eds)
-        .serve_with_incoming_shutdown(serve::incoming(grpc, connections), shutdown_signal());
+        .serve_with_incoming_shutdown(
+            serve::incoming(grpc, connections),
+            serve::serving_until(metrics.clone(), shutdown_signal()),
+        );
     serve::until_source_ends(server, "xDS server", source_task).await
 }
 

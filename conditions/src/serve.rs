@@ -17,7 +17,7 @@ use tower_layer::{Identity, Stack};
 
 use crate::limits::{GrpcLimits, ServeLimits};
 use crate::listener::{self, Connections, LimitedIo};
-use crate::metrics;
+use crate::metrics::{self, Metrics};
 
 /// Binds the gRPC listener (`--listen`) and the metrics, `/healthz` and
 /// `/readyz` one (`--metrics-listen`), in that order.
@@ -93,6 +93,20 @@ pub fn incoming(
     connections: Arc<Connections>,
 ) -> impl Stream<Item = std::io::Result<LimitedIo>> + Send + 'static {
     listener::incoming(grpc, connections)
+}
+
+/// Marks the gRPC server as taking calls (`/serving`) now, and as not
+/// taking them once `shutdown` completes (so that the Service stops
+/// sending new connections while open ones drain); resolves then.
+pub fn serving_until(
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    metrics.set_serving(true);
+    async move {
+        shutdown.await;
+        metrics.set_serving(false);
+    }
 }
 
 /// Runs `server` (named `what` in its error) until it ends on shutdown, or
