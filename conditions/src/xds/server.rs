@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use futures::task::AtomicWaker;
 use http::{HeaderMap, HeaderValue};
@@ -32,7 +33,7 @@ use crate::listener::{Conn, Connections};
 use crate::metrics::Metrics;
 use crate::publish::Snapshot;
 use crate::ratelog::LogBudget;
-use crate::xds::wire::{self, MessageError};
+use crate::xds::wire::{self, MessageError, RequestView};
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
 /// response goes out as the peer's window allows, not all queued at once.
@@ -382,18 +383,19 @@ impl RequestReader {
         }
     }
 
-    async fn next(&mut self) -> Result<Option<(DiscoveryRequest, usize)>, ReadError> {
+    /// The next request (without its node), its node's bytes, its length.
+    async fn next(&mut self) -> Result<Option<(DiscoveryRequest, Bytes, usize)>, ReadError> {
         loop {
             if let Some(m) =
                 wire::next_message(&mut self.buf, self.max).map_err(ReadError::Message)?
             {
                 let len = m.len();
-                let req = DiscoveryRequest::decode(m).map_err(ReadError::Decode)?;
+                let (req, node) = RequestView::decode(m).map_err(ReadError::Decode)?.split();
                 self.held = None;
                 if self.buf.is_empty() && self.buf.capacity() > READ_BUFFER {
                     self.buf = BytesMut::new();
                 }
-                return Ok(Some((req, len)));
+                return Ok(Some((req, node, len)));
             }
             if let Some(len) = wire::announced_len(&self.buf) {
                 if len > FREE_REQUEST_BYTES && self.held.is_none() {
@@ -436,9 +438,9 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
             _ = shared.closed.notified() => break None,
         };
         match next {
-            Ok(Some((req, len))) => {
+            Ok(Some((req, node, len))) => {
                 core.metrics.request_received(len);
-                if let Some(status) = handle(&core, &shared, &req, &mut other_types) {
+                if let Some(status) = handle(&core, &shared, &req, &node, &mut other_types) {
                     break Some(status);
                 }
             }
@@ -493,6 +495,7 @@ fn handle(
     core: &Core,
     shared: &StreamShared,
     req: &DiscoveryRequest,
+    node_bytes: &Bytes,
     other_types: &mut BTreeSet<String>,
 ) -> Option<Status> {
     let max = core.limits.max_resource_names;
@@ -503,10 +506,14 @@ fn handle(
             req.resource_names.len()
         )));
     }
-    if let Some(n) = &req.node {
+    if !node_bytes.is_empty() {
         let mut node = shared.node.lock().unwrap_or_else(|p| p.into_inner());
-        if node.is_empty() && !n.id.is_empty() {
-            *node = n.id.chars().take(NODE_ID_MAX).collect();
+        if node.is_empty() {
+            // Once per stream: the node's id, for the logs.
+            *node = match Node::decode(node_bytes.clone()) {
+                Ok(n) if !n.id.is_empty() => n.id.chars().take(NODE_ID_MAX).collect(),
+                _ => "-".to_string(),
+            };
         }
     }
     let snap = core.snapshots.borrow().clone();
@@ -676,7 +683,7 @@ impl Drop for ResponseBody {
 async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
     let mut reader = RequestReader::new(body, core);
     let req = match reader.next().await {
-        Ok(Some((req, _))) => req,
+        Ok(Some((req, _, _))) => req,
         Ok(None) => return Status::invalid_argument("no request").into_http(),
         Err(ReadError::Message(MessageError::TooLarge(len))) => {
             core.metrics.limit_hit(limit::MAX_REQUEST_BYTES);

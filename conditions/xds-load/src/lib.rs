@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
-use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use prost::Message;
 use tokio::net::TcpStream;
@@ -66,21 +66,71 @@ impl Subscription {
         }
     }
 
-    fn request(&self, version: &str, nonce: &str) -> DiscoveryRequest {
-        DiscoveryRequest {
+    /// A request as Envoy sends it (its node every time), gRPC-framed.
+    /// The node's bytes are encoded once per process ([`shared_node`]).
+    pub fn request_frame(&self, version: &str, nonce: &str) -> Bytes {
+        let id_field = Node {
+            id: self.node_id.clone(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let node = shared_node();
+        let rest = DiscoveryRequest {
             version_info: version.into(),
-            node: Some(Node {
-                id: self.node_id.clone(),
-                cluster: "xds-load".into(),
-                user_agent_name: "envoy".into(),
-                ..Default::default()
-            }),
             resource_names: self.names.clone(),
             type_url: CLA_TYPE_URL.into(),
             response_nonce: nonce.into(),
             ..Default::default()
-        }
+        };
+        let node_len = id_field.len() + node.len();
+        let len = rest.encoded_len()
+            + prost::encoding::key_len(2)
+            + prost::encoding::encoded_len_varint(node_len as u64)
+            + node_len;
+        let mut buf = BytesMut::with_capacity(5 + len);
+        buf.extend_from_slice(&[0]);
+        buf.extend_from_slice(&(len as u32).to_be_bytes());
+        // Fields in any order: the node first, then the rest.
+        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut buf);
+        prost::encoding::encode_varint(node_len as u64, &mut buf);
+        buf.extend_from_slice(&id_field);
+        buf.extend_from_slice(node);
+        rest.encode(&mut buf).ok();
+        buf.freeze()
     }
+}
+
+/// A node the shape and size of Envoy 1.40's (its `/server_info`): 516
+/// extensions, each a name (~33 bytes), a category (~24) and most a type
+/// URL (~64); about 60 KB encoded. Envoy sends it on every request.
+pub fn envoy_like_node(id: &str) -> Node {
+    let extensions = (0..516)
+        .map(|i| Extension {
+            name: format!("envoy.filters.synthetic.ext-{i:05}"),
+            category: format!("envoy.filters.category-{:02}", i % 60),
+            type_urls: if i % 6 == 5 {
+                vec![]
+            } else {
+                vec![format!(
+                    "envoy.extensions.filters.synthetic.v3.Extension{i:05}Config"
+                )]
+            },
+            ..Default::default()
+        })
+        .collect();
+    Node {
+        id: id.into(),
+        cluster: "xds-load".into(),
+        user_agent_name: "envoy".into(),
+        extensions,
+        ..Default::default()
+    }
+}
+
+/// [`envoy_like_node`] without its id, encoded once.
+fn shared_node() -> &'static Bytes {
+    static NODE: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    NODE.get_or_init(|| Bytes::from(envoy_like_node("").encode_to_vec()))
 }
 
 /// A message as gRPC frames it (uncompressed).
@@ -182,7 +232,7 @@ impl Connection {
             .header("te", "trailers")
             .body(())?;
         let (resp, mut send) = client.send_request(req, false)?;
-        send.send_data(grpc_frame(&sub.request("", "")), false)?;
+        send.send_data(sub.request_frame("", ""), false)?;
         Ok((send, resp))
     }
 }
@@ -244,10 +294,7 @@ async fn run_subscriber(
             received
                 .version
                 .fetch_max(version_number(&head.version_info), Ordering::SeqCst);
-            send.send_data(
-                grpc_frame(&sub.request(&head.version_info, &head.nonce)),
-                false,
-            )?;
+            send.send_data(sub.request_frame(&head.version_info, &head.nonce), false)?;
         }
     }
     Ok(match body.trailers().await? {
@@ -306,4 +353,34 @@ impl StuckStream {
 /// sockets); returns the limit now in force.
 pub fn raise_fd_limit() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_is_about_the_size_of_envoys() {
+        let n = envoy_like_node("node-1").encoded_len();
+        assert!((55_000..70_000).contains(&n), "{n} bytes");
+    }
+
+    #[test]
+    fn request_frames_decode_to_envoys_request() {
+        let sub = Subscription::ads("node-1", &["a", "b"]);
+        let frame = sub.request_frame("v1", "7");
+        assert_eq!(frame[0], 0);
+        assert_eq!(
+            u32::from_be_bytes(frame[1..5].try_into().unwrap()) as usize,
+            frame.len() - 5
+        );
+        let req = DiscoveryRequest::decode(&frame[5..]).unwrap();
+        assert_eq!(req.node, Some(envoy_like_node("node-1")));
+        assert_eq!(req.resource_names, vec!["a", "b"]);
+        assert_eq!(
+            (req.version_info.as_str(), req.response_nonce.as_str()),
+            ("v1", "7")
+        );
+        assert_eq!(req.type_url, CLA_TYPE_URL);
+    }
 }
