@@ -20,7 +20,9 @@
 //! Knobs: FANOUT_SCENARIOS (names, comma-separated), FANOUT_CHANGES (per
 //! scenario, default 40; 100 for the 2,000-endpoint ones),
 //! SERVING_PICKER_CONDITIONS (the binary), FANOUT_EXTRA_ARGS (replaces the
-//! companion's extra flags; "" for a binary without them).
+//! companion's extra flags; "" for a binary without them), FANOUT_NODE
+//! (`every`: Envoy's node, ~60 KB, on every request, Envoy's default;
+//! `first`: on the first only, `set_node_on_first_message_only`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{Read, Write};
@@ -192,30 +194,7 @@ impl Companion {
 
     /// (utime, stime), in seconds.
     fn cpu_split(&self) -> (f64, f64) {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
-        let f: Vec<f64> = after
-            .split_whitespace()
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
-        (
-            f.get(11).copied().unwrap_or(0.0) / 100.0,
-            f.get(12).copied().unwrap_or(0.0) / 100.0,
-        )
-    }
-
-    /// utime + stime, in seconds.
-    fn cpu_seconds(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
-        let f: Vec<f64> = after
-            .split_whitespace()
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
-        // Fields 14 and 15 of /proc/pid/stat; `after` starts at field 3.
-        (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+        cpu_split_of(&self.child.id().to_string())
     }
 
     fn get(&self, path: &str) -> String {
@@ -243,15 +222,23 @@ impl Companion {
     }
 }
 
-/// This process's CPU (utime + stime), in seconds.
-fn self_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// (utime, stime) of a process, in seconds, from /proc/<pid>/stat.
+fn cpu_split_of(pid: &str) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
     let f: Vec<f64> = after
         .split_whitespace()
         .map(|v| v.parse().unwrap_or(0.0))
         .collect();
-    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+    // Fields 14 and 15 of /proc/pid/stat; `after` starts at field 3.
+    (
+        f.get(11).copied().unwrap_or(0.0) / 100.0,
+        f.get(12).copied().unwrap_or(0.0) / 100.0,
+    )
+}
+
+fn node_on_first_only() -> bool {
+    std::env::var("FANOUT_NODE").is_ok_and(|v| v == "first")
 }
 
 fn loadavg() -> String {
@@ -334,7 +321,8 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         .collect();
     for (i, r) in received.iter().enumerate() {
         let r = r.clone();
-        let sub = Subscription::ads(format!("sub-{i}"), &["svc"]);
+        let mut sub = Subscription::ads(format!("sub-{i}"), &["svc"]);
+        sub.node_on_first_only = node_on_first_only();
         rt.spawn(async move {
             match Connection::open(grpc, None).await {
                 Ok(conn) => {
@@ -382,9 +370,8 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
     let mut all_by_change = Vec::new();
     let mut deliveries = Vec::new();
     let mut bytes_per_change = Vec::new();
-    let cpu0 = c.cpu_seconds();
     let split0 = c.cpu_split();
-    let self0 = self_cpu_seconds();
+    let self0 = cpu_split_of("self");
     for n in 0..s.changes {
         let before: Vec<u64> = received.iter().map(|r| r.version()).collect();
         let bytes0: u64 = received
@@ -414,9 +401,9 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         // Envoy-like pacing: the ACKs are in before the next change.
         std::thread::sleep(Duration::from_millis(100));
     }
-    let cpu = c.cpu_seconds() - cpu0;
     let split1 = c.cpu_split();
-    let client_cpu = self_cpu_seconds() - self0;
+    let cpu = split1.0 + split1.1 - split0.0 - split0.1;
+    let self1 = cpu_split_of("self");
     let rss_end = c.rss_mb();
     let rss_peak = c.status("VmHWM");
     all_by_change.sort_by(f64::total_cmp);
@@ -452,11 +439,12 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         coalesced,
     );
     println!(
-        "bench-conditions | fanout | {:<16} | companion user {:.1} ms + system {:.1} ms per change; the clients (this process) {:.1} ms per change",
+        "bench-conditions | fanout | {:<16} | CPU per change: companion user {:.1} ms + system {:.1} ms; the clients (this process) user {:.1} ms + system {:.1} ms",
         s.name,
         (split1.0 - split0.0) / s.changes as f64 * 1e3,
         (split1.1 - split0.1) / s.changes as f64 * 1e3,
-        client_cpu / s.changes as f64 * 1e3,
+        (self1.0 - self0.0) / s.changes as f64 * 1e3,
+        (self1.1 - self0.1) / s.changes as f64 * 1e3,
     );
     let closed = stuck.iter().filter(|s| s.is_closed()).count();
     if closed > 0 {
@@ -485,9 +473,10 @@ fn main() {
     let four = loopback(4);
     let best = one.max(four);
     println!(
-        "bench-conditions | fanout | {} cores, load average {}, open files {nofile} | loopback {:.2} GB/s (1 connection), {:.2} GB/s (4 in parallel); floors use {:.2} GB/s",
+        "bench-conditions | fanout | {} cores, load average {}, open files {nofile}, node on {} request | loopback {:.2} GB/s (1 connection), {:.2} GB/s (4 in parallel); floors use {:.2} GB/s",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         loadavg(),
+        if node_on_first_only() { "the first" } else { "every" },
         one / 1e9,
         four / 1e9,
         best / 1e9

@@ -76,6 +76,12 @@ pub const FREE_REQUEST_BYTES: usize = 64 * 1024;
 impl XdsLimits {
     /// The flags that must agree.
     pub fn check(&self) -> Result<(), String> {
+        if u32::try_from(self.max_response_bytes).is_err() {
+            return Err(format!(
+                "--max-response-bytes {} is over a gRPC message's 4 GiB",
+                self.max_response_bytes
+            ));
+        }
         if self.max_request_bytes > FREE_REQUEST_BYTES + self.request_buffer_bytes {
             return Err(format!(
                 "--max-request-bytes {} cannot fit in --request-buffer-bytes {} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)",

@@ -387,8 +387,8 @@ impl Metrics {
         self.coalesced.inc();
     }
 
-    /// A response's last byte handed to HTTP/2.
-    pub fn sent(&self, _resources: usize, bytes: usize) {
+    /// A response of `bytes` fully handed to HTTP/2.
+    pub fn sent(&self, bytes: usize) {
         self.responses_sent.inc();
         self.sent_bytes.inc_by(bytes as u64);
     }

@@ -368,9 +368,6 @@ struct RequestReader {
     held: Option<OwnedSemaphorePermit>,
 }
 
-/// The buffer a stream keeps between requests.
-const READ_BUFFER: usize = 8 * 1024;
-
 impl RequestReader {
     fn new(body: Body, core: &Core) -> RequestReader {
         RequestReader {
@@ -392,19 +389,26 @@ impl RequestReader {
                 let len = m.len();
                 let (req, node) = RequestView::decode(m).map_err(ReadError::Decode)?.split();
                 self.held = None;
-                if self.buf.is_empty() && self.buf.capacity() > READ_BUFFER {
+                if self.buf.is_empty() {
+                    // The message's allocation goes with it (the buffer
+                    // would keep it alive): a stream holds no request
+                    // bytes between requests.
                     self.buf = BytesMut::new();
                 }
                 return Ok(Some((req, node, len)));
             }
             if let Some(len) = wire::announced_len(&self.buf) {
-                if len > FREE_REQUEST_BYTES && self.held.is_none() {
+                if len > FREE_REQUEST_BYTES && self.held.is_none() && len <= self.max {
                     let n = u32::try_from(len - FREE_REQUEST_BYTES).unwrap_or(u32::MAX);
                     match self.budget.clone().try_acquire_many_owned(n) {
                         Ok(p) => self.held = Some(p),
                         Err(_) => return Err(ReadError::NoRoom(len)),
                     }
                 }
+                // One allocation for the whole message (its length is
+                // within --max-request-bytes, and budgeted beyond 64 KiB).
+                self.buf
+                    .reserve((wire::GRPC_HEADER + len).saturating_sub(self.buf.len()));
             }
             if self.ended {
                 return if self.buf.is_empty() {
@@ -569,7 +573,6 @@ fn handle(
 
 /// The response taken and not fully handed to HTTP/2 yet.
 struct InFlight {
-    resources: usize,
     bytes: usize,
 }
 
@@ -606,10 +609,7 @@ impl ResponseBody {
             .metrics
             .pushed(p.entries.len(), p.lags.iter().copied());
         tracing::debug!(node = %self.shared.node(), version = %p.version, nonce = p.nonce, resources = p.entries.len(), bytes = p.wire_len, "xDS response taken");
-        self.in_flight = Some(InFlight {
-            resources: p.entries.len(),
-            bytes: p.wire_len,
-        });
+        self.in_flight = Some(InFlight { bytes: p.wire_len });
         self.shared.set_sending_since(Some(now));
         self.chunks.push_back(p.head);
         for mut e in p.entries {
@@ -636,7 +636,7 @@ impl http_body::Body for ResponseBody {
             if let Some(chunk) = this.chunks.pop_front() {
                 if this.chunks.is_empty() {
                     if let Some(f) = this.in_flight.take() {
-                        this.core.metrics.sent(f.resources, f.bytes);
+                        this.core.metrics.sent(f.bytes);
                         this.shared.set_sending_since(None);
                     }
                 }

@@ -55,6 +55,9 @@ pub struct Subscription {
     pub api: Api,
     pub node_id: String,
     pub names: Vec<String>,
+    /// The node on the first request only (Envoy's
+    /// `set_node_on_first_message_only`); else on every request, Envoy's default.
+    pub node_on_first_only: bool,
 }
 
 impl Subscription {
@@ -63,12 +66,22 @@ impl Subscription {
             api: Api::Ads,
             node_id: node_id.into(),
             names: names.iter().map(|n| n.to_string()).collect(),
+            node_on_first_only: false,
         }
     }
 
     /// A request as Envoy sends it (its node every time), gRPC-framed.
     /// The node's bytes are encoded once per process ([`shared_node`]).
     pub fn request_frame(&self, version: &str, nonce: &str) -> Bytes {
+        if self.node_on_first_only && !nonce.is_empty() {
+            return grpc_frame(&DiscoveryRequest {
+                version_info: version.into(),
+                resource_names: self.names.clone(),
+                type_url: CLA_TYPE_URL.into(),
+                response_nonce: nonce.into(),
+                ..Default::default()
+            });
+        }
         let id_field = Node {
             id: self.node_id.clone(),
             ..Default::default()
