@@ -324,12 +324,20 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         let mut sub = Subscription::ads(format!("sub-{i}"), &["svc"]);
         sub.node_on_first_only = node_on_first_only();
         rt.spawn(async move {
-            match Connection::open(grpc, None).await {
-                Ok(conn) => {
-                    subscribe(&conn, &sub, &r, epoch).await;
+            // A thousand connects at once may overflow the accept queue:
+            // retry as Envoy would.
+            let mut last = String::new();
+            for _ in 0..20 {
+                match Connection::open(grpc, None).await {
+                    Ok(conn) => {
+                        subscribe(&conn, &sub, &r, epoch).await;
+                        return;
+                    }
+                    Err(e) => last = e.to_string(),
                 }
-                Err(e) => *r.ended.lock().unwrap() = Some(format!("connect: {e}")),
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
+            *r.ended.lock().unwrap() = Some(format!("connect: {last}"));
         });
     }
     if !wait(
@@ -337,6 +345,14 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         Duration::from_secs(60),
         || received.iter().all(|r| r.version() > 0),
     ) {
+        let got = received.iter().filter(|r| r.version() > 0).count();
+        let ended: Vec<String> = received.iter().filter_map(|r| r.ended()).take(3).collect();
+        println!(
+            "bench-conditions | fanout | {}: {got} of {} subscribers served; ended: {ended:?}; streams {}",
+            s.name,
+            s.subscribers,
+            c.metric("serving_picker_conditions_xds_streams"),
+        );
         return;
     }
     std::thread::sleep(Duration::from_millis(500));
