@@ -474,3 +474,20 @@ fn rotation_under_load_loses_nothing_and_new_connections_get_the_new_certificate
     );
     assert!(report.requests() > 500, "{} requests", report.requests());
 }
+
+/// The SDS files the Envoys get in Kubernetes (deploy/conditions/envoy-sds.yaml)
+/// are the ones these tests run Envoy with, for the Secret's mount path.
+#[test]
+fn the_shipped_sds_config_map_is_the_tested_one() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/conditions/envoy-sds.yaml");
+    let map: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let tested = pki::envoy_sds(
+        std::path::Path::new("/etc/serving-picker/tls"),
+        COMPANION_DNS,
+    );
+    for (name, text) in tested {
+        assert_eq!(map["data"][name].as_str(), Some(text.as_str()), "{name}");
+    }
+}

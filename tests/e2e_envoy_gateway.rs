@@ -694,15 +694,14 @@ fn the_hook_over_mutual_tls_with_a_client_shaped_as_eg() {
     let stranger = ca.client(&["spiffe://cluster.local/ns/default/sa/someone"]);
     assert!(Eg::connect_tls(companion.listen, &ca.pem, &host, Some(&stranger)).is_err());
     assert!(Eg::connect_tls(companion.listen, &ca.pem, "other.example", Some(&eg_cert)).is_err());
-    assert_eq!(
-        companion.metric("serving_picker_conditions_tls_refusals_total{reason=\"no_client_cert\"}"),
-        1.0
-    );
-    assert_eq!(
-        companion
-            .metric("serving_picker_conditions_tls_refusals_total{reason=\"san_not_allowed\"}"),
-        1.0
-    );
+    // Counted (tonic's channel dials again at once after a refusal: each
+    // dial is one).
+    for reason in ["no_client_cert", "san_not_allowed", "client_alert"] {
+        let n = companion.metric(&format!(
+            "serving_picker_conditions_tls_refusals_total{{reason=\"{reason}\"}}"
+        ));
+        assert!(n >= 1.0, "{reason}: {n}");
+    }
     assert!(
         companion.metric("serving_picker_conditions_eg_hook_calls_total{result=\"managed\"}")
             >= 3.0

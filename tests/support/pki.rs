@@ -172,41 +172,48 @@ pub fn refs<'a>(files: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a s
     files.iter().map(|(n, c)| (*n, c.as_str())).collect()
 }
 
-/// Envoy's two SDS files in `sds_dir` for the client certificate and the
-/// validation context read from the Secret volume `tls_dir` (watched: a
-/// swap of its `..data` reloads them). `companion_san` is the DNS SAN the
+/// Envoy's two SDS files (name, content) for the client certificate and
+/// the validation context read from the Secret volume `tls_dir` (watched:
+/// a swap of its `..data` reloads them). `companion_san` is the DNS SAN the
 /// companion's certificate must carry.
+pub fn envoy_sds(tls_dir: &Path, companion_san: &str) -> [(&'static str, String); 2] {
+    let d = tls_dir.display();
+    [
+        (
+            "sds-certificate.yaml",
+            format!(
+                "# Envoy's client certificate for the companion (SDS from files; {d} is watched).\n\
+                 resources:\n\
+                 - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
+                 \x20 name: serving_picker_conditions_client\n\
+                 \x20 tls_certificate:\n\
+                 \x20   certificate_chain: {{filename: {d}/tls.crt}}\n\
+                 \x20   private_key: {{filename: {d}/tls.key}}\n\
+                 \x20   watched_directory: {{path: {d}}}\n"
+            ),
+        ),
+        (
+            "sds-validation.yaml",
+            format!(
+                "# The CAs Envoy trusts for the companion, and the name its certificate must carry.\n\
+                 resources:\n\
+                 - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
+                 \x20 name: serving_picker_conditions_ca\n\
+                 \x20 validation_context:\n\
+                 \x20   trusted_ca: {{filename: {d}/ca.crt}}\n\
+                 \x20   watched_directory: {{path: {d}}}\n\
+                 \x20   match_typed_subject_alt_names:\n\
+                 \x20   - san_type: DNS\n\
+                 \x20     matcher: {{exact: {companion_san}}}\n"
+            ),
+        ),
+    ]
+}
+
+/// Writes `envoy_sds` into `sds_dir`.
 pub fn write_envoy_sds(sds_dir: &Path, tls_dir: &Path, companion_san: &str) {
     std::fs::create_dir_all(sds_dir).unwrap();
-    let d = tls_dir.display();
-    std::fs::write(
-        sds_dir.join("sds-certificate.yaml"),
-        format!(
-            "# Envoy's client certificate for the companion (SDS from files; {d} is watched).\n\
-             resources:\n\
-             - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
-             \x20 name: serving_picker_conditions_client\n\
-             \x20 tls_certificate:\n\
-             \x20   certificate_chain: {{filename: {d}/tls.crt}}\n\
-             \x20   private_key: {{filename: {d}/tls.key}}\n\
-             \x20   watched_directory: {{path: {d}}}\n"
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        sds_dir.join("sds-validation.yaml"),
-        format!(
-            "# The CAs Envoy trusts for the companion, and the name its certificate must carry.\n\
-             resources:\n\
-             - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
-             \x20 name: serving_picker_conditions_ca\n\
-             \x20 validation_context:\n\
-             \x20   trusted_ca: {{filename: {d}/ca.crt}}\n\
-             \x20   watched_directory: {{path: {d}}}\n\
-             \x20   match_typed_subject_alt_names:\n\
-             \x20   - san_type: DNS\n\
-             \x20     matcher: {{exact: {companion_san}}}\n"
-        ),
-    )
-    .unwrap();
+    for (name, text) in envoy_sds(tls_dir, companion_san) {
+        std::fs::write(sds_dir.join(name), text).unwrap();
+    }
 }
