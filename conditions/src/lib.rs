@@ -18,6 +18,8 @@
 //!   connections, counted and capped; `ratelog`: log lines at a bounded rate.
 //! - `metrics`: Prometheus, `/healthz`, `/readyz` (a bounded listener).
 //! - `serve`: the listeners and the gRPC server, as both modes run them.
+//! - `tls`: TLS and mTLS on the gRPC listener, files reloaded as they change.
+//! - `log_limit`: log lines at a bounded rate.
 //! - `envoy_gateway`: mode `envoy-gateway`, Envoy Gateway's PostEndpointsModify
 //!   hook answered from the index.
 
@@ -31,11 +33,13 @@ mod fixtures;
 pub mod index;
 pub mod limits;
 pub mod listener;
+pub mod log_limit;
 pub mod metrics;
 pub mod publish;
 pub mod ratelog;
 pub mod serve;
 pub mod slice;
 pub mod source;
+pub mod tls;
 pub mod view;
 pub mod xds;

@@ -1,7 +1,8 @@
 //! Log lines at a bounded rate: a client that repeats something wrong (or
 //! a thousand that connect at once) cannot flood the log. Each kind of line
 //! has a budget: a burst, then one per interval; a line that gets through
-//! says how many of its kind were left out since the last one.
+//! says how many of its kind were left out since the last one. (Per key,
+//! such as a peer address: `log_limit`.)
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -14,7 +14,8 @@
 //! - `prepared`: the index plus each managed Service's endpoints with their
 //!   conditions metadata encoded, made when its slices change.
 //! - `service`: the gRPC service over it (re-reads, metrics).
-//! - `eg_shape`: what EG >= 1.6 sends (for tests, benchmarks, clients).
+//! - `eg_shape` (tests and the `testing` feature only): what EG >= 1.6
+//!   sends, for tests and benchmarks that play EG.
 //!
 //! **Which clusters are managed.** Those whose localities name a Service
 //! selected by `--manage`, a label selector on EndpointSlices; default
@@ -31,6 +32,7 @@
 //! Service. With `--slices-dir`, every Service in the directory is managed
 //! (the files carry the selection; `--manage` is refused there).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod eg_shape;
 pub mod hook;
 pub mod naming;
@@ -108,6 +110,8 @@ pub struct Args {
     /// Connection and metrics-port limits (`limits`).
     #[command(flatten)]
     pub limits: crate::limits::ServeLimits,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// Applies a batch of source updates to the shared index; true once ready.
@@ -166,6 +170,7 @@ pub async fn run(
         .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
     let mut metrics = Metrics::new();
     let hook_metrics = HookMetrics::register(metrics.registry_mut());
+    let tls = crate::tls::start(&args.tls, args.listen, metrics.registry_mut())?;
     let metrics = Arc::new(metrics);
     let (grpc, http) = serve::bind_listeners(args.listen, args.metrics_listen).await?;
     tracing::info!(
@@ -255,7 +260,7 @@ pub async fn run(
         .max_concurrent_streams(streams)
         .add_service(svc)
         .serve_with_incoming_shutdown(
-            serve::incoming(grpc, connections),
+            crate::tls::incoming(tls, serve::incoming(grpc, connections)),
             serve::serving_until(metrics.clone(), shutdown),
         );
     serve::until_source_ends(server, "extension server", source_task).await
