@@ -16,13 +16,21 @@
 //!   divided by what this machine's loopback sustains, measured first in
 //!   the same run.
 //!
+//! First, in process: what one stream's response costs to produce for a
+//! 1,000-endpoint assignment, built through a codec (the assignment copied
+//! into a DiscoveryResponse and encoded into the stream's own buffer, as
+//! tonic's generated servers do) or taken from the shared encoding (the
+//! companion's way): time, and bytes the stream then holds.
+//!
 //! Prints figures; asserts nothing about time. `make bench-conditions`.
 //! Knobs: FANOUT_SCENARIOS (names, comma-separated), FANOUT_CHANGES (per
 //! scenario, default 40; 100 for the 2,000-endpoint ones),
 //! SERVING_PICKER_CONDITIONS (the binary), FANOUT_EXTRA_ARGS (replaces the
 //! companion's extra flags; "" for a binary without them), FANOUT_NODE
 //! (`every`: Envoy's node, ~60 KB, on every request, Envoy's default;
-//! `first`: on the first only, `set_node_on_first_message_only`).
+//! `first`: on the first only, `set_node_on_first_message_only`), FANOUT_LOG
+//! (the companion's RUST_LOG, default `warn`; its log is kept when a
+//! scenario gives up).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{Read, Write};
@@ -299,7 +307,10 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         .args(["--cluster", "svc=bench/svc:http", "--slices-dir"])
         .arg(&dir)
         .args(&extra)
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("FANOUT_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(
@@ -475,7 +486,75 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
     let _ = std::fs::remove_file(dir.with_extension("log"));
 }
 
+/// A codec's response (copy + encode) against the shared one (head, tail
+/// and references), for one 1,000-endpoint assignment.
+fn encoding_cost() {
+    use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+    use prost::Message;
+    use serving_picker_conditions::eds::{EdsStream, Names};
+    use serving_picker_conditions::publish::{Change, Publisher, Update};
+    use serving_picker_conditions::slice::Slice;
+
+    let slices: Vec<Slice> = (0..10)
+        .map(|i| {
+            let k8s = serde_json::from_str(&slice_json(i, None)).unwrap();
+            Slice::from_k8s(&k8s).unwrap().0
+        })
+        .collect();
+    let mut p = Publisher::new(
+        vec!["svc=bench/svc:http".parse().unwrap()],
+        serving_picker_conditions::index::IpFamily::Auto,
+        Default::default(),
+    );
+    let snap = p.apply(vec![Update::now(Change::Replace(slices))]).unwrap();
+    let resource = snap.resources["svc"].clone();
+    let names = Arc::new(Names::new(["svc"]));
+    let req = DiscoveryRequest {
+        resource_names: vec!["svc".into()],
+        type_url: serving_picker_conditions::assignment::CLA_TYPE_URL.into(),
+        ..Default::default()
+    };
+    let n = 2000;
+    let t = Instant::now();
+    let mut held = 0;
+    for i in 0..n {
+        let encoded = DiscoveryResponse {
+            version_info: snap.version.clone(),
+            resources: vec![resource.to_any()],
+            type_url: req.type_url.clone(),
+            nonce: i.to_string(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        held = encoded.len();
+        std::hint::black_box(encoded);
+    }
+    let codec = t.elapsed() / n;
+    let t = Instant::now();
+    let mut own = 0;
+    for _ in 0..n {
+        let mut stream = EdsStream::new(names.clone());
+        stream.on_request(&req, &snap, Instant::now());
+        let taken = stream
+            .take(&snap, usize::MAX, Instant::now())
+            .response
+            .unwrap();
+        own = taken.head.len() + taken.tail.len();
+        std::hint::black_box(taken);
+    }
+    let shared = t.elapsed() / n;
+    println!(
+        "bench-conditions | fanout | one stream's response, 1,000 endpoints ({} bytes): through a codec {:.1} us and {} bytes of its own; from the shared encoding {:.1} us and {} bytes of its own",
+        resource.entry.len(),
+        codec.as_secs_f64() * 1e6,
+        held,
+        shared.as_secs_f64() * 1e6,
+        own,
+    );
+}
+
 fn main() {
+    encoding_cost();
     let bin = companion_bin();
     if !bin.is_file() {
         println!(

@@ -281,6 +281,24 @@ impl Connected for LimitedIo {
     }
 }
 
+/// Connections the kernel queues for `accept` (it caps it at
+/// `net.core.somaxconn`): a fleet of Envoys reconnecting at once, after a
+/// restart, must not overflow the queue (std's 128 drops connections).
+pub const ACCEPT_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with [`ACCEPT_BACKLOG`] (and
+/// SO_REUSEADDR, as tokio's own bind).
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_BACKLOG)
+}
+
 /// The listener's connections as the gRPC server takes them.
 pub fn incoming(
     listener: TcpListener,

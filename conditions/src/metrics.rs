@@ -563,7 +563,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: HttpLim
 
 /// Binds the metrics listener.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    crate::listener::bind(addr)
 }
 
 #[cfg(test)]

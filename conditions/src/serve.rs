@@ -25,9 +25,7 @@ pub async fn bind_listeners(
     listen: SocketAddr,
     metrics_listen: SocketAddr,
 ) -> anyhow::Result<(TcpListener, TcpListener)> {
-    let grpc = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("--listen {listen}"))?;
+    let grpc = listener::bind(listen).with_context(|| format!("--listen {listen}"))?;
     let http = metrics::bind(metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen {metrics_listen}"))?;
