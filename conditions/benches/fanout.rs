@@ -1,6 +1,7 @@
 //! Fan-out benchmark: one companion (the release binary, `eds` mode over a
 //! slice directory) and many xDS clients at once (`serving-picker-xds-load`:
-//! ADS streams that ACK every response as Envoy does), on this machine.
+//! ADS streams that ACK every response as Envoy does, with Envoy's HTTP/2
+//! windows and a node the size of Envoy's), on this machine.
 //!
 //! Per scenario (subscribers x endpoints of one Service, with or without
 //! 1,000 stuck streams beside them: half with a window of 0, half that stop
@@ -339,7 +340,7 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
             // retry as Envoy would.
             let mut last = String::new();
             for _ in 0..20 {
-                match Connection::open(grpc, None).await {
+                match Connection::open_like_envoy(grpc).await {
                     Ok(conn) => {
                         subscribe(&conn, &sub, &r, epoch).await;
                         return;

@@ -212,7 +212,7 @@ fn spawn_subscriber(rt: &tokio::runtime::Runtime, addr: SocketAddr, node: &str) 
     let r = received.clone();
     let s = sub(node);
     rt.spawn(async move {
-        match Connection::open(addr, None).await {
+        match Connection::open_like_envoy(addr).await {
             Ok(conn) => {
                 subscribe(&conn, &s, &r, Instant::now()).await;
             }

@@ -29,6 +29,9 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// Type URL of the EDS resource.
 pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
+/// Envoy's default HTTP/2 stream and connection windows (256 MiB).
+pub const ENVOY_WINDOW: u32 = 256 << 20;
+
 /// Which service a stream uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Api {
@@ -210,13 +213,31 @@ pub struct Connection {
 
 impl Connection {
     /// Connects; `stream_window`: the initial stream window (0: nothing can
-    /// be sent to a stream until it is released).
+    /// be sent to a stream until it is released; `None`: HTTP/2's 64 KiB).
     pub async fn open(addr: SocketAddr, stream_window: Option<u32>) -> Result<Connection, Error> {
+        Connection::open_with(addr, stream_window, None).await
+    }
+
+    /// Connects with Envoy's HTTP/2 windows (its default
+    /// `initial_stream_window_size` and `initial_connection_window_size`,
+    /// 256 MiB): the server is never held up by a window it has to wait on.
+    pub async fn open_like_envoy(addr: SocketAddr) -> Result<Connection, Error> {
+        Connection::open_with(addr, Some(ENVOY_WINDOW), Some(ENVOY_WINDOW)).await
+    }
+
+    async fn open_with(
+        addr: SocketAddr,
+        stream_window: Option<u32>,
+        connection_window: Option<u32>,
+    ) -> Result<Connection, Error> {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let mut b = h2::client::Builder::new();
         if let Some(w) = stream_window {
             b.initial_window_size(w);
+        }
+        if let Some(w) = connection_window {
+            b.initial_connection_window_size(w);
         }
         let (client, conn) = b.handshake::<_, Bytes>(tcp).await?;
         let closed = Arc::new(AtomicBool::new(false));
