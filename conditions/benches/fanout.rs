@@ -25,7 +25,7 @@
 //!
 //! Prints figures; asserts nothing about time. `make bench-conditions`.
 //! Knobs: FANOUT_SCENARIOS (names, comma-separated), FANOUT_CHANGES (per
-//! scenario, default 40; 100 for the 2,000-endpoint ones),
+//! scenario, default 100),
 //! SERVING_PICKER_CONDITIONS (the binary), FANOUT_EXTRA_ARGS (replaces the
 //! companion's extra flags; "" for a binary without them), FANOUT_NODE
 //! (`every`: Envoy's node, ~60 KB, on every request, Envoy's default;
@@ -61,10 +61,10 @@ fn scenarios() -> Vec<Scenario> {
         .ok()
         .and_then(|v| v.parse().ok());
     let all = [
-        ("1000x1000", 1000, 1000, 0, 40),
-        ("1000x1000+stuck", 1000, 1000, 1000, 40),
-        ("100x10000", 100, 10_000, 0, 40),
-        ("100x10000+stuck", 100, 10_000, 1000, 40),
+        ("1000x1000", 1000, 1000, 0, 100),
+        ("1000x1000+stuck", 1000, 1000, 1000, 100),
+        ("100x10000", 100, 10_000, 0, 100),
+        ("100x10000+stuck", 100, 10_000, 1000, 100),
         ("1000x2000", 1000, 2000, 0, 100),
         ("1000x2000+stuck", 1000, 2000, 1000, 100),
     ];

@@ -57,7 +57,7 @@ pub struct XdsLimits {
     /// 64 KiB of each message (Envoy's requests, about 60 KB with its node,
     /// never count); a message that does not fit ends its stream with
     /// RESOURCE_EXHAUSTED.
-    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     pub request_buffer_bytes: usize,
     /// Largest xDS response message: assignments that do not fit together
     /// go in further responses; one that alone is larger is not sent.
@@ -98,7 +98,7 @@ impl Default for XdsLimits {
             max_streams: 2048,
             max_resource_names: 4096,
             max_request_bytes: 1 << 20,
-            request_buffer_bytes: 32 << 20,
+            request_buffer_bytes: 16 << 20,
             max_response_bytes: 16 << 20,
             send_timeout: Duration::from_secs(30),
         }
