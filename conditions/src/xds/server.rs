@@ -215,45 +215,49 @@ fn answer(r: http::Response<Body>) -> ResponseFuture {
     Box::pin(std::future::ready(Ok(r)))
 }
 
-impl tonic::codegen::Service<http::Request<Body>> for AdsService {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
-        answer(match method(&req) {
-            "StreamAggregatedResources" => open_stream(&self.0, req, "ads"),
-            "DeltaAggregatedResources" => Status::unimplemented(DELTA_UNIMPLEMENTED).into_http(),
-            m => Status::unimplemented(format!("{ADS}/{m}: no such method")).into_http(),
-        })
-    }
+/// Routes a call of the ADS service by its method.
+fn ads(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
+    answer(match method(&req) {
+        "StreamAggregatedResources" => open_stream(core, req, "ads"),
+        "DeltaAggregatedResources" => Status::unimplemented(DELTA_UNIMPLEMENTED).into_http(),
+        m => Status::unimplemented(format!("{ADS}/{m}: no such method")).into_http(),
+    })
 }
 
-impl tonic::codegen::Service<http::Request<Body>> for EdsService {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
-        match method(&req) {
-            "StreamEndpoints" => answer(open_stream(&self.0, req, "eds")),
-            "FetchEndpoints" => {
-                let core = self.0.clone();
-                Box::pin(async move { Ok(fetch(&core, req.into_body()).await) })
-            }
-            "DeltaEndpoints" => answer(Status::unimplemented(DELTA_UNIMPLEMENTED).into_http()),
-            m => answer(Status::unimplemented(format!("{EDS}/{m}: no such method")).into_http()),
+/// Routes a call of the EDS service by its method.
+fn eds(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
+    match method(&req) {
+        "StreamEndpoints" => answer(open_stream(core, req, "eds")),
+        "FetchEndpoints" => {
+            let core = core.clone();
+            Box::pin(async move { Ok(fetch(&core, req.into_body()).await) })
         }
+        "DeltaEndpoints" => answer(Status::unimplemented(DELTA_UNIMPLEMENTED).into_http()),
+        m => answer(Status::unimplemented(format!("{EDS}/{m}: no such method")).into_http()),
     }
 }
+
+/// A tower service for tonic's router, calling `route`.
+macro_rules! grpc_service {
+    ($service:ty, $route:ident) => {
+        impl tonic::codegen::Service<http::Request<Body>> for $service {
+            type Response = http::Response<Body>;
+            type Error = Infallible;
+            type Future = ResponseFuture;
+
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
+                $route(&self.0, req)
+            }
+        }
+    };
+}
+
+grpc_service!(AdsService, ads);
+grpc_service!(EdsService, eds);
 
 fn grpc_response(body: Body) -> http::Response<Body> {
     let mut r = http::Response::new(body);
