@@ -111,6 +111,7 @@ validate: build envoy
 unit:
 	cargo test --workspace --lib
 
+# Every crate's tests; the end-to-end ones are the one binary of tests/ (serving-picker-e2e).
 integration: build envoy
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
 
