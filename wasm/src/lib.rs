@@ -13,8 +13,8 @@ pub mod codec;
 pub mod config;
 pub mod election;
 pub mod narrow;
+pub mod plans;
 pub mod refresh;
-pub mod snapshot;
 pub mod table;
 
 #[cfg(target_arch = "wasm32")]

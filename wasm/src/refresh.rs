@@ -12,7 +12,7 @@ use crate::change_gate::{hidden_cluster, ChangeGate, Reason, Verdict};
 use crate::config::PluginConfig;
 use crate::narrow::{merge, narrowed_path, worth_narrowing, KnownClusters, Scope};
 use crate::plan::ClusterPlan;
-use crate::snapshot::build_plans;
+use crate::plans::build_plans;
 use rustc_hash::FxBuildHasher;
 use std::collections::HashSet;
 use std::time::Duration;
