@@ -4,3 +4,4 @@
 mod chain;
 mod envoy_gateway;
 mod soak;
+mod tls;
