@@ -148,6 +148,27 @@ fn every_file_of_the_binary_and_the_harness_is_a_declared_module() {
     );
 }
 
+/// `env!("CARGO_MANIFEST_DIR")` is this crate's folder, `tests/`: a path to
+/// a file of the repository starts at `support::repo_root()` instead.
+#[test]
+fn repository_paths_start_at_the_repo_root() {
+    let dir = crate_dir();
+    let mut files = rust_files(&dir.join("e2e"));
+    files.extend(rust_files(&dir.join("support")));
+    let needle = concat!("env!(\"", "CARGO_MANIFEST_DIR");
+    let bad: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("support/lib.rs") && !f.ends_with("support/layout.rs"))
+        .filter(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains(needle)))
+        .map(|f| relative(f))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{bad:?} use CARGO_MANIFEST_DIR, which is tests/ in this crate: start repository paths at \
+         support::repo_root() (crate::repo_root() in the harness)"
+    );
+}
+
 #[test]
 fn the_guard_sees_an_undeclared_file() {
     let root = std::env::temp_dir().join(format!("e2e-layout-{}", std::process::id()));
