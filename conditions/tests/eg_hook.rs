@@ -16,15 +16,15 @@ use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use prost::Message;
 use serving_picker_conditions::envoy_gateway::apply_updates;
-use serving_picker_conditions::envoy_gateway::eg_shape::{
-    eg_draining, rule_assignments, BackendRef, EgEndpoint,
-};
 use serving_picker_conditions::envoy_gateway::hook::lb_addr;
 use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, Reread, Shared,
+};
+use serving_picker_conditions::envoy_gateway::testing::{
+    eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::metrics::Metrics;
 use serving_picker_conditions::publish::{Change, Update};

@@ -26,12 +26,12 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::pb::google::protobuf::{value::Kind, Any};
 use prost::Message;
 use serde_json::Value;
-use serving_picker_conditions::envoy_gateway::eg_shape::{
-    eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
-};
 use serving_picker_conditions::envoy_gateway::hook::lb_addr;
 use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
+};
+use serving_picker_conditions::envoy_gateway::testing::{
+    eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::slice::ServiceKey;
 use support::companion::{companion_bin, plain_round_robin, SliceDir, NAMESPACE};
