@@ -38,6 +38,19 @@ impl Default for LoadConfig {
     }
 }
 
+impl LoadConfig {
+    /// `threads` clients on `path`, each paced to `rate_per_thread`
+    /// requests/s (0: as fast as it can), 5 s per request at most.
+    pub fn paced(threads: usize, rate_per_thread: f64, path: &str) -> LoadConfig {
+        LoadConfig {
+            threads,
+            rate_per_thread,
+            path: path.into(),
+            ..LoadConfig::default()
+        }
+    }
+}
+
 /// One request.
 #[derive(Clone, Debug)]
 pub struct Record {

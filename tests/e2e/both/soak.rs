@@ -57,12 +57,7 @@ fn load_config() -> LoadConfig {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(800.0)
         .max(MIN_RATE + 100.0);
-    LoadConfig {
-        threads: 8,
-        rate_per_thread: total / 8.0,
-        path: PATH.into(),
-        timeout: Duration::from_secs(5),
-    }
+    LoadConfig::paced(8, total / 8.0, PATH)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
