@@ -343,20 +343,30 @@ pub fn assert_batch<F: Fn(&Response) -> bool>(
     pred: F,
 ) -> Vec<Response> {
     let rs = batch(envoy, path, headers, n);
-    let bad: Vec<&Response> = rs.iter().filter(|r| !pred(r)).collect();
+    assert_all(
+        &rs,
+        &format!("{what}\n  path {path} headers {headers:?}"),
+        pred,
+    );
+    rs
+}
+
+/// Asserts that every one of `responses` is `what`; else says how many were
+/// not, the tally and the first five.
+pub fn assert_all<F: Fn(&Response) -> bool>(responses: &[Response], what: &str, pred: F) {
+    let bad: Vec<&Response> = responses.iter().filter(|r| !pred(r)).collect();
     if !bad.is_empty() {
         let mut msg = format!(
-            "{} of {} answers were not: {what}\n  path {path} headers {headers:?}\n  tally: {:?}\n  first bad answers:\n",
+            "{} of {} answers were not: {what}\n  tally: {:?}\n  first bad answers:\n",
             bad.len(),
-            n,
-            tally(&rs)
+            responses.len(),
+            tally(responses)
         );
         for r in bad.iter().take(5) {
             let _ = writeln!(msg, "    {}", r.summary());
         }
         panic!("{msg}");
     }
-    rs
 }
 
 /// settle + assert_batch: the usual shape of a routing assertion.

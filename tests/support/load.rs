@@ -201,6 +201,14 @@ impl LoadReport {
         self.records.iter().filter(|r| r.failed()).count()
     }
 
+    /// Prints the phase table titled `title` and asserts that no request
+    /// failed (`what` says when, the table follows).
+    pub fn assert_no_failures(&self, title: &str, what: &str) {
+        let table = self.phase_table(title);
+        println!("{table}");
+        assert_eq!(self.failures(), 0, "{what}\n{table}");
+    }
+
     pub fn duration(&self) -> Duration {
         self.end
     }
