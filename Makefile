@@ -123,7 +123,7 @@ fuzz:
 bench: bench-native bench-e2e bench-scale bench-conditions
 
 bench-native:
-	cargo bench -p serving-picker-native --bench table
+	cargo bench -p serving-picker-native --bench table --features testing
 	cargo bench -p serving-picker-wasm --bench pick
 	cargo bench -p serving-picker-wasm --bench refresh
 
