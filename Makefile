@@ -105,7 +105,7 @@ build-wasm: wasm-target wasm-opt
 wasm-target:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 
-# binaryen's wasm-opt shrinks the module by a fifth (README, Performance).
+# binaryen's wasm-opt shrinks the module by a fifth (docs/performance.md).
 wasm-opt:
 	@command -v wasm-opt >/dev/null || { command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq binaryen); } || \
