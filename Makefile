@@ -33,12 +33,14 @@ NATIVE_OLDER_MINORS := 1.38 1.39
 # The Envoy releases `make test-compat` runs (each in .venv-<version>, ENVOY_VERSION in .venv):
 # the newest patch of every minor on PyPI from 1.36 on, and 1.38.2 (1.38.3's wheel has no V8).
 COMPAT_ENVOYS := 1.36.4 1.37.0 1.38.2 1.38.3 1.39.3 $(ENVOY_VERSION)
-# The ones `make test` (CI) also runs, a reduced set each (scripts/test-compat.sh).
-COMPAT_QUICK_ENVOYS := 1.36.4 1.38.3 1.39.3
+# `make test` (CI) runs a reduced set on each of the others (scripts/test-compat.sh --quick).
+COMPAT_QUICK_ENVOYS := $(filter-out $(ENVOY_VERSION),$(COMPAT_ENVOYS))
 # Tests and scripts find Envoy and the module through these.
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
+# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/native_abi.rs).
+export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml $(wildcard examples/*.yaml)

@@ -108,8 +108,8 @@ for version in "${versions[@]}"; do
   for r in v8 wasmtime wamr; do
     sed "s/envoy\.wasm\.runtime\.v8/envoy.wasm.runtime.$r/; s|filename: target/serving_picker.wasm|filename: $wasm|" \
       envoy.yaml >"$work/probe-$r.yaml"
-    if ! "$bin" --mode validate -c "$work/probe-$r.yaml" --disable-hot-restart -l warning 2>&1 |
-      grep -q "runtime.$r runtime. Envoy was compiled without support"; then
+    probe="$("$bin" --mode validate -c "$work/probe-$r.yaml" --disable-hot-restart -l warning 2>&1 || true)"
+    if ! grep -q "runtime.$r runtime. Envoy was compiled without support" <<<"$probe"; then
       runtime=$r
       break
     fi

@@ -95,9 +95,10 @@ pub fn envoy_release() -> String {
         .output()
         .unwrap_or_else(|e| panic!("envoy --version: {e}"));
     let text = String::from_utf8_lossy(&out.stdout);
-    // "... version: <commit>/1.40.0/Clean/RELEASE/BoringSSL"
-    text.split('/')
+    // "<path>  version: <commit>/1.40.0/Clean/RELEASE/BoringSSL"
+    text.split("version: ")
         .nth(1)
+        .and_then(|v| v.split('/').nth(1))
         .filter(|v| v.split('.').count() == 3)
         .unwrap_or_else(|| panic!("no version in `envoy --version`: {text}"))
         .to_string()
