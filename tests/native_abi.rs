@@ -47,17 +47,23 @@ fn envoy_elf() -> PathBuf {
     );
 }
 
-fn defined_dynamic_symbols(path: &Path) -> BTreeSet<String> {
+/// `nm -D <only>` of a file: the dynamic symbols' names (without versions).
+fn dynamic_symbols(path: &Path, only: &str) -> BTreeSet<String> {
     let out = Command::new("nm")
-        .args(["-D", "--defined-only"])
+        .args(["-D", only])
         .arg(path)
         .output()
         .unwrap_or_else(|e| panic!("nm: {e}"));
     assert!(out.status.success(), "nm -D {}: {:?}", path.display(), out);
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|s| s.split('@').next().unwrap_or_default().to_string())
         .collect()
+}
+
+fn defined_dynamic_symbols(path: &Path) -> BTreeSet<String> {
+    dynamic_symbols(path, "--defined-only")
 }
 
 /// `fn envoy_dynamic_module_callback_*(` names in a source file.
@@ -139,20 +145,6 @@ fn every_hook_the_module_exports_is_known_to_envoy() {
     );
 }
 
-fn undefined_dynamic_symbols(path: &Path) -> BTreeSet<String> {
-    let out = Command::new("nm")
-        .args(["-D", "--undefined-only"])
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| panic!("nm: {e}"));
-    assert!(out.status.success(), "nm -D {}: {:?}", path.display(), out);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
-        .map(|s| s.split('@').next().unwrap_or_default().to_string())
-        .collect()
-}
-
 /// The .so calls exactly what abi.rs declares, and the load-time check
 /// (envoy_version::IMPORTED) names the same callbacks.
 #[test]
@@ -160,7 +152,7 @@ fn the_module_imports_exactly_the_declared_callbacks() {
     let abi = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/src/abi.rs");
     let declared = declared_callbacks(&std::fs::read_to_string(&abi).unwrap());
     let so = native_module();
-    let imported: BTreeSet<String> = undefined_dynamic_symbols(&so)
+    let imported: BTreeSet<String> = dynamic_symbols(&so, "--undefined-only")
         .into_iter()
         .filter(|s| s.starts_with("envoy_dynamic_module_callback_"))
         .collect();
