@@ -151,7 +151,6 @@ test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
 lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p serving-picker-native --all-targets --features testing -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p serving-picker-wasm --lib -- -D warnings
 
 validate: build envoy

