@@ -118,6 +118,7 @@ validate: build envoy demo-certs
 unit:
 	cargo test --workspace --lib
 
+# Every crate's tests; the end-to-end ones are the one binary of tests/ (serving-picker-e2e).
 integration: build envoy
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
 

@@ -3,7 +3,7 @@
 //! cannot: byte-identical echoes, readiness, UNIMPLEMENTED for the other
 //! rpcs, the bounded re-read (from a slice directory, and a source that
 //! hangs) and a rolling update step by step. The real binary with a real
-//! Envoy: `tests/e2e_envoy_gateway.rs` at the repository root.
+//! Envoy: `tests/e2e/companion/envoy_gateway.rs` at the repository root.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;

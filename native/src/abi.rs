@@ -3,7 +3,7 @@
 //! This is the one file with raw pointers into Envoy.
 //!
 //! Every declaration was checked against the pinned binary
-//! (`nm -D --defined-only envoy`, tests/native_abi.rs)
+//! (`nm -D --defined-only envoy`, tests/e2e/native/abi.rs)
 //! and its behaviour against the real Envoy (the e2e tests). Stored versions
 //! of upstream's abi.h differ; the signatures below are 1.40's.
 
@@ -67,7 +67,7 @@ pub const HEALTH_DEGRADED: c_int = 1;
 pub const HEALTH_HEALTHY: c_int = 2;
 
 // The callbacks, named as Envoy exports them. The symbol test
-// (tests/native_abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
+// (tests/e2e/native/abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
 // of this file and looks each up in the pinned Envoy binary.
 extern "C" {
     fn envoy_dynamic_module_callback_log(level: c_int, message: ModuleBuffer);

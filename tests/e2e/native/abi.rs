@@ -7,10 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-// Only the module and Envoy paths are used here.
-#[allow(unused_imports)]
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,7 +68,7 @@ fn declared_callbacks(source: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_declared_callback_is_exported_by_envoy() {
-    let abi = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/src/abi.rs");
+    let abi = support::repo_root().join("native/src/abi.rs");
     let declared = declared_callbacks(&std::fs::read_to_string(&abi).unwrap());
     assert!(
         declared.len() >= 15,
