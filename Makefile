@@ -39,7 +39,7 @@ COMPAT_QUICK_ENVOYS := $(filter-out $(ENVOY_VERSION),$(COMPAT_ENVOYS))
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
-# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/native_abi.rs).
+# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/e2e/native/abi.rs).
 export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
@@ -170,6 +170,7 @@ validate: build envoy demo-certs
 unit:
 	cargo test --workspace --lib
 
+# Every crate's tests; the end-to-end ones are the one binary of tests/ (serving-picker-e2e).
 integration: build envoy
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
 

@@ -50,19 +50,19 @@ abi_tests=(every_declared_callback_is_exported_by_envoy every_hook_the_module_ex
   the_module_imports_exactly_the_declared_callbacks this_envoys_callbacks_are_the_list_recorded_for_its_minor
   each_build_loads_into_its_own_envoy_only the_override_loads_another_build_with_a_warning)
 
-# names FORM CHECK: the test names of one cell.
+# names FORM CHECK: the test names of one cell (paths in the e2e test binary).
 names() {
   local form="$1" check="$2" n
   case "$check" in
-    rows) [[ $mode == full ]] && for n in "${rows[@]}"; do echo "$n::$form"; done ||
-      echo "rolling_update_walk_through_every_row::$form" ;;
-    503) for n in "${no_serving[@]}"; do echo "$n::$form"; done ;;
-    soak) [[ $form == wasm ]] && echo soak_one_replica_statefulset_update ||
-      echo soak_one_replica_statefulset_update_native ;;
-    retries) [[ $form == wasm ]] && printf '%s\n' retries_stay_in_the_tier_with_the_readme_policy \
+    rows) [[ $mode == full ]] && for n in "${rows[@]}"; do echo "both::table::$n::$form"; done ||
+      echo "both::table::rolling_update_walk_through_every_row::$form" ;;
+    503) for n in "${no_serving[@]}"; do echo "both::table::$n::$form"; done ;;
+    soak) [[ $form == wasm ]] && echo both::soak::soak_one_replica_statefulset_update ||
+      echo both::soak::soak_one_replica_statefulset_update_native ;;
+    retries) [[ $form == wasm ]] && printf 'wasm::retries::%s\n' retries_stay_in_the_tier_with_the_readme_policy \
       retries_stay_in_the_tier_with_previous_hosts_predicate retries_move_to_the_other_ready_host ||
-      echo retries_avoid_the_host_already_tried ;;
-    abi) printf '%s\n' "${abi_tests[@]}" ;;
+      echo native::lb_policy::retries_avoid_the_host_already_tried ;;
+    abi) printf 'native::abi::%s\n' "${abi_tests[@]}" ;;
   esac
 }
 if [[ $mode == full ]]; then
@@ -130,8 +130,7 @@ for version in "${versions[@]}"; do
   t0=$(date +%s)
   ENVOY_BIN="$bin" SERVING_PICKER_NATIVE="$so" SERVING_PICKER_NATIVE_BUILDS="$target" \
     SERVING_PICKER_WASM="$wasm" SERVING_PICKER_WASM_RUNTIME="${runtime:-v8}" \
-    cargo test --no-fail-fast --test e2e_table --test e2e_soak --test e2e_retries --test e2e_native \
-    --test native_abi -- --exact --test-threads 2 "${tests[@]}" >"$log" 2>&1 || true
+    cargo test -p serving-picker-e2e --test e2e -- --exact --test-threads 2 "${tests[@]}" >"$log" 2>&1 || true
   seconds=$(($(date +%s) - t0))
   grep -E "^test .* \.\.\. (ok|FAILED)$" "$log" || true
   cells=()

@@ -8,7 +8,7 @@
 //! A callback whose signature differs in some release gets one declaration
 //! per `envoy-1-NN` feature here; none does today.
 //! Every declared callback is checked against each supported Envoy binary
-//! (`nm -D --defined-only envoy`, tests/native_abi.rs) and its behaviour
+//! (`nm -D --defined-only envoy`, tests/e2e/native/abi.rs) and its behaviour
 //! against the real Envoys (the e2e tests, `make test-compat`).
 
 use std::ffi::{c_void, CStr};
@@ -160,7 +160,7 @@ pub const HEALTH_DEGRADED: c_int = 1;
 pub const HEALTH_HEALTHY: c_int = 2;
 
 // The callbacks, named as Envoy exports them. The symbol test
-// (tests/native_abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
+// (tests/e2e/native/abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
 // of this file and looks each up in the pinned Envoy binary.
 extern "C" {
     fn envoy_dynamic_module_callback_log(level: c_int, message: ModuleBuffer);

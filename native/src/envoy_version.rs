@@ -80,7 +80,7 @@ pub const BUILT_FOR: &EnvoyRelease = &KNOWN[2];
 
 pub const CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_";
 
-/// The callbacks the module calls: abi.rs's declarations (tests/native_abi.rs
+/// The callbacks the module calls: abi.rs's declarations (tests/e2e/native/abi.rs
 /// checks that the .so imports exactly these).
 pub const IMPORTED: [&str; 21] = [
     "envoy_dynamic_module_callback_lb_config_decrement_gauge",

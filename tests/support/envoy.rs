@@ -28,7 +28,7 @@ const START_ATTEMPTS: usize = 4;
 pub fn envoy_bin() -> PathBuf {
     let p = std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy"));
+        .unwrap_or_else(|| crate::repo_root().join(".venv/bin/envoy"));
     if !p.is_file() {
         panic!(
             "Envoy binary not found at {} (ENVOY_BIN): run `make envoy build` first",
@@ -42,9 +42,7 @@ pub fn envoy_bin() -> PathBuf {
 pub fn wasm_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_WASM")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/serving_picker.wasm")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/serving_picker.wasm"));
     if !p.is_file() {
         panic!(
             "serving_picker wasm module not found at {} (SERVING_PICKER_WASM): run `make envoy build` first",
@@ -59,9 +57,7 @@ pub fn wasm_module() -> PathBuf {
 pub fn native_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_NATIVE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libserving_picker.so")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/release/libserving_picker.so"));
     if !p.is_file() {
         panic!(
             "serving_picker native module not found at {} (SERVING_PICKER_NATIVE): run `make build` first",
@@ -76,7 +72,7 @@ pub fn native_module() -> PathBuf {
 /// the minor of `.envoy-version`, `envoy-<minor>/` for the others (what
 /// `make build` writes). Not checked for existence.
 pub fn native_module_for(minor: &str) -> PathBuf {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = crate::repo_root();
     let builds = std::env::var_os("SERVING_PICKER_NATIVE_BUILDS")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo.join("target"));

@@ -4,8 +4,6 @@
 //! picks not-serving and terminating hosts alike).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
 use serde_json::{json, Value};

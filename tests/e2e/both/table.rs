@@ -19,8 +19,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use support::*;
 
 const CLUSTER: &str = "backend";

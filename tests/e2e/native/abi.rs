@@ -11,10 +11,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-// Only the module and Envoy paths are used here.
-#[allow(unused_imports)]
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,7 +79,7 @@ fn declared_callbacks(source: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_declared_callback_is_exported_by_envoy() {
-    let abi = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/src/abi.rs");
+    let abi = support::repo_root().join("native/src/abi.rs");
     let declared = declared_callbacks(&std::fs::read_to_string(&abi).unwrap());
     assert!(
         declared.len() >= 15,
@@ -149,7 +145,7 @@ fn every_hook_the_module_exports_is_known_to_envoy() {
 /// (envoy_version::IMPORTED) names the same callbacks.
 #[test]
 fn the_module_imports_exactly_the_declared_callbacks() {
-    let abi = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/src/abi.rs");
+    let abi = support::repo_root().join("native/src/abi.rs");
     let declared = declared_callbacks(&std::fs::read_to_string(&abi).unwrap());
     let so = native_module();
     let imported: BTreeSet<String> = dynamic_symbols(&so, "--undefined-only")
@@ -189,7 +185,7 @@ fn this_envoys_callbacks_are_the_list_recorded_for_its_minor() {
         .filter(|s| s.starts_with("envoy_dynamic_module_callback_"))
         .collect();
     let list =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("native/abi/envoy-{minor}.callbacks"));
+        support::repo_root().join(format!("native/abi/envoy-{minor}.callbacks"));
     let recorded: BTreeSet<String> = std::fs::read_to_string(&list)
         .unwrap()
         .lines()
@@ -218,7 +214,7 @@ fn this_envoys_callbacks_are_the_list_recorded_for_its_minor() {
 /// `envoy --mode validate` of envoy-native.yaml with the module in `dir`
 /// (and extra environment): success, and the output.
 fn validate_native(dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("envoy-native.yaml");
+    let config = support::repo_root().join("envoy-native.yaml");
     let tmp = fresh_dir("native-abi-validate");
     let out = Command::new(envoy_bin())
         .args(["--mode", "validate", "-c"])

@@ -18,8 +18,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -479,8 +477,7 @@ fn rotation_under_load_loses_nothing_and_new_connections_get_the_new_certificate
 /// are the ones these tests run Envoy with, for the Secret's mount path.
 #[test]
 fn the_shipped_sds_config_map_is_the_tested_one() {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/conditions/envoy-sds.yaml");
+    let path = support::repo_root().join("deploy/conditions/envoy-sds.yaml");
     let map: serde_json::Value =
         serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let tested = pki::envoy_sds(

@@ -1,4 +1,4 @@
-//! The one-replica rolling update (tests/e2e_soak.rs, walk A) through the
+//! The one-replica rolling update (both::soak, walk A) through the
 //! companion chain: the pods' EndpointSlices change in a slice file, the
 //! real `serving-picker-conditions eds` pushes EDS to a real Envoy 1.40, and
 //! a steady load (8 keep-alive clients, 800 req/s in total) runs through it.
@@ -12,8 +12,6 @@
 //! both: no failed request over the whole walk; B never reached before it is
 //! serving; no new request reaches A later than the grace after B serves.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod support;
 
 use std::time::Duration;
 

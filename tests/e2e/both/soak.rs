@@ -27,8 +27,6 @@
 //! `scripts/soak.sh` runs just this file and prints the figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
 use serde_json::{json, Value};

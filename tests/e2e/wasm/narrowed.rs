@@ -8,8 +8,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::admin_stub::{AdminStub, Mode};

@@ -3,13 +3,10 @@
 //! Envoy shows them, hosts that are serving but not offered (logged once,
 //! counted), retries that avoid the host already tried through Envoy's retry
 //! host predicate, refused configurations, and the shipped envoy-native.yaml.
-//! The reaction time of both forms is in e2e_hostile.rs.
+//! The reaction time of both forms is in both::hostile.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -218,9 +215,7 @@ fn retries_avoid_the_host_already_tried() {
 fn validate_with(config_value: &str) -> (bool, String) {
     let so = native_module();
     let dir = support::envoy::fresh_dir("native-refused");
-    let yaml =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("envoy-native.yaml"))
-            .unwrap();
+    let yaml = std::fs::read_to_string(support::repo_root().join("envoy-native.yaml")).unwrap();
     let shipped = r#"value: '{"metadata_namespace": "k8s.endpointslice"}'"#;
     assert!(
         yaml.contains(shipped),
@@ -279,7 +274,7 @@ fn shipped_envoy_native_yaml_validates() {
     let so = native_module();
     let out = Command::new(envoy_bin())
         .args(["--mode", "validate", "-c"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("envoy-native.yaml"))
+        .arg(support::repo_root().join("envoy-native.yaml"))
         .args(["--disable-hot-restart", "-l", "info"])
         .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", so.parent().unwrap())
         .output()

@@ -3,8 +3,6 @@
 //! what `before_first_snapshot` says.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::json;

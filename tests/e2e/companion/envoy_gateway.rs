@@ -15,8 +15,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,12 +26,12 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::pb::google::protobuf::{value::Kind, Any};
 use prost::Message;
 use serde_json::Value;
-use serving_picker_conditions::envoy_gateway::eg_shape::{
-    eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
-};
 use serving_picker_conditions::envoy_gateway::hook::lb_addr;
 use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
+};
+use serving_picker_conditions::envoy_gateway::testing::{
+    eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::slice::ServiceKey;
 use support::companion::{companion_bin, plain_round_robin, SliceDir, NAMESPACE};
@@ -634,8 +632,7 @@ fn unmanaged_assignments_come_back_byte_identical() {
 /// The host EG dials: `extensionManager.service.fqdn.hostname` in the
 /// shipped envoy-gateway-config.yaml.
 fn shipped_eg_fqdn() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/envoy-gateway/envoy-gateway-config.yaml");
+    let path = support::repo_root().join("deploy/envoy-gateway/envoy-gateway-config.yaml");
     let config: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let inner: Value =
         serde_saphyr::from_str(config["data"]["envoy-gateway.yaml"].as_str().unwrap()).unwrap();

@@ -5,8 +5,6 @@
 //! Each test states its expectation in its doc comment.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -59,7 +57,7 @@ fn no_panic_or_critical_except(envoy: &Envoy, expected: &[&str]) {
 
 /// The `envoy_admin` cluster points at a port nobody listens on, with
 /// `before_first_snapshot: passthrough` (the default holds, then answers 503:
-/// e2e_behaviour). Expected:
+/// both::behaviour). Expected:
 /// the filter fails open (no snapshot: every request goes to Envoy's own
 /// round robin, no 5xx from the filter, the client's override header still
 /// stripped), `serving_picker.snapshot.refresh_error` keeps growing (one per
@@ -855,7 +853,7 @@ fn hostile_override_headers_never_steer() {
         "not-serving C was reached through a client header"
     );
     // No strip count here: a pick's replace drops client values uncounted and a
-    // 503 has no upstream. e2e_behaviour's allow-list test checks the counter.
+    // 503 has no upstream. both::behaviour's allow-list test checks the counter.
 }
 
 both_forms!(

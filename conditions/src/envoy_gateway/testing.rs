@@ -1,5 +1,6 @@
-//! What Envoy Gateway >= 1.6 sends the hook: a model of its translator, for
-//! tests, benchmarks and clients that play EG. Read from envoyproxy/gateway
+//! Test double (tests and the `testing` feature only): what Envoy Gateway
+//! 1.6 and later sends the hook, a model of its translator for the tests
+//! and benchmarks that play EG. Read from envoyproxy/gateway
 //! (`internal/gatewayapi/route.go` `getIREndpointsFromEndpointSlice`,
 //! `internal/xds/translator/cluster.go` `buildXdsClusterLoadAssignment`,
 //! `metadata.go`, `helpers.go` naming), versions 1.6 through main:

@@ -1,7 +1,8 @@
-//! Shared end-to-end harness: real backends, a real Envoy with the real
-//! serving_picker.wasm, EDS files Envoy watches, and a tiny HTTP client.
+//! The end-to-end harness, the `serving-picker-e2e` crate's library: real
+//! backends, a real Envoy with the real serving_picker.wasm or native module,
+//! EDS files Envoy watches, the companion, paced load, and a tiny HTTP client.
 //!
-//! Every e2e test file does `mod support;`. Not every file uses every helper.
+//! The crate's one test binary (`tests/e2e/`) uses it as `support`.
 #![allow(dead_code)]
 // Test harness: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -17,6 +18,9 @@ pub mod mtls;
 pub mod pki;
 pub mod ports;
 pub mod tweak;
+
+#[cfg(test)]
+mod layout;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -42,15 +46,22 @@ macro_rules! both_forms {
             mod $name {
                 #[test]
                 fn wasm() {
-                    super::$name($crate::support::Form::Wasm)
+                    super::$name($crate::Form::Wasm)
                 }
                 #[test]
                 fn native() {
-                    super::$name($crate::support::Form::Native)
+                    super::$name($crate::Form::Native)
                 }
             }
         )*
     };
+}
+
+/// The repository's root (this crate is its `tests/` folder): where the
+/// default paths of Envoy, the modules and the shipped configs start.
+pub fn repo_root() -> &'static std::path::Path {
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    tests.parent().unwrap_or(tests)
 }
 
 pub fn set_current_form(form: Form) {

@@ -3,8 +3,6 @@
 //! Istio's stats matcher, what happens before the first snapshot.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};

@@ -17,8 +17,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
 use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};

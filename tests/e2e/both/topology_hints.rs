@@ -14,8 +14,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use serde_json::json;
 use support::*;
 

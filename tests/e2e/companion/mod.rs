@@ -1,0 +1,7 @@
+//! The conditions companion in the chain: EndpointSlice files -> the real
+//! `serving-picker-conditions` binary -> Envoy -> either form, or none.
+
+mod chain;
+mod envoy_gateway;
+mod soak;
+mod tls;
