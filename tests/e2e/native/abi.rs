@@ -184,8 +184,7 @@ fn this_envoys_callbacks_are_the_list_recorded_for_its_minor() {
         .into_iter()
         .filter(|s| s.starts_with("envoy_dynamic_module_callback_"))
         .collect();
-    let list =
-        support::repo_root().join(format!("native/abi/envoy-{minor}.callbacks"));
+    let list = support::repo_root().join(format!("native/abi/envoy-{minor}.callbacks"));
     let recorded: BTreeSet<String> = std::fs::read_to_string(&list)
         .unwrap()
         .lines()
