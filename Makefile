@@ -59,7 +59,7 @@ ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
     $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; }; \
   command -v cargo-zigbuild >/dev/null
 # rustup's standard library for each cross target (once; needs the network the first time).
-rust-target = rustup target list --installed | grep -qx $(1) || rustup target add $(1)
+rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
 	cargo build --release -p serving-picker-native
 	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
