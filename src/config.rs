@@ -118,7 +118,7 @@ pub fn json_object(raw: &[u8]) -> Result<Option<Map<String, Value>>, ConfigError
     }
 }
 
-pub const DEFAULT_METADATA_NAMESPACE: &str = "k8s.endpointslice";
+pub const DEFAULT_METADATA_NAMESPACE: &str = crate::contract::DEFAULT_NAMESPACE;
 pub const DEFAULT_LOCAL_ZONE_MIN_SHARE: f64 = 0.2;
 
 /// The keys that decide which hosts a request may go to, in every form.

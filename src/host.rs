@@ -1,7 +1,9 @@
 //! A host as every form sees it: address, weight, priority, the conditions
 //! its metadata carries and what Envoy knows of its health.
 
-use crate::conditions::{effective, Conditions, Health, MetaFlags, TopologyMeta};
+use crate::contract::{Conditions, MetaFlags};
+use crate::health::{effective, Health};
+use crate::metadata::TopologyMeta;
 
 /// One host of a cluster, whichever shell read it.
 #[derive(Clone, Debug, PartialEq)]

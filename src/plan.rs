@@ -30,37 +30,11 @@
 //! The outcome is one weighted host list: the original weights when one
 //! priority and no zone rule decide, else weights scaled to the load.
 
-use crate::conditions::{has_hints, hinted};
+pub use crate::contract::Tier;
 use crate::host::{ClusterHosts, HostRecord};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tier {
-    /// Serving and not terminating.
-    Ready = 1,
-    /// Nothing ready: serving but terminating (a pod in preStop).
-    TerminatingFallback = 2,
-    /// No serving host at all.
-    NoServing = 3,
-}
-
-impl Tier {
-    pub fn from_code(code: u8) -> Option<Tier> {
-        match code {
-            1 => Some(Tier::Ready),
-            2 => Some(Tier::TerminatingFallback),
-            3 => Some(Tier::NoServing),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Ready => "ready",
-            Tier::TerminatingFallback => "terminating_fallback",
-            Tier::NoServing => "no_serving",
-        }
-    }
-}
+use crate::metadata::{has_hints, hinted};
+use rustc_hash::FxBuildHasher;
+use std::collections::hash_map::{Entry, HashMap};
 
 /// Which hint decided the ready hosts (kube-proxy's topology mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -246,31 +220,57 @@ pub fn plan_cluster_at(
     node: Option<&str>,
 ) -> ClusterPlan {
     let weights = plan_weights(&cluster.hosts, zone, node);
+    let address = |i: usize| cluster.hosts.get(i).map(|h| h.address.as_str());
     // A plain loop: an iterator chain here costs the wasm module bytes.
     let mut hosts = Vec::with_capacity(weights.hosts.len());
-    for &(i, weight) in &weights.hosts {
-        if let Some(h) = cluster.hosts.get(i) {
+    for (i, weight) in merge_listings(&weights.hosts, address) {
+        if let Some(address) = address(i) {
             hosts.push(PlannedHost {
-                address: h.address.clone(),
+                address: address.to_string(),
                 weight,
             });
         }
     }
-    // A host listed twice (e.g. in two localities) is one host with both weights.
     sort_by_name(&mut hosts, |h| &h.address);
-    hosts.dedup_by(|later, kept| {
-        let same = later.address == kept.address;
-        if same {
-            kept.weight = kept.weight.saturating_add(later.weight);
-        }
-        same
-    });
     ClusterPlan {
         cluster: cluster.name.clone(),
         tier: weights.tier,
         topology: weights.topology,
         hosts,
     }
+}
+
+/// One host listed more than once (the same address in two localities, or
+/// two priorities) is one host with the weights summed, at its first
+/// listing: `weights` are (host index, weight) as `Weights::hosts` has them,
+/// `key` names a host by its index (the caller's address; `None` is never
+/// merged). Hashed, not sorted: the native module rebuilds 10,000-host
+/// tables with it.
+pub fn merge_listings<'k>(
+    weights: &[(usize, u32)],
+    key: impl Fn(usize) -> Option<&'k str>,
+) -> Vec<(usize, u32)> {
+    let mut merged: Vec<(usize, u32)> = Vec::with_capacity(weights.len());
+    let mut first: HashMap<&str, usize, FxBuildHasher> =
+        HashMap::with_capacity_and_hasher(weights.len(), FxBuildHasher);
+    for &(i, weight) in weights {
+        let Some(k) = key(i) else {
+            merged.push((i, weight));
+            continue;
+        };
+        match first.entry(k) {
+            Entry::Occupied(at) => {
+                if let Some((_, w)) = merged.get_mut(*at.get()) {
+                    *w = w.saturating_add(weight);
+                }
+            }
+            Entry::Vacant(at) => {
+                at.insert(merged.len());
+                merged.push((i, weight));
+            }
+        }
+    }
+    merged
 }
 
 /// `plan_cluster_at`'s decision, by host index (no addresses read).
@@ -283,11 +283,10 @@ pub fn plan_weights(
     // module bytes.
     let (mut ready, mut terminating): (Vec<Indexed>, Vec<Indexed>) = (Vec::new(), Vec::new());
     for host in hosts.iter().enumerate() {
-        let c = host.1.conditions();
-        if c.serving && c.terminating {
-            terminating.push(host);
-        } else if c.serving {
-            ready.push(host);
+        match host.1.conditions().tier() {
+            Tier::Ready => ready.push(host),
+            Tier::TerminatingFallback => terminating.push(host),
+            Tier::NoServing => {}
         }
     }
     // The tier's hosts set the priorities' health; the hints choose among them.
@@ -385,7 +384,8 @@ pub fn plan_weights(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditions::{Conditions, Health, MetaFlags};
+    use crate::contract::{Conditions, MetaFlags};
+    use crate::health::Health;
 
     fn host(addr: &str, c: Conditions) -> HostRecord {
         HostRecord {

@@ -27,7 +27,9 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
-use crate::endpoint::{Endpoint, Health, MetadataValue};
+use serving_picker_core::contract::{EdsHealth, MetadataValue};
+
+use crate::endpoint::Endpoint;
 use crate::view::EndpointChange;
 
 /// Type URL of the EDS resource.
@@ -49,18 +51,30 @@ pub struct Output {
 impl Default for Output {
     fn default() -> Self {
         Output {
-            metadata_namespace: serving_picker_core::config::DEFAULT_METADATA_NAMESPACE.to_string(),
+            metadata_namespace: serving_picker_core::contract::DEFAULT_NAMESPACE.to_string(),
             priorities: false,
         }
     }
 }
 
-fn value(v: &MetadataValue) -> Value {
+fn value(v: &MetadataValue<'_>) -> Value {
     Value {
         kind: Some(match v {
             MetadataValue::Bool(b) => Kind::BoolValue(*b),
             MetadataValue::Str(s) => Kind::StringValue(s.to_string()),
         }),
+    }
+}
+
+/// An EDS health status as Envoy's API numbers it.
+pub fn health_status(h: EdsHealth) -> HealthStatus {
+    match h {
+        EdsHealth::Unknown => HealthStatus::Unknown,
+        EdsHealth::Healthy => HealthStatus::Healthy,
+        EdsHealth::Unhealthy => HealthStatus::Unhealthy,
+        EdsHealth::Draining => HealthStatus::Draining,
+        EdsHealth::Timeout => HealthStatus::Timeout,
+        EdsHealth::Degraded => HealthStatus::Degraded,
     }
 }
 
@@ -81,10 +95,7 @@ pub fn set_conditions(lb: &mut LbEndpoint, ep: &Endpoint, out: &Output) {
     let md = lb.metadata.get_or_insert_with(Metadata::default);
     md.filter_metadata
         .insert(out.metadata_namespace.clone(), conditions_struct(ep));
-    lb.health_status = match ep.conditions.health() {
-        Health::Healthy => HealthStatus::Healthy,
-        Health::Unhealthy => HealthStatus::Unhealthy,
-    } as i32;
+    lb.health_status = health_status(ep.conditions.eds_health()) as i32;
 }
 
 /// One lb_endpoint.
@@ -119,7 +130,7 @@ pub fn cluster_load_assignment(
     let mut groups: BTreeMap<(u32, &str), Vec<LbEndpoint>> = BTreeMap::new();
     for ep in endpoints {
         let priority = if out.priorities {
-            match ep.conditions.priority() {
+            match ep.conditions.tier().priority() {
                 Some(p) => p,
                 None => continue,
             }
@@ -193,7 +204,7 @@ fn push_field(buf: &mut Vec<u8>, tag: u32, len: usize) {
 /// leaves out not serving endpoints).
 fn group_of(ep: &Endpoint, out: &Output) -> Option<GroupKey> {
     let priority = if out.priorities {
-        ep.conditions.priority()?
+        ep.conditions.tier().priority()?
     } else {
         0
     };
@@ -318,7 +329,7 @@ impl Encoder {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::endpoint::Conditions;
+    use serving_picker_core::contract::SliceConditions;
 
     fn ep(
         addr: &str,
@@ -329,7 +340,7 @@ mod tests {
     ) -> Endpoint {
         Endpoint {
             addr: addr.parse().unwrap(),
-            conditions: Conditions {
+            conditions: SliceConditions {
                 ready,
                 serving,
                 terminating,

@@ -2,8 +2,8 @@
 //! namespace `ns`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::endpoint::Conditions;
 use crate::slice::{AddressType, ServiceKey, Slice, SliceEndpoint, SliceKey, SlicePort};
+use serving_picker_core::contract::SliceConditions;
 
 /// Service `ns/name`.
 pub fn svc(name: &str) -> ServiceKey {
@@ -58,8 +58,8 @@ pub fn slice(name: &str, service: &str, ports: &[(&str, u16)], eps: Vec<SliceEnd
     }
 }
 
-pub fn conds(ready: bool, serving: bool, terminating: bool) -> Conditions {
-    Conditions {
+pub fn conds(ready: bool, serving: bool, terminating: bool) -> SliceConditions {
+    SliceConditions {
         ready,
         serving,
         terminating,

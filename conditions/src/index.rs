@@ -191,7 +191,7 @@ impl Index {
             for ep in &slice.endpoints {
                 let e = Endpoint::new(ep, port);
                 match out.get_mut(&e.addr) {
-                    Some(first) => first.conditions = first.conditions.cautious(e.conditions),
+                    Some(first) => first.absorb(&e),
                     None => {
                         out.insert(e.addr, e);
                     }

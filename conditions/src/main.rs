@@ -186,7 +186,10 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
     let server = serve::grpc_server()
         .add_service(ads)
         .add_service(eds)
-        .serve_with_incoming_shutdown(serve::incoming(grpc), shutdown_signal());
+        .serve_with_incoming_shutdown(
+            serve::incoming(grpc),
+            serve::serving_until(metrics.clone(), shutdown_signal()),
+        );
     serve::until_source_ends(server, "xDS server", source_task).await
 }
 

@@ -1,5 +1,7 @@
-//! Prometheus metrics, `/healthz` and `/readyz` (ready after the first full
-//! list of EndpointSlices), on one small HTTP/1 listener.
+//! Prometheus metrics, `/healthz`, `/readyz` (ready after the first full
+//! list of EndpointSlices) and `/serving` (the gRPC server takes calls,
+//! whatever the index holds: the envoy-gateway mode's readiness, since the
+//! hook answers in every state), on one small HTTP/1 listener.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,6 +28,7 @@ type Labels = Vec<(&'static str, &'static str)>;
 pub struct Metrics {
     registry: Registry,
     ready: AtomicBool,
+    serving: AtomicBool,
     watch_events: Family<Labels, Counter>,
     source_errors: Family<Labels, Counter>,
     index_slices: Gauge,
@@ -149,6 +152,7 @@ impl Metrics {
         Metrics {
             registry,
             ready: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
             watch_events,
             source_errors,
             index_slices,
@@ -199,6 +203,15 @@ impl Metrics {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The gRPC server takes calls (true) or is shutting down (false).
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::SeqCst);
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
     }
 
     pub fn stream_opened(&self) {
@@ -262,6 +275,14 @@ fn route(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
             "text/plain",
             "not ready: no full list of EndpointSlices yet\n".into(),
         ),
+        "/serving" if metrics.is_serving() => {
+            respond(StatusCode::OK, "text/plain", "serving\n".into())
+        }
+        "/serving" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not serving: the gRPC server is not taking calls\n".into(),
+        ),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
@@ -313,6 +334,13 @@ mod tests {
         m.nacked();
         m.applied(1, &Index::new(), true, Duration::from_micros(10));
         assert_eq!(route(&m, "/readyz").status(), StatusCode::OK);
+        // /serving is the gRPC server's state, not the index's.
+        assert_eq!(
+            route(&m, "/serving").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        m.set_serving(true);
+        assert_eq!(route(&m, "/serving").status(), StatusCode::OK);
         let text = m.render();
         assert!(
             text.contains("serving_picker_conditions_watch_events_total{kind=\"apply\"} 1"),

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,7 +13,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use crate::metrics;
+use crate::metrics::{self, Metrics};
 
 /// Binds the gRPC listener (`--listen`) and the metrics, `/healthz` and
 /// `/readyz` one (`--metrics-listen`), in that order.
@@ -48,6 +49,20 @@ pub fn grpc_server() -> Server {
 /// on some calls.
 pub fn incoming(grpc: TcpListener) -> TcpIncoming {
     TcpIncoming::from(grpc).with_nodelay(Some(true))
+}
+
+/// Marks the gRPC server as taking calls (`/serving`) now, and as not
+/// taking them once `shutdown` completes (so that the Service stops
+/// sending new connections while open ones drain); resolves then.
+pub fn serving_until(
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    metrics.set_serving(true);
+    async move {
+        shutdown.await;
+        metrics.set_serving(false);
+    }
 }
 
 /// Runs `server` (named `what` in its error) until it ends on shutdown, or

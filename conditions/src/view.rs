@@ -74,7 +74,7 @@ impl SliceCopies {
         endpoints.dedup_by(|later, first| {
             let same = later.addr == first.addr;
             if same {
-                first.conditions = first.conditions.cautious(later.conditions);
+                first.absorb(later);
             }
             same
         });
@@ -232,7 +232,7 @@ impl PortView {
                 continue;
             };
             match &mut merged {
-                Some(m) => m.conditions = m.conditions.cautious(e.conditions),
+                Some(m) => m.absorb(e),
                 None => merged = Some(e.clone()),
             }
         }

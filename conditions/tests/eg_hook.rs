@@ -86,23 +86,29 @@ fn request(cla_bytes: Vec<u8>) -> RawPostEndpointsModifyRequest {
 
 struct Server {
     shared: Arc<Shared>,
+    registry: prometheus_client::registry::Registry,
     client: EnvoyGatewayExtensionClient,
     _rt: tokio::runtime::Runtime,
 }
 
 fn server(priorities: bool, reread: Option<Arc<dyn Reread>>, timeout: Duration) -> Server {
+    let mut config = HookConfig {
+        reread_timeout: timeout,
+        ..HookConfig::default()
+    };
+    config.output.priorities = priorities;
+    server_with(config, reread)
+}
+
+fn server_with(config: HookConfig, reread: Option<Arc<dyn Reread>>) -> Server {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let shared = Arc::new(Shared::default());
-    let mut config = HookConfig {
-        reread_timeout: timeout,
-        ..HookConfig::default()
-    };
-    config.output.priorities = priorities;
-    let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = HookMetrics::register(&mut registry);
     let hook = HookService::new(shared.clone(), config, reread, metrics);
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -120,6 +126,7 @@ fn server(priorities: bool, reread: Option<Arc<dyn Reread>>, timeout: Duration) 
         .unwrap();
     Server {
         shared,
+        registry,
         client,
         _rt: rt,
     }
@@ -143,6 +150,16 @@ impl Server {
 
     fn full_list(&self, slices: Vec<Slice>) {
         apply_updates(&self.shared, vec![Update::now(Change::Replace(slices))]);
+    }
+
+    /// The value of `eg_hook_calls_total{result="<result>"}`.
+    fn calls(&self, result: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        let want = format!("eg_hook_calls_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .map_or(0, |v| v.parse().unwrap())
     }
 }
 
@@ -393,4 +410,89 @@ fn a_source_that_hangs_costs_at_most_the_bound_and_eg_keeps_its_view() {
         t.elapsed()
     );
     assert_eq!(again, cla);
+}
+
+/// One call answered at a time: while it waits on a re-read, another call
+/// gets EG's bytes back at once, counted.
+#[test]
+fn a_call_over_the_concurrency_limit_is_answered_unchanged_at_once() {
+    let config = HookConfig {
+        reread_timeout: Duration::from_millis(1500),
+        max_calls: 1,
+        ..HookConfig::default()
+    };
+    let s = server_with(config, Some(Arc::new(Hangs)));
+    s.full_list(vec![slice("web", &[("10.0.0.1", READY)])]);
+    // A doubt (10.0.0.3 unknown): this call holds the only slot, re-reading.
+    let doubtful = eg_cla("web", &[("10.0.0.1", READY), ("10.0.0.3", READY)]);
+    let mut c = s.client.clone();
+    let first = s._rt.spawn(async move {
+        c.post_endpoints_modify_raw(request(doubtful.encode_to_vec()))
+            .await
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Managed, no doubt: would be annotated, but there is no slot.
+    let plain = eg_cla("web", &[("10.0.0.1", READY)]).encode_to_vec();
+    let mut c = s.client.clone();
+    let t = Instant::now();
+    let r = s
+        ._rt
+        .block_on(c.post_endpoints_modify_raw(request(plain.clone())))
+        .unwrap();
+    let took = t.elapsed();
+    assert_eq!(r.load_assignment.unwrap().to_vec(), plain, "unchanged");
+    assert!(took < Duration::from_millis(500), "answered in {took:?}");
+    assert_eq!(s.calls("over_calls"), 1);
+    s._rt.block_on(first).unwrap().unwrap();
+    // The slot is free again: the same call is annotated now.
+    let mut c = s.client.clone();
+    let r = s
+        ._rt
+        .block_on(c.post_endpoints_modify_raw(request(plain.clone())))
+        .unwrap();
+    assert_ne!(r.load_assignment.unwrap().to_vec(), plain);
+    assert_eq!(s.calls("managed"), 2);
+}
+
+/// Bytes held are bounded: a request whose share (twice its size) does not
+/// fit is answered unchanged.
+#[test]
+fn a_call_over_the_bytes_budget_is_answered_unchanged() {
+    let eps: Vec<(String, Cond)> = (0..200)
+        .map(|i| (format!("10.0.{}.{}", i / 250, i % 250 + 1), READY))
+        .collect();
+    let eps: Vec<(&str, Cond)> = eps.iter().map(|(a, c)| (a.as_str(), *c)).collect();
+    let cla = eg_cla("web", &eps).encode_to_vec();
+    let config = HookConfig {
+        max_bytes_held: cla.len() * 2 - 1,
+        ..HookConfig::default()
+    };
+    let mut s = server_with(config, None);
+    s.full_list(vec![slice("web", &eps)]);
+    assert_eq!(s.call_raw(cla.clone()), cla);
+    assert_eq!(s.calls("over_bytes"), 1);
+    // A smaller assignment of the same Service fits and is annotated.
+    let small = eg_cla("web", &eps[..10]).encode_to_vec();
+    assert_ne!(s.call_raw(small.clone()), small);
+    assert_eq!(s.calls("managed"), 1);
+}
+
+/// An edited answer larger than EG accepts (--max-message-size) would be
+/// refused by EG: its own assignment goes back instead.
+#[test]
+fn an_answer_larger_than_eg_accepts_is_replaced_by_egs_own() {
+    let eps = [("10.0.0.1", READY), ("10.0.0.2", SERVING_TERMINATING)];
+    let cla = eg_cla("web", &eps).encode_to_vec();
+    let mut s = server(false, None, Duration::from_millis(500));
+    s.full_list(vec![slice("web", &eps)]);
+    let edited = s.call_raw(cla.clone());
+    assert!(edited.len() > cla.len());
+    let config = HookConfig {
+        max_message_size: edited.len() - 1,
+        ..HookConfig::default()
+    };
+    let mut s = server_with(config, None);
+    s.full_list(vec![slice("web", &eps)]);
+    assert_eq!(s.call_raw(cla.clone()), cla);
+    assert_eq!(s.calls("answer_too_big"), 1);
 }

@@ -458,3 +458,80 @@ async fn a_slow_list_is_not_served_before_it_is_complete() {
     assert_eq!(s.resources["backend"].endpoints, 1);
     assert!(metrics.is_ready());
 }
+
+/// Starts the source against `url` with `backoff`; its metrics.
+fn start_source_at(url: &str, backoff: ExpBackoff) -> Arc<Metrics> {
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let (tx, mut rx) = mpsc::channel(64);
+    // Nothing ever arrives; the receiver only has to stay open.
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let metrics = Arc::new(Metrics::new());
+    let clusters = vec!["backend=e2e/web:http".parse().unwrap()];
+    let m = metrics.clone();
+    tokio::spawn(async move { run(client, &clusters, tx, m, backoff).await });
+    metrics
+}
+
+fn watch_errors(metrics: &Metrics) -> u64 {
+    let text = metrics.render();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("serving_picker_conditions_source_errors_total{kind=\"watch\"} ")
+        })
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// An API server that takes every connection and closes it at once: each
+/// list attempt is one accepted connection, timed here. The gaps between
+/// attempts double (the back-off is not reset by the watcher's `Init` that
+/// starts every retry).
+#[tokio::test]
+async fn an_api_server_that_drops_every_connection_is_retried_with_doubling_gaps() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            seen.lock().unwrap().push(std::time::Instant::now());
+            drop(stream);
+        }
+    });
+    let metrics = start_source_at(
+        &url,
+        ExpBackoff::new(Duration::from_millis(100), Duration::from_millis(1600)),
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let at = attempts.lock().unwrap().clone();
+    // 0, 0.1, 0.3, 0.7, 1.5 s (then 3.1): 5 attempts in 2.5 s; a back-off
+    // stuck at its minimum makes about 25.
+    assert!(
+        (4..=6).contains(&at.len()),
+        "{} attempts in 2.5 s: {at:?}",
+        at.len()
+    );
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let want = Duration::from_millis(100 << i);
+        assert!(
+            *gap >= want.mul_f64(0.9),
+            "gap {i} is {gap:?}, want at least {want:?}: {gaps:?}"
+        );
+    }
+    assert_eq!(watch_errors(&metrics), at.len() as u64);
+}
+
+/// An API server that refuses connections, with the shipped back-off (0.8 s
+/// doubling to 30 s): 0, 0.8, 2.4 s and then 5.6 s, so 3 attempts in the
+/// first 5 s (6 or 7 at a fixed 0.8 s), counted as source errors.
+#[tokio::test]
+async fn a_refusing_api_server_is_retried_with_the_shipped_back_off() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let metrics = start_source_at(&format!("http://127.0.0.1:{port}"), ExpBackoff::default());
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    let n = watch_errors(&metrics);
+    assert_eq!(n, 3, "{n} list attempts in 5 s");
+}

@@ -10,14 +10,14 @@
 //! Indexes shift between updates, so everything is keyed by address and the
 //! table is rebuilt whole.
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-
-use serving_picker_core::conditions::{effective, EdsHealth, Health, MetaFlags, TopologyMeta};
+use rustc_hash::FxHashMap;
 use serving_picker_core::config::SelectionConfig;
+use serving_picker_core::contract::{key, EdsHealth, MetaFlags};
+use serving_picker_core::health::{effective, Health};
 use serving_picker_core::host::HostRecord;
+use serving_picker_core::metadata::TopologyMeta;
 use serving_picker_core::picker::Picker;
-use serving_picker_core::plan::{hints_used, plan_weights, Tier, Topology};
+use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Tier, Topology};
 
 /// Envoy's coarse view of a host (`lb_get_host_health`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,41 +87,6 @@ pub struct Built {
     pub unreadable: usize,
 }
 
-// The metadata keys read (EndpointSlice conditions and topology).
-const READY: &str = "ready";
-const SERVING: &str = "serving";
-const TERMINATING: &str = "terminating";
-const ZONE: &str = "zone";
-const HINTS_ZONES: &str = "hints_zones";
-const HINTS_NODES: &str = "hints_nodes";
-
-/// FxHash (rustc's): a fast, non-cryptographic hash for the address maps
-/// built on every rebuild (the addresses come from Envoy, not from clients).
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-impl std::hash::Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
-        }
-        for b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(K);
-        }
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
-
 /// Each host's index in its priority's healthy list. Envoy builds that list
 /// by filtering the hosts in order, so one merge pass matches them; if the
 /// order ever differs, an address map does it.
@@ -149,7 +114,7 @@ fn healthy_indexes(src: &impl HostSource, p: u32, hosts: &[Option<&str>]) -> Vec
         return out;
     }
     // Not a subsequence in order: match by address.
-    let mut by_addr: FxMap<&str, u32> = FxMap::default();
+    let mut by_addr: FxHashMap<&str, u32> = FxHashMap::default();
     for k in 0..healthy {
         if let Some(a) = src.healthy_address(p, k) {
             by_addr.entry(a).or_insert(k as u32);
@@ -165,14 +130,14 @@ fn healthy_indexes(src: &impl HostSource, p: u32, hosts: &[Option<&str>]) -> Vec
 /// two map lookups in Envoy): a present `serving` wins over `ready`, and
 /// `terminating` cannot matter to a host whose metadata says not serving.
 fn read_flags(src: &impl HostSource, p: u32, i: usize, ns: &str) -> MetaFlags {
-    let serving = src.metadata_bool(p, i, ns, SERVING);
+    let serving = src.metadata_bool(p, i, ns, key::SERVING);
     let ready = match serving {
         Some(_) => None,
-        None => src.metadata_bool(p, i, ns, READY),
+        None => src.metadata_bool(p, i, ns, key::READY),
     };
     let terminating = match serving.or(ready) {
         Some(false) => None,
-        _ => src.metadata_bool(p, i, ns, TERMINATING),
+        _ => src.metadata_bool(p, i, ns, key::TERMINATING),
     };
     MetaFlags {
         ready,
@@ -247,7 +212,7 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
             };
             let now = effective(&flags, &health);
             let zone = if zone_pref.is_some() && now.serving {
-                src.metadata_str(p, i, ns, ZONE)
+                src.metadata_str(p, i, ns, key::ZONE)
                     .filter(|z| !z.is_empty())
                     .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
                     .map(str::to_string)
@@ -264,8 +229,8 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
             };
             let topology = TopologyMeta {
                 node_name: String::new(),
-                hints_zones: hints(zone_hints, HINTS_ZONES),
-                hints_nodes: hints(node_hints, HINTS_NODES),
+                hints_zones: hints(zone_hints, key::HINTS_ZONES),
+                hints_nodes: hints(node_hints, key::HINTS_NODES),
             };
             records.push(HostRecord {
                 // The plan answers by index: the address stays in `addresses`.
@@ -289,26 +254,14 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
     let plan = plan_weights(&records, zone_pref.as_ref(), local_node);
     // A host listed twice (same address, e.g. in two localities) is one
     // pick with both weights, at its first planned listing.
-    let mut slots: Vec<Slot> = Vec::with_capacity(plan.hosts.len());
-    let mut weights: Vec<u32> = Vec::with_capacity(plan.hosts.len());
-    let mut seen: FxMap<&str, usize> = FxMap::default();
-    seen.reserve(plan.hosts.len());
-    for (index, weight) in plan.hosts {
+    let merged = merge_listings(&plan.hosts, |i| addresses.get(i).copied());
+    let mut slots: Vec<Slot> = Vec::with_capacity(merged.len());
+    let mut weights: Vec<u32> = Vec::with_capacity(merged.len());
+    for (index, weight) in merged {
         // Every planned host is offered (the others are not serving).
-        let (Some(addr), Some(Some(slot))) = (addresses.get(index), offered.get(index)) else {
-            continue;
-        };
-        match seen.entry(addr) {
-            Entry::Occupied(at) => {
-                if let Some(w) = weights.get_mut(*at.get()) {
-                    *w = w.saturating_add(weight);
-                }
-            }
-            Entry::Vacant(at) => {
-                at.insert(slots.len());
-                slots.push(*slot);
-                weights.push(weight);
-            }
+        if let Some(Some(slot)) = offered.get(index) {
+            slots.push(*slot);
+            weights.push(weight);
         }
     }
     let picker = Picker::new(&weights);

@@ -1,8 +1,10 @@
 //! Parsing Envoy admin output: `/config_dump?include_eds` (endpoints and
 //! metadata) and `/clusters?format=json` (live health).
 
-use crate::conditions::{EdsHealth, Health, MetaReading, NamespaceSeed, OddValue};
-use crate::table::FnvBuild;
+use crate::contract::EdsHealth;
+use crate::health::Health;
+use crate::metadata::{MetaReading, NamespaceSeed, OddValue};
+use rustc_hash::FxBuildHasher;
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
@@ -764,13 +766,13 @@ pub struct LiveHost {
 pub struct LiveCluster {
     /// The config dump lists an EDS cluster under its service name.
     pub eds_service_name: Option<String>,
-    pub hosts: HashMap<String, LiveHost, FnvBuild>,
+    pub hosts: HashMap<String, LiveHost, FxBuildHasher>,
 }
 
 /// `/clusters?format=json`, per cluster name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveHealth {
-    pub clusters: HashMap<String, LiveCluster, FnvBuild>,
+    pub clusters: HashMap<String, LiveCluster, FxBuildHasher>,
 }
 
 pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
@@ -779,7 +781,7 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
     let mut live = LiveHealth::default();
     for cluster in parsed.cluster_statuses {
         let mut hosts =
-            HashMap::with_capacity_and_hasher(cluster.host_statuses.len(), FnvBuild::default());
+            HashMap::with_capacity_and_hasher(cluster.host_statuses.len(), FxBuildHasher);
         for host in cluster.host_statuses {
             let Ok(address) = host_address(host.address.as_ref()) else {
                 continue;
@@ -812,7 +814,7 @@ pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
 }
 
 /// Dump entries by name (their indexes), and whether a live cluster claims it.
-pub type NameIndex<'a> = HashMap<&'a str, (Vec<usize>, bool), FnvBuild>;
+pub type NameIndex<'a> = HashMap<&'a str, (Vec<usize>, bool), FxBuildHasher>;
 
 /// Whether the dump leaves some host's health open. Envoy's coarse verdict
 /// in the dump says UNHEALTHY for EDS DRAINING/UNHEALTHY, failed active checks
@@ -836,7 +838,7 @@ pub fn needs_live_health(dump: &EndpointsDump, known: Option<&LiveHealth>) -> bo
             .any(|(n, c)| c.eds_service_name.as_deref().unwrap_or(n) == name)
     };
     // A name listed twice is told apart by the hosts `/clusters` shows.
-    let mut names = NameIndex::with_capacity_and_hasher(dump.clusters.len(), FnvBuild::default());
+    let mut names = NameIndex::with_capacity_and_hasher(dump.clusters.len(), FxBuildHasher);
     dump.clusters.iter().any(|c| {
         names.insert(&c.name, Default::default()).is_some()
             || !claimed(&c.name)
@@ -967,7 +969,7 @@ pub fn join_live_health(dump: EndpointsDump, live: Option<&LiveHealth>) -> Vec<C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditions::{Conditions, MetaFlags};
+    use crate::contract::{Conditions, MetaFlags};
 
     const NS: &str = "k8s.endpointslice";
     // Real Envoy 1.40 output; see tests/fixtures/README.md for how it was made.

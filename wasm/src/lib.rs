@@ -4,7 +4,7 @@
 //! the snapshot codec and the per-worker routing table. `proxy` is the thin
 //! glue to the proxy-wasm host. The decision itself is the core's.
 
-pub use serving_picker_core::{conditions, host, picker, plan};
+pub use serving_picker_core::{contract, health, host, metadata, picker, plan};
 
 pub mod admin_json;
 pub mod change_gate;

@@ -5,38 +5,14 @@
 use crate::codec::{self, DecodeError};
 use crate::picker::Picker;
 use crate::plan::{ClusterPlan, Tier, Topology};
+use rustc_hash::FxBuildHasher;
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// FNV-1a over the cluster name. The keys come from Envoy's configuration,
-/// not from clients, so a keyed hash (SipHash, most of a pick's time)
+/// Keyed by cluster names from Envoy's configuration, not by clients: a
+/// keyed hash (SipHash, most of a pick's time, and kilobytes of module)
 /// protects nothing here.
-pub struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Maps keyed by names from Envoy's configuration and admin API (never by
-/// clients): FNV, and one hasher for the whole module (SipHash is kilobytes).
-pub type FnvBuild = BuildHasherDefault<Fnv>;
-
-type Routes = HashMap<String, Route, FnvBuild>;
+type Routes = HashMap<String, Route, FxBuildHasher>;
 
 struct Route {
     tier: Tier,

@@ -14,10 +14,11 @@ use serving_picker_wasm::admin_json::{
     LiveCluster, LiveHealth, LiveHost,
 };
 use serving_picker_wasm::codec;
-use serving_picker_wasm::conditions::{EdsHealth, Health, MetaFlags};
 use serving_picker_wasm::config::{
     parse_config, BeforeFirstSnapshot, OnNoServing, PluginConfig, SelectionConfig,
 };
+use serving_picker_wasm::contract::{EdsHealth, MetaFlags};
+use serving_picker_wasm::health::Health;
 use serving_picker_wasm::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker_wasm::snapshot::build_plans;
 use serving_picker_wasm::table::{Decision, RoutingTable};

@@ -56,8 +56,9 @@ use super::prepared::{Annotation, PreparedIndex};
 use super::wire::{
     fields, len_field_size, put_len_head, put_varint, varint_field_size, Field, Malformed,
 };
-use crate::assignment::{Output, OVERPROVISIONING_FACTOR};
-use crate::endpoint::{Conditions, Health};
+use serving_picker_core::contract::SliceConditions;
+
+use crate::assignment::{health_status, Output, OVERPROVISIONING_FACTOR};
 use crate::slice::ServiceKey;
 
 /// An endpoint the index and EG do not agree on.
@@ -73,7 +74,7 @@ pub enum Doubt {
         service: ServiceKey,
         addr: SocketAddr,
         eg_draining: bool,
-        ours: Conditions,
+        ours: SliceConditions,
     },
 }
 
@@ -111,11 +112,6 @@ pub struct Modified {
     /// The encoded assignment to send; `None` when nothing is managed (EG's
     /// bytes go back untouched).
     pub assignment: Option<Vec<u8>>,
-}
-
-/// EG's drain rule applied to conditions (nil values already resolved).
-pub fn eg_would_drain(c: Conditions) -> bool {
-    c.terminating || !c.serving
 }
 
 /// An lb_endpoint's socket address, if it has one.
@@ -301,10 +297,7 @@ fn annotated(lb: &[u8], annotation: &Annotation, ns: &[u8], sink: &mut impl Sink
             sink.raw(f.raw);
         }
     }
-    let health = match annotation.conditions.health() {
-        Health::Healthy => HealthStatus::Healthy,
-        Health::Unhealthy => HealthStatus::Unhealthy,
-    };
+    let health = health_status(annotation.conditions.eds_health());
     sink.varint(LB_HEALTH_STATUS, health as u64);
     let mut kept = Size::default();
     other_metadata(lb, ns, &mut kept);
@@ -459,7 +452,7 @@ pub fn modify(
                 Some(annotation) => {
                     let c = annotation.conditions;
                     let eg_draining = lb.health_status == HealthStatus::Draining as i32;
-                    let agrees = eg_would_drain(c) == eg_draining;
+                    let agrees = c.eg_would_drain() == eg_draining;
                     if agrees || trusted.contains(&service) {
                         answer.overruled += usize::from(!agrees);
                         answer.annotated += 1;
@@ -470,7 +463,7 @@ pub fn modify(
                             annotation,
                             len: size.0,
                         };
-                        (c.priority(), lb)
+                        (c.tier().priority(), lb)
                     } else {
                         answer.doubts.push(Doubt::Disagrees {
                             service: service.clone(),
@@ -802,7 +795,7 @@ mod tests {
                     service: svc("web"),
                     addr: "10.0.0.1:8080".parse().unwrap(),
                     eg_draining: true,
-                    ours: Conditions {
+                    ours: SliceConditions {
                         ready: true,
                         serving: true,
                         terminating: false

@@ -87,9 +87,23 @@ pub struct Args {
     /// Gateway disagree (EG waits for the answer without a deadline).
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub reread_timeout_ms: u64,
-    /// Largest request accepted (EG's maxMessageSize, default 4M, must not exceed it).
-    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    /// Largest request accepted and largest answer sent: set it to EG's
+    /// extensionManager.maxMessageSize. The default is what EG accepts when
+    /// that is unset (4 MiB, grpc-go's client default). A larger request is
+    /// refused (RESOURCE_EXHAUSTED; with failOpen EG keeps its own); an
+    /// edited answer that would be larger is replaced by EG's own.
+    #[arg(long, value_name = "BYTES", default_value_t = service::EG_DEFAULT_MAX_MESSAGE_SIZE)]
     pub max_message_size: usize,
+    /// Calls answered at once; a call over the limit gets EG's assignment
+    /// back at once, unchanged (counted). Also bounds the HTTP/2 streams per
+    /// connection (twice this).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_concurrent_calls: usize,
+    /// Bytes the calls being answered may hold (twice each request); a call
+    /// over the limit gets EG's assignment back at once, unchanged (counted).
+    /// At least twice --max-message-size.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    pub max_bytes_held: usize,
 }
 
 /// Applies a batch of source updates to the shared index; true once ready.
@@ -131,6 +145,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     if args.slices_dir.is_some() && args.manage.is_some() {
         anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
+    }
+    if args.max_concurrent_calls == 0 {
+        anyhow::bail!("--max-concurrent-calls must be at least 1");
+    }
+    if args.max_bytes_held < args.max_message_size.saturating_mul(2) {
+        anyhow::bail!(
+            "--max-bytes-held {} is less than twice --max-message-size {}: a request of the largest size could never be answered",
+            args.max_bytes_held,
+            args.max_message_size
+        );
     }
     let selector = args
         .manage
@@ -196,16 +220,26 @@ pub async fn run(
             priorities: args.priorities,
         },
         reread_timeout: Duration::from_millis(args.reread_timeout_ms),
+        max_calls: args.max_concurrent_calls,
+        max_bytes_held: args.max_bytes_held,
+        max_message_size: args.max_message_size,
         ..HookConfig::default()
     };
     let hook = HookService::new(shared, config, Some(reread), hook_metrics);
     let svc = proto::EnvoyGatewayExtensionServer::new(hook)
         .max_decoding_message_size(args.max_message_size)
-        .max_encoding_message_size(usize::MAX);
+        .max_encoding_message_size(args.max_message_size);
     // TCP_NODELAY (`serve::incoming`): without it, the answer's last segment
-    // waits for EG's delayed ACK, twenty times the call itself.
+    // waits for EG's delayed ACK, twenty times the call itself. Streams per
+    // connection bounded: requests being received hold at most this many
+    // times --max-message-size; calls beyond --max-concurrent-calls among
+    // them are answered unchanged at once.
     let server = serve::grpc_server()
+        .max_concurrent_streams(u32::try_from(args.max_concurrent_calls.saturating_mul(2)).ok())
         .add_service(svc)
-        .serve_with_incoming_shutdown(serve::incoming(grpc), shutdown);
+        .serve_with_incoming_shutdown(
+            serve::incoming(grpc),
+            serve::serving_until(metrics.clone(), shutdown),
+        );
     serve::until_source_ends(server, "extension server", source_task).await
 }

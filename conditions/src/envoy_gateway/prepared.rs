@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use std::ops::Deref;
 
 use super::wire::{len_field_size, put_len_head, put_varint, varint_field_size};
-use crate::endpoint::{Conditions, Endpoint, MetadataValue};
+use serving_picker_core::contract::{MetadataValue, SliceConditions};
+
+use crate::endpoint::Endpoint;
 use crate::index::{Index, IpFamily};
 use crate::publish::Change;
 use crate::slice::{AddressType, ServiceKey};
@@ -20,7 +22,7 @@ use crate::slice::{AddressType, ServiceKey};
 /// What the hook writes for one endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Annotation {
-    pub conditions: Conditions,
+    pub conditions: SliceConditions,
     /// The conditions metadata (`assignment::conditions_struct`), encoded.
     pub metadata: Box<[u8]>,
 }
@@ -135,7 +137,7 @@ fn at_port(
                 continue;
             }
             match out.get_mut(&addr) {
-                Some(first) => first.conditions = first.conditions.cautious(ep.conditions),
+                Some(first) => first.absorb(&ep),
                 None => {
                     out.insert(addr, ep);
                 }
@@ -242,7 +244,7 @@ mod tests {
         let a = web.get(&"10.0.0.1:8080".parse().unwrap()).unwrap();
         assert_eq!(
             a.conditions,
-            Conditions {
+            SliceConditions {
                 ready: false,
                 serving: true,
                 terminating: true

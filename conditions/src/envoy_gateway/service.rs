@@ -20,6 +20,13 @@
 //!    assignment is modified again from EG's bytes.
 //! 4. Re-read failed or timed out: the first answer stands (doubtful
 //!    endpoints as EG sent them).
+//!
+//! Bounds (EG waits for every answer, so none may wait on the companion):
+//! at most `max_calls` calls are answered at once and they hold at most
+//! `max_bytes_held` bytes (twice each request: the request and its answer);
+//! a call over either limit gets EG's bytes back at once, counted. An
+//! edited answer larger than `max_message_size` (what EG accepts) is
+//! replaced by EG's own bytes, counted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -30,8 +37,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::hook::{self, Modified};
 use super::prepared::PreparedIndex;
@@ -159,6 +168,10 @@ pub struct HookMetrics {
     rereads: Family<Labels, Counter>,
     seconds: Histogram,
     reread_seconds: Histogram,
+    in_flight: Gauge,
+    bytes_held: Gauge,
+    max_calls: Gauge,
+    max_bytes_held: Gauge,
 }
 
 impl HookMetrics {
@@ -167,7 +180,9 @@ impl HookMetrics {
             calls: registered(
                 registry,
                 "eg_hook_calls",
-                "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable)",
+                "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable, \
+                 over_calls, over_bytes: answered unchanged at once; answer_too_big: \
+                 EG's assignment sent back)",
                 Family::default(),
             ),
             endpoints: registered(
@@ -195,6 +210,30 @@ impl HookMetrics {
                 "Time of one re-read round (all the Services in doubt of a call)",
                 Histogram::new(exponential_buckets(0.000_5, 2.0, 12)),
             ),
+            in_flight: registered(
+                registry,
+                "eg_hook_calls_in_flight",
+                "PostEndpointsModify calls being answered (limit: eg_hook_max_calls)",
+                Gauge::default(),
+            ),
+            bytes_held: registered(
+                registry,
+                "eg_hook_bytes_held",
+                "Bytes held by the calls being answered, twice each request (limit: eg_hook_max_bytes_held)",
+                Gauge::default(),
+            ),
+            max_calls: registered(
+                registry,
+                "eg_hook_max_calls",
+                "Calls answered at once (--max-concurrent-calls); more are answered unchanged",
+                Gauge::default(),
+            ),
+            max_bytes_held: registered(
+                registry,
+                "eg_hook_max_bytes_held",
+                "Bytes the calls being answered may hold (--max-bytes-held); more are answered unchanged",
+                Gauge::default(),
+            ),
         }
     }
 
@@ -215,12 +254,24 @@ impl HookMetrics {
     }
 }
 
+/// What Envoy Gateway accepts when its `extensionManager.maxMessageSize`
+/// is unset: EG then passes no size option and grpc-go's client default
+/// applies to what it receives, 4 MiB (EG's API documents it as "4M").
+pub const EG_DEFAULT_MAX_MESSAGE_SIZE: usize = 4 << 20;
+
 /// Knobs of the hook.
 #[derive(Clone, Debug)]
 pub struct HookConfig {
     pub output: Output,
     pub reread_timeout: Duration,
     pub reread_min_interval: Duration,
+    /// Calls answered at once; more get EG's bytes back at once.
+    pub max_calls: usize,
+    /// Bytes the calls being answered may hold (twice each request).
+    pub max_bytes_held: usize,
+    /// Largest answer EG accepts: a larger edited answer is replaced by
+    /// EG's own bytes.
+    pub max_message_size: usize,
 }
 
 impl Default for HookConfig {
@@ -229,7 +280,25 @@ impl Default for HookConfig {
             output: Output::default(),
             reread_timeout: Duration::from_millis(500),
             reread_min_interval: Duration::from_millis(200),
+            max_calls: 8,
+            max_bytes_held: 32 << 20,
+            max_message_size: EG_DEFAULT_MAX_MESSAGE_SIZE,
         }
+    }
+}
+
+/// A call's share of the limits, given back when the call is answered.
+struct Admitted<'a> {
+    _call: SemaphorePermit<'a>,
+    _bytes: SemaphorePermit<'a>,
+    held: i64,
+    metrics: &'a HookMetrics,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+        self.metrics.bytes_held.dec_by(self.held);
     }
 }
 
@@ -241,6 +310,8 @@ pub struct HookService {
     /// When each Service was last re-read.
     attempted: Mutex<HashMap<ServiceKey, Instant>>,
     metrics: HookMetrics,
+    calls: Semaphore,
+    bytes: Semaphore,
 }
 
 fn recent(
@@ -267,13 +338,36 @@ impl HookService {
         reread: Option<Arc<dyn Reread>>,
         metrics: HookMetrics,
     ) -> HookService {
+        metrics.max_calls.set(config.max_calls as i64);
+        metrics.max_bytes_held.set(config.max_bytes_held as i64);
         HookService {
+            calls: Semaphore::new(config.max_calls.min(Semaphore::MAX_PERMITS)),
+            bytes: Semaphore::new(config.max_bytes_held.min(Semaphore::MAX_PERMITS)),
             shared,
             config,
             reread,
             attempted: Mutex::new(HashMap::new()),
             metrics,
         }
+    }
+
+    /// A call of `request_len` bytes within the limits, or the limit it is
+    /// over.
+    fn admit(&self, request_len: usize) -> Result<Admitted<'_>, &'static str> {
+        let call = self.calls.try_acquire().map_err(|_| "over_calls")?;
+        let held = request_len.saturating_mul(2);
+        let bytes = u32::try_from(held)
+            .ok()
+            .and_then(|n| self.bytes.try_acquire_many(n).ok())
+            .ok_or("over_bytes")?;
+        self.metrics.in_flight.inc();
+        self.metrics.bytes_held.inc_by(held as i64);
+        Ok(Admitted {
+            _call: call,
+            _bytes: bytes,
+            held: held as i64,
+            metrics: &self.metrics,
+        })
     }
 
     fn modify(&self, bytes: &[u8], trusted: &BTreeSet<ServiceKey>) -> Option<Modified> {
@@ -342,6 +436,18 @@ impl HookService {
             self.metrics.call("not_ready");
             return echo(Some(raw));
         }
+        let _admitted = match self.admit(raw.len()) {
+            Ok(a) => a,
+            Err(limit) => {
+                self.metrics.call(limit);
+                tracing::debug!(
+                    limit,
+                    bytes = raw.len(),
+                    "hook call over a limit: Envoy Gateway's assignment sent back"
+                );
+                return echo(Some(raw));
+            }
+        };
         let attempted = recent(&self.attempted, started, self.config.reread_min_interval);
         let mut trusted = BTreeSet::new();
         let Some(mut modified) = self.modify(&raw, &trusted) else {
@@ -376,6 +482,20 @@ impl HookService {
             }
         }
         let answer = &modified.answer;
+        if modified
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.len() > self.config.max_message_size)
+        {
+            self.metrics.call("answer_too_big");
+            tracing::warn!(
+                cluster = %hook::cluster_name(&raw),
+                bytes = modified.assignment.as_ref().map_or(0, Vec::len),
+                max_message_size = self.config.max_message_size,
+                "the edited assignment is larger than Envoy Gateway accepts (--max-message-size): its own sent back"
+            );
+            return echo(Some(raw));
+        }
         let disagreed = answer
             .doubts
             .iter()

@@ -1,7 +1,16 @@
 //! EndpointSlices from the Kubernetes API through kube-rs's watcher:
 //! list, then watch from the list's resourceVersion with bookmarks; on 410
 //! Gone (or any desync) the watcher lists again; errors back off
-//! exponentially while the API server is away.
+//! exponentially while the API server is away (0.8 s doubling to 30 s by
+//! default).
+//!
+//! The back-off is paced here, not by kube-rs's `StreamBackoff`: that one
+//! resets on every `Ok` item, and the watcher starts each retry with an
+//! `Ok(Event::Init)` before its list fails: with it, a refused list is
+//! retried at the minimum interval for ever. Here only progress (a full list, or a
+//! watch event) counts as health, and the back-off starts over only after
+//! the source has been healthy for `RESET_AFTER_HEALTHY`: a watch that
+//! fails right after each successful list keeps backing off too.
 //!
 //! The watcher reports a (re-)list as `Init`, `InitApply`..., `InitDone`;
 //! the objects are collected and sent as one full list at `InitDone`, so
@@ -15,14 +24,13 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::Client;
 use tokio::sync::mpsc;
 
@@ -30,6 +38,10 @@ use crate::cluster::ClusterSpec;
 use crate::metrics::Metrics;
 use crate::publish::{Change, Update};
 use crate::slice::{SliceKey, SERVICE_NAME_LABEL};
+
+/// How long the source must make progress without an error before the
+/// back-off starts over from its minimum.
+pub const RESET_AFTER_HEALTHY: Duration = Duration::from_secs(30);
 
 /// Exponential back-off with a reset: `min`, doubling up to `max`.
 #[derive(Clone, Debug)]
@@ -107,7 +119,8 @@ fn key_of(obj: &EndpointSlice) -> Option<SliceKey> {
     })
 }
 
-/// Watches until the receiver goes. `backoff` paces retries after errors.
+/// Watches until the receiver goes. `backoff` paces retries after errors
+/// (a `None` from it ends the watch).
 pub async fn run<B: Backoff + 'static>(
     client: Client,
     clusters: &[ClusterSpec],
@@ -125,7 +138,7 @@ pub async fn run_selection<B: Backoff + 'static>(
     sel: Selection,
     updates: mpsc::Sender<Update>,
     metrics: Arc<Metrics>,
-    backoff: B,
+    mut backoff: B,
 ) {
     let api: Api<EndpointSlice> = match &sel.namespace {
         Some(ns) => Api::namespaced(client, ns),
@@ -141,9 +154,18 @@ pub async fn run_selection<B: Backoff + 'static>(
     } else {
         watcher::Config::default().labels(&sel.label_selector)
     };
-    let mut stream = watcher::watcher(api, config).backoff(backoff).boxed();
+    // The watcher does nothing unless polled: sleeping between polls after
+    // an error is the back-off.
+    let mut stream = watcher::watcher(api, config).boxed();
     let mut listing: Option<Vec<crate::slice::Slice>> = None;
+    let mut healthy_since: Option<Instant> = None;
     while let Some(item) = stream.next().await {
+        if matches!(
+            item,
+            Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
+        ) {
+            healthy_since.get_or_insert_with(Instant::now);
+        }
         let change = match item {
             Ok(Event::Init) => {
                 metrics.watch_event("init");
@@ -178,7 +200,22 @@ pub async fn run_selection<B: Backoff + 'static>(
             }
             Err(e) => {
                 metrics.source_error("watch");
-                tracing::warn!(error = %e, "EndpointSlice watch error: retrying with back-off; the last good state is served");
+                if healthy_since
+                    .take()
+                    .is_some_and(|t| t.elapsed() >= RESET_AFTER_HEALTHY)
+                {
+                    backoff.reset();
+                }
+                let Some(wait) = backoff.next() else {
+                    tracing::error!(error = %e, "EndpointSlice watch error: giving up");
+                    break;
+                };
+                tracing::warn!(
+                    error = %e,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "EndpointSlice watch error: retrying with back-off; the last good state is served"
+                );
+                tokio::time::sleep(wait).await;
                 None
             }
         };

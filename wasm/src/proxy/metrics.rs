@@ -1,8 +1,10 @@
 //! Counters and gauges through the host, under stable `serving_picker.*` names
-//! (Envoy shows them with its `wasmcustom.` prefix).
+//! (Envoy shows them with its `wasmcustom.` prefix); the ones the native
+//! form keeps too are named in the core (`counters`).
 
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
+use serving_picker_core::counters;
 use std::cell::Cell;
 
 #[derive(Clone, Copy, Default)]
@@ -84,14 +86,10 @@ pub struct RequestCounters {
 impl RequestCounters {
     pub fn define() -> RequestCounters {
         RequestCounters {
-            pick_ready: Batched::define("serving_picker.pick.ready"),
-            pick_terminating_fallback: Batched::define("serving_picker.pick.terminating_fallback"),
-            pick_topology: [
-                Batched::define("serving_picker.pick.topology.none"),
-                Batched::define("serving_picker.pick.topology.node"),
-                Batched::define("serving_picker.pick.topology.zone"),
-            ],
-            reject_no_serving: Batched::define("serving_picker.reject.no_serving"),
+            pick_ready: Batched::define(counters::PICK_READY),
+            pick_terminating_fallback: Batched::define(counters::PICK_TERMINATING_FALLBACK),
+            pick_topology: counters::PICK_TOPOLOGY.map(Batched::define),
+            reject_no_serving: Batched::define(counters::REJECT_NO_SERVING),
             reject_no_snapshot: Batched::define("serving_picker.reject.no_snapshot"),
             held_no_snapshot: Batched::define("serving_picker.hold.no_snapshot"),
             passthrough_no_serving: Batched::define("serving_picker.passthrough.no_serving"),

@@ -11,9 +11,9 @@ use crate::config::PluginConfig;
 use crate::narrow::{merge, narrowed_path, worth_narrowing, KnownClusters, Scope};
 use crate::plan::ClusterPlan;
 use crate::snapshot::build_plans;
-use crate::table::FnvBuild;
 use proxy_wasm::hostcalls::dispatch_http_call;
 use proxy_wasm::types::{BufferType, MapType};
+use rustc_hash::FxBuildHasher;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -93,7 +93,7 @@ pub struct Refresher {
     /// Full refreshes since `/clusters` was last fetched.
     since_live: u32,
     last_error: Option<String>,
-    logged_notes: HashSet<String, FnvBuild>,
+    logged_notes: HashSet<String, FxBuildHasher>,
     /// The live health of the last refresh: equal dump and health, equal plans.
     last_live: Option<LiveHealth>,
     /// How long the last complete full refresh took end to end (admin rendering included).

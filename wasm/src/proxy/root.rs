@@ -6,10 +6,11 @@ use super::refresh::{Outcome, Refresher, Start, ADMIN_SHARE_DIVISOR};
 use super::shared::SharedKeys;
 use crate::codec::{self, DecodeError};
 use crate::config::{fingerprint, parse_config, PluginConfig};
-use crate::table::{FnvBuild, RoutingTable};
+use crate::table::RoutingTable;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
+use rustc_hash::FxBuildHasher;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::Hasher;
@@ -23,7 +24,7 @@ pub struct Worker {
     pub counters: RequestCounters,
     pub table: RefCell<Option<RoutingTable>>,
     /// Clusters already logged as unknown since the last snapshot change.
-    pub logged_unknown: RefCell<HashSet<String, FnvBuild>>,
+    pub logged_unknown: RefCell<HashSet<String, FxBuildHasher>>,
     /// Requests waiting for the first snapshot (`before_first_snapshot:
     /// hold`), by context id, and since when the oldest waits.
     held: RefCell<Vec<u32>>,
@@ -113,7 +114,7 @@ fn random_id() -> u32 {
     let mut bytes = [0u8; 4];
     // SAFETY: WASI writes at most `len` bytes into the buffer it is given.
     let random = unsafe { wasi_random_get(bytes.as_mut_ptr(), bytes.len()) } == 0;
-    let mut h = crate::table::Fnv::default();
+    let mut h = rustc_hash::FxHasher::default();
     h.write_u64(super::now_us());
     if random {
         h.write(&bytes);

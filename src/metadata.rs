@@ -1,6 +1,7 @@
-//! Reading a host's EndpointSlice conditions from its metadata and Envoy's
-//! view of its health.
+//! Reading a host's metadata namespace: the contract's keys (`contract`)
+//! from JSON, values of the wrong type read as absent and reported.
 
+use crate::contract::{key, MetaFlags};
 use crate::de::Field;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -8,98 +9,6 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
-
-/// The effective conditions of one host, after nil defaults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conditions {
-    pub serving: bool,
-    pub terminating: bool,
-}
-
-impl Conditions {
-    pub const READY: Conditions = Conditions {
-        serving: true,
-        terminating: false,
-    };
-    pub const SERVING_TERMINATING: Conditions = Conditions {
-        serving: true,
-        terminating: true,
-    };
-    pub const NOT_SERVING: Conditions = Conditions {
-        serving: false,
-        terminating: false,
-    };
-}
-
-/// An EDS health status name (absent or unrecognised means UNKNOWN).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EdsHealth {
-    Unknown,
-    Healthy,
-    Unhealthy,
-    Draining,
-    Timeout,
-    Degraded,
-}
-
-impl EdsHealth {
-    pub fn from_name(name: Option<&str>) -> EdsHealth {
-        match name {
-            Some("HEALTHY") => EdsHealth::Healthy,
-            Some("UNHEALTHY") => EdsHealth::Unhealthy,
-            Some("DRAINING") => EdsHealth::Draining,
-            Some("TIMEOUT") => EdsHealth::Timeout,
-            Some("DEGRADED") => EdsHealth::Degraded,
-            _ => EdsHealth::Unknown,
-        }
-    }
-
-    fn conditions(self) -> Conditions {
-        match self {
-            EdsHealth::Unknown | EdsHealth::Healthy | EdsHealth::Degraded => Conditions::READY,
-            EdsHealth::Draining => Conditions::SERVING_TERMINATING,
-            EdsHealth::Unhealthy | EdsHealth::Timeout => Conditions::NOT_SERVING,
-        }
-    }
-
-    fn refuses(self) -> bool {
-        matches!(self, EdsHealth::Unhealthy | EdsHealth::Timeout)
-    }
-}
-
-/// What Envoy knows of a host's health.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Health {
-    /// The configured EDS status, from `/clusters` (the only place DRAINING shows).
-    pub eds: Option<EdsHealth>,
-    /// The config dump's `health_status`: Envoy's coarse verdict, in which
-    /// DRAINING, failed checks and ejection all read UNHEALTHY.
-    pub coarse: EdsHealth,
-    /// Failing active health checks or ejected by outlier detection.
-    pub failing: bool,
-}
-
-impl Health {
-    pub const UNKNOWN: Health = Health {
-        eds: None,
-        coarse: EdsHealth::Unknown,
-        failing: false,
-    };
-}
-
-/// The condition keys as found in metadata: `None` when absent (or odd).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct MetaFlags {
-    pub ready: Option<bool>,
-    pub serving: Option<bool>,
-    pub terminating: Option<bool>,
-}
-
-impl MetaFlags {
-    fn any(&self) -> bool {
-        self.ready.is_some() || self.serving.is_some() || self.terminating.is_some()
-    }
-}
 
 /// One metadata value that had to be ignored, for a log line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -278,7 +187,7 @@ impl<'de> Visitor<'de> for SlotVisitor {
             Slot::Absent,
             Slot::Absent,
         ];
-        while let Some(key) = map.next_key_seed(Field(&NAMESPACE_KEYS))? {
+        while let Some(key) = map.next_key_seed(Field(&key::ALL))? {
             match key.and_then(|i| slots.get_mut(i)) {
                 Some(slot) => *slot = map.next_value_seed(SlotVisitor { namespace: false })?,
                 None => {
@@ -289,35 +198,25 @@ impl<'de> Visitor<'de> for SlotVisitor {
         let [ready, serving, terminating, zone, node_name, hints_zones, hints_nodes] = slots;
         let mut reading = MetaReading::default();
         reading.flags = MetaFlags {
-            ready: ready.flag("ready", &mut reading.odd),
-            serving: serving.flag("serving", &mut reading.odd),
-            terminating: terminating.flag("terminating", &mut reading.odd),
+            ready: ready.flag(key::READY, &mut reading.odd),
+            serving: serving.flag(key::SERVING, &mut reading.odd),
+            terminating: terminating.flag(key::TERMINATING, &mut reading.odd),
         };
         reading.zone = match zone {
             Slot::Str(z) if !z.is_empty() => Some(z.into_owned()),
             other => {
-                other.odd("zone", &mut reading.odd);
+                other.odd(key::ZONE, &mut reading.odd);
                 None
             }
         };
         reading.topology = TopologyMeta {
-            node_name: node_name.text("node_name", &mut reading.odd),
-            hints_zones: hints_zones.text("hints_zones", &mut reading.odd),
-            hints_nodes: hints_nodes.text("hints_nodes", &mut reading.odd),
+            node_name: node_name.text(key::NODE_NAME, &mut reading.odd),
+            hints_zones: hints_zones.text(key::HINTS_ZONES, &mut reading.odd),
+            hints_nodes: hints_nodes.text(key::HINTS_NODES, &mut reading.odd),
         };
         Ok(Slot::Namespace(reading))
     }
 }
-
-const NAMESPACE_KEYS: [&str; 7] = [
-    "ready",
-    "serving",
-    "terminating",
-    "zone",
-    "node_name",
-    "hints_zones",
-    "hints_nodes",
-];
 
 /// Reads the namespace's metadata value straight from the JSON (no `Value`
 /// is built unless a value is odd): what `read_metadata` reads from a `Value`.
@@ -344,81 +243,12 @@ pub fn read_metadata(namespace: Option<&Value>) -> MetaReading {
         .unwrap_or_default()
 }
 
-/// The effective conditions. Metadata decides when it carries a condition
-/// (nil ready/serving = true, nil terminating = false, `serving` wins over
-/// `ready`); without one, the EDS status does. On top: EDS DRAINING marks the
-/// host terminating, EDS UNHEALTHY/TIMEOUT and failing live health make it not
-/// serving (the override_host policy itself never checks health).
-pub fn effective(flags: &MetaFlags, health: &Health) -> Conditions {
-    let mut c = if flags.any() {
-        Conditions {
-            serving: flags.serving.unwrap_or(flags.ready.unwrap_or(true)),
-            terminating: flags.terminating.unwrap_or(false),
-        }
-    } else {
-        // Without live health only the coarse verdict is known.
-        health.eds.unwrap_or(health.coarse).conditions()
-    };
-    if let Some(eds) = health.eds {
-        c.terminating |= eds == EdsHealth::Draining;
-        c.serving &= !eds.refuses();
-    }
-    c.serving &= !health.failing;
-    c
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::Conditions;
+    use crate::health::{effective, Health};
     use serde_json::json;
-
-    fn read(ns: Value) -> Conditions {
-        effective(&read_metadata(Some(&ns)).flags, &Health::UNKNOWN)
-    }
-
-    fn live(eds: EdsHealth) -> Health {
-        Health {
-            eds: Some(eds),
-            coarse: EdsHealth::Healthy,
-            failing: false,
-        }
-    }
-
-    #[test]
-    fn nil_defaults() {
-        assert_eq!(read(json!({"ready": true})), Conditions::READY);
-        assert_eq!(read(json!({"terminating": false})), Conditions::READY);
-        assert_eq!(
-            read(json!({"terminating": true})),
-            Conditions::SERVING_TERMINATING
-        );
-        assert_eq!(
-            read(json!({"ready": null, "serving": null, "terminating": null})),
-            Conditions::READY
-        );
-    }
-
-    #[test]
-    fn serving_wins_over_ready() {
-        // A pod in preStop: ready=false, serving=true, terminating=true.
-        assert_eq!(
-            read(json!({"ready": false, "serving": true, "terminating": true})),
-            Conditions::SERVING_TERMINATING
-        );
-        assert_eq!(
-            read(json!({"ready": true, "serving": false})),
-            Conditions::NOT_SERVING
-        );
-        // Without `serving`, `ready` stands in for it.
-        assert_eq!(read(json!({"ready": false})), Conditions::NOT_SERVING);
-        assert_eq!(
-            read(json!({"ready": false, "terminating": true})),
-            Conditions {
-                serving: false,
-                terminating: true
-            }
-        );
-    }
 
     #[test]
     fn odd_types_are_absent_and_reported() {
@@ -483,95 +313,5 @@ mod tests {
             let streamed = NamespaceSeed.deserialize(&mut de).unwrap();
             assert_eq!(streamed, read_metadata(Some(&value)), "{text}");
         }
-    }
-
-    #[test]
-    fn namespace_not_an_object_falls_back_to_health() {
-        let r = read_metadata(Some(&json!("serving")));
-        assert_eq!(r.odd.len(), 1);
-        assert_eq!(
-            effective(&r.flags, &live(EdsHealth::Draining)),
-            Conditions::SERVING_TERMINATING
-        );
-    }
-
-    #[test]
-    fn no_metadata_reads_eds_health() {
-        let none = MetaFlags::default();
-        assert_eq!(
-            effective(&none, &live(EdsHealth::Healthy)),
-            Conditions::READY
-        );
-        assert_eq!(
-            effective(&none, &live(EdsHealth::Unknown)),
-            Conditions::READY
-        );
-        assert_eq!(
-            effective(&none, &live(EdsHealth::Degraded)),
-            Conditions::READY
-        );
-        assert_eq!(
-            effective(&none, &live(EdsHealth::Draining)),
-            Conditions::SERVING_TERMINATING
-        );
-        assert_eq!(
-            effective(&none, &live(EdsHealth::Unhealthy)),
-            Conditions::NOT_SERVING
-        );
-        assert_eq!(
-            effective(&none, &live(EdsHealth::Timeout)),
-            Conditions::NOT_SERVING
-        );
-        assert_eq!(EdsHealth::from_name(Some("bogus")), EdsHealth::Unknown);
-    }
-
-    #[test]
-    fn coarse_health_only_without_live_view() {
-        let none = MetaFlags::default();
-        let coarse = |c| Health {
-            eds: None,
-            coarse: c,
-            failing: false,
-        };
-        assert_eq!(
-            effective(&none, &coarse(EdsHealth::Healthy)),
-            Conditions::READY
-        );
-        assert_eq!(
-            effective(&none, &coarse(EdsHealth::Unhealthy)),
-            Conditions::NOT_SERVING
-        );
-        // The coarse verdict says UNHEALTHY for DRAINING too: metadata is not overruled by it.
-        let pre_stop = read_metadata(Some(&json!({"serving": true, "terminating": true}))).flags;
-        assert_eq!(
-            effective(&pre_stop, &coarse(EdsHealth::Unhealthy)),
-            Conditions::SERVING_TERMINATING
-        );
-    }
-
-    #[test]
-    fn metadata_with_only_zone_reads_health() {
-        let r = read_metadata(Some(&json!({"zone": "z1"})));
-        assert_eq!(
-            effective(&r.flags, &live(EdsHealth::Draining)),
-            Conditions::SERVING_TERMINATING
-        );
-        assert_eq!(r.zone.as_deref(), Some("z1"));
-    }
-
-    #[test]
-    fn live_health_overrides_metadata() {
-        let serving = read_metadata(Some(&json!({"serving": true}))).flags;
-        assert!(!effective(&serving, &live(EdsHealth::Unhealthy)).serving);
-        assert_eq!(
-            effective(&serving, &live(EdsHealth::Draining)),
-            Conditions::SERVING_TERMINATING
-        );
-        let failing = Health {
-            eds: Some(EdsHealth::Healthy),
-            coarse: EdsHealth::Unhealthy,
-            failing: true,
-        };
-        assert!(!effective(&serving, &failing).serving);
     }
 }
