@@ -205,7 +205,8 @@ stage: build build-cross
 
 # The images as OCI archives in $(TARGET)/images (packaging/*.Containerfile, buildah).
 images: stage
-	VERSION=$(VERSION) REVISION=$$(git rev-parse HEAD) SOURCE=$$(scripts/version.sh repository) \
+	VERSION=$(VERSION) REVISION=$$(git rev-parse HEAD)$$(git diff --quiet HEAD -- || echo -dirty) \
+	SOURCE=$$(scripts/version.sh repository) \
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) scripts/images.sh $(STAGE) $(TARGET)/images
 
 # `make release VERSION=x.y.z [REGISTRY=host/path]`: $(DIST)/ (scripts/release.sh says what).
