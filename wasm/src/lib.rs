@@ -1,8 +1,9 @@
 //! serving-picker as a proxy-wasm filter. Everything here but `proxy` is
 //! plain Rust tested natively: reading Envoy's admin API (the only way a
-//! wasm filter sees hosts), the change gate, narrowing, the poller election,
-//! the snapshot codec and the per-worker routing table. `proxy` is the thin
-//! glue to the proxy-wasm host. The decision itself is the core's.
+//! wasm filter sees hosts), the change gate, narrowing, the leader's refresh
+//! (behind `refresh::AdminApi`), the poller election, the snapshot codec and
+//! the per-worker routing table. `proxy` is the thin glue to the proxy-wasm
+//! host. The decision itself is the core's.
 
 pub use serving_picker_core::{contract, health, host, metadata, picker, plan};
 
@@ -12,7 +13,8 @@ pub mod codec;
 pub mod config;
 pub mod election;
 pub mod narrow;
-pub mod snapshot;
+pub mod plans;
+pub mod refresh;
 pub mod table;
 
 #[cfg(target_arch = "wasm32")]

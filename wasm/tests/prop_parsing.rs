@@ -20,7 +20,7 @@ use serving_picker_wasm::config::{
 use serving_picker_wasm::contract::{EdsHealth, MetaFlags};
 use serving_picker_wasm::health::Health;
 use serving_picker_wasm::plan::{ClusterPlan, PlannedHost, Tier};
-use serving_picker_wasm::snapshot::build_plans;
+use serving_picker_wasm::plans::build_plans;
 use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -14,7 +14,8 @@
 //! - `prepared`: the index plus each managed Service's endpoints with their
 //!   conditions metadata encoded, made when its slices change.
 //! - `service`: the gRPC service over it (re-reads, metrics).
-//! - `eg_shape`: what EG >= 1.6 sends (for tests, benchmarks, clients).
+//! - `eg_shape` (tests and the `testing` feature only): what EG >= 1.6
+//!   sends, for tests and benchmarks that play EG.
 //!
 //! **Which clusters are managed.** Those whose localities name a Service
 //! selected by `--manage`, a label selector on EndpointSlices; default
@@ -31,6 +32,7 @@
 //! Service. With `--slices-dir`, every Service in the directory is managed
 //! (the files carry the selection; `--manage` is refused there).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod eg_shape;
 pub mod hook;
 pub mod naming;

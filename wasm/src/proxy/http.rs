@@ -4,7 +4,7 @@
 //! drops every value a client sent (Envoy's `setCopy` removes them all).
 
 use super::host;
-use super::root::Worker;
+use super::worker::Worker;
 use crate::config::{BeforeFirstSnapshot, OnNoServing};
 use crate::plan::Tier;
 use crate::table::Decision;

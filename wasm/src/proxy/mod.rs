@@ -1,12 +1,17 @@
 //! proxy-wasm glue: thin contexts around the pure logic in the crate root.
+//!
+//! Imports point one way: `root` (the root context) uses `http` (a
+//! request's context), and both use `worker` (what a worker's requests
+//! share).
 
+mod admin;
 mod host;
 mod http;
 mod logger;
 mod metrics;
-mod refresh;
 mod root;
 mod shared;
+mod worker;
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
@@ -28,6 +33,10 @@ pub(crate) fn now_us() -> u64 {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+pub(crate) fn now_ms() -> u64 {
+    now_us() / 1000
 }
 
 /// Follows Envoy's log level for this VM so that disabled debug lines cost

@@ -1,85 +1,49 @@
 //! The root context: configuration, leader election, snapshot sync.
 
+use super::admin::HostAdmin;
 use super::http::{PickerHttp, Steer};
 use super::metrics::{Metrics, RequestCounters};
-use super::refresh::{Outcome, Refresher, Start, ADMIN_SHARE_DIVISOR};
+use super::now_ms;
 use super::shared::SharedKeys;
+use super::worker::Worker;
 use crate::codec::{self, DecodeError};
 use crate::config::{fingerprint, parse_config, PluginConfig};
+use crate::refresh::{Outcome, Refresher, Start, ADMIN_SHARE_DIVISOR};
 use crate::table::RoutingTable;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
-use rustc_hash::FxBuildHasher;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::Hasher;
 use std::rc::Rc;
 use std::time::Duration;
 
-/// What every request of this worker reads: shared with its HTTP contexts.
-pub struct Worker {
-    pub config: Rc<PluginConfig>,
-    pub metrics: Metrics,
-    pub counters: RequestCounters,
-    pub table: RefCell<Option<RoutingTable>>,
-    /// Clusters already logged as unknown since the last snapshot change.
-    pub logged_unknown: RefCell<HashSet<String, FxBuildHasher>>,
-    /// Requests waiting for the first snapshot (`before_first_snapshot:
-    /// hold`), by context id, and since when the oldest waits.
-    held: RefCell<Vec<u32>>,
-    held_since_ms: Cell<u64>,
-    /// The root context's id: host calls after a release must be its again
-    /// (an admin call dispatched for a request would answer to the request).
-    root_context_id: u32,
-}
-
-/// While requests wait, ticks come this often so that they leave soon after
-/// the snapshot is published.
-const HOLD_TICK: Duration = Duration::from_millis(5);
-
-impl Worker {
-    /// Holds a request until the first snapshot (the root releases it).
-    pub fn hold(&self, context_id: u32) {
-        let mut held = self.held.borrow_mut();
-        if held.is_empty() {
-            self.held_since_ms.set(now_ms());
-            // Called from the request's context, this sets its root's ticks.
-            let _ = hostcalls::set_tick_period(HOLD_TICK);
-            log::info!("no snapshot yet; holding requests");
-        }
-        held.push(context_id);
-        self.counters.held_no_snapshot.inc();
+/// Steers every held request now (with a table) or answers each a 503
+/// (`expired`), then restores the tick period.
+fn release_held(worker: &Worker, expired: bool) {
+    let held = std::mem::take(&mut *worker.held.borrow_mut());
+    if held.is_empty() {
+        return;
     }
-
-    /// Steers every held request now (with a table) or answers each a 503
-    /// (`expired`), then restores the tick period.
-    fn release_held(&self, expired: bool) {
-        let held = std::mem::take(&mut *self.held.borrow_mut());
-        if held.is_empty() {
-            return;
-        }
-        if expired {
-            log::warn!(
-                "no snapshot within admin_timeout_ms: held requests get 503 no-snapshot-yet"
-            );
-        }
-        for id in held {
-            // A request whose client left is gone: nothing to resume.
-            if hostcalls::set_effective_context(id).is_err() {
-                continue;
-            }
-            let steer = Steer {
-                worker: self,
-                context_id: None,
-            };
-            if steer.request() == Action::Continue {
-                let _ = hostcalls::resume_http_request();
-            }
-        }
-        let _ = hostcalls::set_effective_context(self.root_context_id);
-        let _ = hostcalls::set_tick_period(tick_period(self.config.refresh_interval_ms));
+    if expired {
+        log::warn!("no snapshot within admin_timeout_ms: held requests get 503 no-snapshot-yet");
     }
+    for id in held {
+        // A request whose client left is gone: nothing to resume.
+        if hostcalls::set_effective_context(id).is_err() {
+            continue;
+        }
+        let steer = Steer {
+            worker,
+            context_id: None,
+        };
+        if steer.request() == Action::Continue {
+            let _ = hostcalls::resume_http_request();
+        }
+    }
+    let _ = hostcalls::set_effective_context(worker.root_context_id);
+    let _ = hostcalls::set_tick_period(tick_period(worker.config.refresh_interval_ms));
 }
 
 pub struct PickerRoot {
@@ -129,10 +93,6 @@ extern "C" {
     fn wasi_random_get(buf: *mut u8, len: usize) -> i32;
 }
 
-pub fn now_ms() -> u64 {
-    super::now_us() / 1000
-}
-
 impl PickerRoot {
     pub fn new(context_id: u32) -> PickerRoot {
         PickerRoot {
@@ -172,7 +132,7 @@ impl PickerRoot {
         worker.metrics.snapshot_hosts.set(table.host_count() as u64);
         worker.logged_unknown.borrow_mut().clear();
         drop(slot);
-        worker.release_held(false);
+        release_held(worker, false);
         Ok(())
     }
 
@@ -278,6 +238,7 @@ impl Context for PickerRoot {
         };
         let clock_us = super::now_us();
         let outcome = self.refresher.on_response(
+            &mut HostAdmin,
             &worker.config,
             token,
             num_headers,
@@ -394,7 +355,7 @@ impl RootContext for PickerRoot {
         if !worker.held.borrow().is_empty()
             && now.saturating_sub(worker.held_since_ms.get()) >= config.admin_timeout_ms
         {
-            worker.release_held(true);
+            release_held(&worker, true);
         }
         worker.counters.flush();
         let ttl = config.refresh_interval_ms * 3 + config.admin_timeout_ms;
@@ -432,7 +393,10 @@ impl RootContext for PickerRoot {
         // Poll every interval; without a snapshot yet, at once (unless failing).
         let due = self.poll_due(config, now);
         let first = worker.table.borrow().is_none() && !self.refresher.failing();
-        match self.refresher.poll(config, now, due || first) {
+        match self
+            .refresher
+            .poll(&mut HostAdmin, config, now, due || first)
+        {
             Start::Started => self.last_poll_ms = now,
             Start::Failed => {
                 self.last_poll_ms = now;

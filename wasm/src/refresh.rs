@@ -1,6 +1,8 @@
 //! The leader's refresh: ask the change gate (a small stats answer) whether
 //! anything changed, then fetch the config dump and live health, and turn
-//! them into plans. Runs only in the elected root context.
+//! them into plans. Runs only in the elected root context, through
+//! [`AdminApi`]: the proxy-wasm glue implements it with host calls, the
+//! tests below with canned answers.
 
 use crate::admin_json::{
     check_admin_response, implied_live_health, needs_live_health, parse_clusters,
@@ -10,12 +12,24 @@ use crate::change_gate::{hidden_cluster, ChangeGate, Reason, Verdict};
 use crate::config::PluginConfig;
 use crate::narrow::{merge, narrowed_path, worth_narrowing, KnownClusters, Scope};
 use crate::plan::ClusterPlan;
-use crate::snapshot::build_plans;
-use proxy_wasm::hostcalls::dispatch_http_call;
-use proxy_wasm::types::{BufferType, MapType};
+use crate::plans::build_plans;
 use rustc_hash::FxBuildHasher;
 use std::collections::HashSet;
 use std::time::Duration;
+
+/// What the refresh asks of its host: calls to Envoy's admin API through
+/// the admin cluster, the answer being read, and the clock.
+pub trait AdminApi {
+    /// Starts `GET path` on `cluster` (JSON accepted): the call's token, or
+    /// why it could not start.
+    fn get(&mut self, cluster: &str, path: &str, timeout: Duration) -> Result<u32, String>;
+    /// The `:status` of the answer being read (asked only when it has headers).
+    fn response_status(&self) -> Option<Vec<u8>>;
+    /// The first `size` bytes of the answer's body.
+    fn response_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// Wall-clock microseconds, for cost figures (not decisions).
+    fn now_us(&self) -> u64;
+}
 
 enum Pending {
     Stats {
@@ -135,7 +149,13 @@ impl Refresher {
 
     /// Starts a refresh when `due` and none is under way. A call that never
     /// got its callback is dropped (and counts as failed) after two timeouts.
-    pub fn poll(&mut self, config: &PluginConfig, now_ms: u64, due: bool) -> Start {
+    pub fn poll(
+        &mut self,
+        admin: &mut impl AdminApi,
+        config: &PluginConfig,
+        now_ms: u64,
+        due: bool,
+    ) -> Start {
         if let Some((_, started)) = &self.pending {
             let lost_after = config.admin_timeout_ms * 2 + config.refresh_interval_ms;
             if now_ms.saturating_sub(*started) < lost_after {
@@ -151,13 +171,13 @@ impl Refresher {
             if !self.full_allowed(now_ms) {
                 return Start::NotDue;
             }
-            return if self.start_dump(config, now_ms, None) {
+            return if self.start_dump(admin, config, now_ms, None) {
                 Start::Started
             } else {
                 Start::Failed
             };
         }
-        match self.dispatch(config, &config.admin_stats_path) {
+        match self.dispatch(admin, config, &config.admin_stats_path) {
             Some(token) => {
                 self.pending = Some((Pending::Stats { token }, now_ms));
                 Start::Started
@@ -170,6 +190,7 @@ impl Refresher {
     /// call could not be made.
     fn start_dump(
         &mut self,
+        admin: &mut impl AdminApi,
         config: &PluginConfig,
         now_ms: u64,
         only: Option<(String, Vec<String>)>,
@@ -181,7 +202,7 @@ impl Refresher {
                 (config.admin_path.clone(), None)
             }
         };
-        match self.dispatch(config, &path) {
+        match self.dispatch(admin, config, &path) {
             Some(token) => {
                 self.pending = Some((Pending::Dump { token, only }, now_ms));
                 true
@@ -248,19 +269,18 @@ impl Refresher {
         }
     }
 
-    fn dispatch(&mut self, config: &PluginConfig, path: &str) -> Option<u32> {
-        let headers = vec![
-            (":method", "GET"),
-            (":path", path),
-            (":authority", config.admin_cluster.as_str()),
-            ("accept", "application/json"),
-        ];
+    fn dispatch(
+        &mut self,
+        admin: &mut impl AdminApi,
+        config: &PluginConfig,
+        path: &str,
+    ) -> Option<u32> {
         let timeout = Duration::from_millis(config.admin_timeout_ms);
-        match dispatch_http_call(&config.admin_cluster, headers, None, vec![], timeout) {
+        match admin.get(&config.admin_cluster, path, timeout) {
             Ok(token) => Some(token),
             Err(e) => {
                 self.fail(format!(
-                    "cannot call admin cluster {:?} ({e:?}); is it defined in the bootstrap?",
+                    "cannot call admin cluster {:?} ({e}); is it defined in the bootstrap?",
                     config.admin_cluster
                 ));
                 None
@@ -270,8 +290,10 @@ impl Refresher {
 
     /// `num_headers` is 0 when the call failed (reset, timeout, cut mid-body):
     /// then there is no header map to read, and reading it would trap.
+    #[allow(clippy::too_many_arguments)]
     pub fn on_response(
         &mut self,
+        admin: &mut impl AdminApi,
         config: &PluginConfig,
         token: u32,
         num_headers: usize,
@@ -293,7 +315,7 @@ impl Refresher {
         };
         match pending {
             Pending::Stats { .. } => {
-                let mut stats = read_body("stats", config, num_headers, body_size);
+                let mut stats = read_body(admin, "stats", config, num_headers, body_size);
                 let managed = self.known_live.as_ref().map(|live| {
                     live.clusters
                         .keys()
@@ -333,7 +355,7 @@ impl Refresher {
                                 c.len()
                             ))
                         );
-                        if self.start_dump(config, now_ms, narrowed) {
+                        if self.start_dump(admin, config, now_ms, narrowed) {
                             Outcome::Nothing
                         } else {
                             Outcome::Failed
@@ -344,11 +366,11 @@ impl Refresher {
             Pending::Dump { only, .. } => {
                 let narrowed_to = only.as_ref().map(Vec::len);
                 let (dump, dump_changed) =
-                    match self.read_dump(config, num_headers, body_size, only) {
+                    match self.read_dump(admin, config, num_headers, body_size, only) {
                         Ok(Some(read)) => read,
                         // The narrowed answer did not fit: ask for everything.
                         Ok(None) => {
-                            return if self.start_dump(config, now_ms, None) {
+                            return if self.start_dump(admin, config, now_ms, None) {
                                 Outcome::Nothing
                             } else {
                                 Outcome::Failed
@@ -383,10 +405,10 @@ impl Refresher {
                         return self.finish(dump, Some(implied), work, started, now_ms, config);
                     }
                 }
-                match self.dispatch(config, &config.admin_health_path) {
+                match self.dispatch(admin, config, &config.admin_health_path) {
                     Some(token) => {
                         let work = Work {
-                            earlier_busy_us: super::now_us().saturating_sub(clock_us),
+                            earlier_busy_us: admin.now_us().saturating_sub(clock_us),
                             ..work
                         };
                         self.pending = Some((Pending::Health { token, dump, work }, started));
@@ -396,7 +418,7 @@ impl Refresher {
                 }
             }
             Pending::Health { dump, mut work, .. } => {
-                let body = match read_body("live health", config, num_headers, body_size) {
+                let body = match read_body(admin, "live health", config, num_headers, body_size) {
                     Ok(body) => body,
                     Err(why) => return self.fail(why),
                 };
@@ -419,12 +441,13 @@ impl Refresher {
     /// does not match what was asked.
     fn read_dump(
         &mut self,
+        admin: &impl AdminApi,
         config: &PluginConfig,
         num_headers: usize,
         body_size: usize,
         only: Option<Vec<String>>,
     ) -> Result<Option<(EndpointsDump, bool)>, String> {
-        let body = read_body("config_dump", config, num_headers, body_size)?;
+        let body = read_body(admin, "config_dump", config, num_headers, body_size)?;
         let dump = parse_config_dump(&body, &config.selection.metadata_namespace)
             .map_err(|e| e.to_string())?;
         self.log_notes(&dump.notes);
@@ -535,6 +558,7 @@ impl Refresher {
 }
 
 fn read_body(
+    admin: &impl AdminApi,
     what: &str,
     config: &PluginConfig,
     num_headers: usize,
@@ -543,7 +567,7 @@ fn read_body(
     let status = if num_headers == 0 {
         None
     } else {
-        super::host::header(MapType::HttpCallResponseHeaders, ":status")
+        admin.response_status()
     };
     check_admin_response(
         what,
@@ -555,6 +579,359 @@ fn read_body(
     if body_size == 0 {
         return Ok(Vec::new());
     }
-    super::host::buffer(BufferType::HttpCallResponseBody, body_size)
+    admin
+        .response_body(body_size)
         .ok_or_else(|| format!("{what}: cannot read the body"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Tier;
+
+    /// Envoy's admin API with canned answers: records what is asked.
+    #[derive(Default)]
+    struct FakeAdmin {
+        /// Paths asked, in order (the token of the i-th is i + 1).
+        asked: Vec<String>,
+        /// `get` fails (no such cluster).
+        refuse: bool,
+        /// The answer being read: `:status` and body.
+        answer: (Option<Vec<u8>>, Vec<u8>),
+    }
+
+    impl AdminApi for FakeAdmin {
+        fn get(&mut self, cluster: &str, path: &str, _timeout: Duration) -> Result<u32, String> {
+            assert_eq!(cluster, "envoy_admin");
+            if self.refuse {
+                return Err("BadArgument".into());
+            }
+            self.asked.push(path.to_string());
+            Ok(self.asked.len() as u32)
+        }
+        fn response_status(&self) -> Option<Vec<u8>> {
+            self.answer.0.clone()
+        }
+        fn response_body(&self, size: usize) -> Option<Vec<u8>> {
+            self.answer.1.get(..size).map(<[u8]>::to_vec)
+        }
+        fn now_us(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A refresher, its admin API and the clock.
+    struct Leader {
+        refresher: Refresher,
+        admin: FakeAdmin,
+        config: PluginConfig,
+        now_ms: u64,
+    }
+
+    impl Leader {
+        fn new(config: PluginConfig) -> Leader {
+            Leader {
+                refresher: Refresher::default(),
+                admin: FakeAdmin::default(),
+                config,
+                now_ms: 1_000_000,
+            }
+        }
+
+        fn poll(&mut self) -> Start {
+            self.refresher
+                .poll(&mut self.admin, &self.config, self.now_ms, true)
+        }
+
+        fn last_asked(&self) -> &str {
+            self.admin.asked.last().map_or("", String::as_str)
+        }
+
+        /// The last call's answer: HTTP 200 with `body`.
+        fn answer(&mut self, body: &str) -> Outcome {
+            self.answer_with(Some(b"200"), body.as_bytes())
+        }
+
+        /// `status: None` is a call that failed (no headers).
+        fn answer_with(&mut self, status: Option<&[u8]>, body: &[u8]) -> Outcome {
+            self.admin.answer = (status.map(<[u8]>::to_vec), body.to_vec());
+            let token = self.admin.asked.len() as u32;
+            let headers = usize::from(status.is_some());
+            self.refresher.on_response(
+                &mut self.admin,
+                &self.config,
+                token,
+                headers,
+                body.len(),
+                self.now_ms,
+                0,
+            )
+        }
+
+        /// A whole first refresh: stats (when the gate is on), dump, live
+        /// health; the plans published.
+        fn first_refresh(&mut self, stats: &str, dump: &str, live: &str) -> Vec<ClusterPlan> {
+            assert_eq!(self.poll(), Start::Started);
+            if ChangeGate::enabled(&self.config) {
+                assert_eq!(self.last_asked(), self.config.admin_stats_path);
+                assert!(matches!(self.answer(stats), Outcome::Nothing));
+            }
+            assert_eq!(self.last_asked(), self.config.admin_path);
+            assert!(matches!(self.answer(dump), Outcome::Nothing));
+            assert_eq!(self.last_asked(), self.config.admin_health_path);
+            match self.answer(live) {
+                Outcome::Plans(plans, work) => {
+                    assert!(work.live_read && work.dump_changed);
+                    assert_eq!(work.admin_bytes, dump.len() + live.len());
+                    plans
+                }
+                other => panic!("{}", name(&other)),
+            }
+        }
+    }
+
+    fn name(o: &Outcome) -> &'static str {
+        match o {
+            Outcome::Nothing => "Nothing",
+            Outcome::Plans(..) => "Plans",
+            Outcome::Patch(..) => "Patch",
+            Outcome::Unchanged(_) => "Unchanged",
+            Outcome::Skipped => "Skipped",
+            Outcome::Failed => "Failed",
+        }
+    }
+
+    /// A config dump: clusters of (name, [(last address byte, EDS status)]),
+    /// every host serving by metadata unless its status says otherwise.
+    fn dump(clusters: &[(&str, &[(u8, &str)])]) -> String {
+        let entries: Vec<String> = clusters
+            .iter()
+            .map(|(name, hosts)| {
+                let lbs: Vec<String> = hosts
+                    .iter()
+                    .map(|(ip, health)| {
+                        format!(
+                            r#"{{"endpoint":{{"address":{{"socket_address":{{"address":"10.0.0.{ip}","port_value":80}}}}}},"health_status":"{health}"}}"#
+                        )
+                    })
+                    .collect();
+                format!(
+                    r#"{{"endpoint_config":{{"cluster_name":"{name}","endpoints":[{{"lb_endpoints":[{}]}}]}}}}"#,
+                    lbs.join(",")
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"configs":[{{"static_endpoint_configs":[{}]}}]}}"#,
+            entries.join(",")
+        )
+    }
+
+    /// `/clusters?format=json` naming these clusters, hosts healthy.
+    fn live(clusters: &[(&str, &[u8])]) -> String {
+        let statuses: Vec<String> = clusters
+            .iter()
+            .map(|(name, hosts)| {
+                let hosts: Vec<String> = hosts
+                    .iter()
+                    .map(|ip| {
+                        format!(
+                            r#"{{"address":{{"socket_address":{{"address":"10.0.0.{ip}","port_value":80}}}},"health_status":{{"eds_health_status":"HEALTHY"}}}}"#
+                        )
+                    })
+                    .collect();
+                format!(
+                    r#"{{"name":"{name}","host_statuses":[{}]}}"#,
+                    hosts.join(",")
+                )
+            })
+            .collect();
+        format!(r#"{{"cluster_statuses":[{}]}}"#, statuses.join(","))
+    }
+
+    /// A stats answer: each cluster's membership_total (sorted, as Envoy's).
+    fn stats(clusters: &[(&str, u32)]) -> String {
+        clusters
+            .iter()
+            .map(|(name, n)| format!("cluster.{name}.membership_total: {n}\n"))
+            .collect()
+    }
+
+    const THREE: [(&str, &[(u8, &str)]); 3] = [
+        ("a", &[(1, "HEALTHY")]),
+        ("b", &[(2, "HEALTHY")]),
+        ("c", &[(3, "HEALTHY")]),
+    ];
+    const THREE_LIVE: [(&str, &[u8]); 3] = [("a", &[1]), ("b", &[2]), ("c", &[3])];
+
+    fn three() -> Leader {
+        let mut l = Leader::new(PluginConfig::default());
+        let plans = l.first_refresh(
+            &stats(&[("a", 1), ("b", 1), ("c", 1)]),
+            &dump(&THREE),
+            &live(&THREE_LIVE),
+        );
+        let names: Vec<&str> = plans.iter().map(|p| p.cluster.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(plans.iter().all(|p| p.tier == Tier::Ready));
+        l
+    }
+
+    #[test]
+    fn first_refresh_reads_stats_dump_and_live_health() {
+        let l = three();
+        assert_eq!(l.admin.asked.len(), 3);
+        assert!(!l.refresher.failing());
+    }
+
+    #[test]
+    fn unmoved_stats_skip_the_dump() {
+        let mut l = three();
+        l.now_ms += 1000;
+        assert_eq!(l.poll(), Start::Started);
+        let asked = l.admin.asked.len();
+        let out = l.answer(&stats(&[("a", 1), ("b", 1), ("c", 1)]));
+        assert!(matches!(out, Outcome::Skipped), "{}", name(&out));
+        assert_eq!(l.admin.asked.len(), asked, "no dump asked");
+        // Past full_refresh_interval_ms the dump is read whatever the stats say.
+        l.now_ms += l.config.full_refresh_interval_ms;
+        assert_eq!(l.poll(), Start::Started);
+        l.answer(&stats(&[("a", 1), ("b", 1), ("c", 1)]));
+        assert_eq!(l.last_asked(), l.config.admin_path);
+        // Same endpoints, every host settled by the dump: no `/clusters`.
+        let out = l.answer(&dump(&THREE));
+        assert!(matches!(out, Outcome::Unchanged(_)), "{}", name(&out));
+    }
+
+    #[test]
+    fn stats_of_one_cluster_narrow_the_dump_to_it() {
+        let mut l = three();
+        l.now_ms += 1000;
+        l.poll();
+        l.answer(&stats(&[("a", 2), ("b", 1), ("c", 1)]));
+        assert_eq!(
+            l.last_asked(),
+            format!("{}&name_regex=%5E%28a%29%24", l.config.admin_path)
+        );
+        let out = l.answer(&dump(&[("a", &[(1, "HEALTHY"), (4, "UNHEALTHY")])]));
+        // A host the dump calls UNHEALTHY: `/clusters` tells why.
+        assert_eq!(l.last_asked(), l.config.admin_health_path);
+        assert!(matches!(out, Outcome::Nothing));
+        match l.answer(&live(&[("a", &[1, 4]), ("b", &[2]), ("c", &[3])])) {
+            Outcome::Patch(plans, work) => {
+                assert_eq!(work.narrowed_to, Some(1));
+                assert_eq!(plans.len(), 1);
+                assert_eq!(plans[0].cluster, "a");
+            }
+            other => panic!("{}", name(&other)),
+        }
+        // A narrowed answer that brings another cluster: everything is asked.
+        l.now_ms += 1000;
+        l.poll();
+        l.answer(&stats(&[("a", 3), ("b", 1), ("c", 1)]));
+        assert!(l.last_asked().contains("name_regex"));
+        let out = l.answer(&dump(&[("a", &[(1, "HEALTHY")]), ("b", &[(2, "HEALTHY")])]));
+        assert!(matches!(out, Outcome::Nothing));
+        assert_eq!(l.last_asked(), l.config.admin_path);
+    }
+
+    #[test]
+    fn failures_keep_the_last_snapshot_until_a_refresh_succeeds() {
+        let mut l = three();
+        l.now_ms += 1000;
+        l.poll();
+        // The stats call failed (no headers to read): the gate is off for
+        // this poll, the dump is asked for.
+        assert!(matches!(l.answer_with(None, b""), Outcome::Nothing));
+        assert_eq!(l.last_asked(), l.config.admin_path);
+        assert!(matches!(l.answer_with(None, b""), Outcome::Failed));
+        assert!(l.refresher.failing());
+        l.now_ms += 1000;
+        l.poll();
+        l.answer(&stats(&[("a", 2), ("b", 1), ("c", 1)]));
+        let out = l.answer_with(Some(b"503"), b"busy");
+        assert!(matches!(out, Outcome::Failed));
+        assert!(l.refresher.failing());
+        // The gate recorded nothing from the failures: the next stats move
+        // on from the last good ones, and the refresh recovers.
+        l.now_ms += 1000;
+        l.poll();
+        l.answer(&stats(&[("a", 1), ("b", 1), ("c", 2)]));
+        let out = l.answer(&dump(&[("c", &[(3, "HEALTHY"), (5, "HEALTHY")])]));
+        assert!(matches!(out, Outcome::Patch(..)), "{}", name(&out));
+        assert!(!l.refresher.failing());
+    }
+
+    #[test]
+    fn answers_too_large_or_unreadable_fail() {
+        let mut config = PluginConfig::default();
+        config.admin_stats_path.clear();
+        config.max_admin_body_bytes = 10;
+        let mut l = Leader::new(config);
+        l.poll();
+        assert_eq!(l.last_asked(), l.config.admin_path);
+        assert!(matches!(l.answer(&dump(&THREE)), Outcome::Failed));
+        l.config.max_admin_body_bytes = 1 << 20;
+        l.now_ms += 1000;
+        l.poll();
+        assert!(matches!(l.answer("{not json"), Outcome::Failed));
+    }
+
+    #[test]
+    fn a_call_without_answer_is_dropped_after_two_timeouts() {
+        let mut l = Leader::new(PluginConfig::default());
+        assert_eq!(l.poll(), Start::Started);
+        l.now_ms += l.config.admin_timeout_ms;
+        assert_eq!(l.poll(), Start::Busy);
+        l.now_ms += l.config.admin_timeout_ms + l.config.refresh_interval_ms;
+        assert_eq!(l.poll(), Start::Failed);
+        assert!(l.refresher.failing());
+        assert_eq!(l.poll(), Start::Started);
+        // An answer to a call that is not the one under way is not ours.
+        let out = l
+            .refresher
+            .on_response(&mut l.admin, &l.config, 99, 1, 0, l.now_ms, 0);
+        assert!(matches!(out, Outcome::Nothing));
+    }
+
+    #[test]
+    fn no_admin_cluster_fails_the_poll() {
+        let mut l = Leader::new(PluginConfig::default());
+        l.admin.refuse = true;
+        assert_eq!(l.poll(), Start::Failed);
+        assert!(l.refresher.failing());
+        assert!(l.admin.asked.is_empty());
+    }
+
+    #[test]
+    fn without_the_gate_full_refreshes_space_out_by_their_duration() {
+        let mut config = PluginConfig::default();
+        config.admin_stats_path.clear();
+        let mut l = Leader::new(config);
+        let start = l.now_ms;
+        assert_eq!(l.poll(), Start::Started);
+        l.answer(&dump(&THREE));
+        // The whole refresh took 100 ms (admin rendering included).
+        l.now_ms += 100;
+        assert!(matches!(l.answer(&live(&THREE_LIVE)), Outcome::Plans(..)));
+        assert_eq!(l.refresher.last_took_ms(), 100);
+        l.now_ms = start + 100 * ADMIN_SHARE_DIVISOR - 1;
+        assert_eq!(l.poll(), Start::NotDue);
+        l.now_ms = start + 100 * ADMIN_SHARE_DIVISOR;
+        assert_eq!(l.poll(), Start::Started);
+        // Same dump, health settled by it: nothing changed.
+        let out = l.answer(&dump(&THREE));
+        assert!(matches!(out, Outcome::Unchanged(_)), "{}", name(&out));
+    }
+
+    #[test]
+    fn stats_that_hide_a_cluster_turn_the_gate_off() {
+        let mut l = three();
+        l.now_ms += 1000;
+        l.poll();
+        // No line for cluster c (a stats_matcher drops it): full refresh.
+        l.answer(&stats(&[("a", 1), ("b", 1)]));
+        assert_eq!(l.last_asked(), l.config.admin_path);
+        assert!(l.refresher.gate_problem.is_some());
+    }
 }
