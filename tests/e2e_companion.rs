@@ -3,8 +3,9 @@
 //! serving-picker -> real backends.
 //!
 //! - the seed table's rows, walked through slice changes, with the wasm form
-//!   (ADS), and with the priority output and Envoy's plain round robin (no
-//!   module, plain EDS);
+//!   (ADS), the native form over mutual TLS (ADS, envoy-companion.yaml's
+//!   transport socket), and with the priority output and Envoy's plain
+//!   round robin (no module, plain EDS);
 //! - two Envoys on one companion; an Envoy restarted (gets the current
 //!   state); the companion killed and restarted (Envoy keeps the last
 //!   assignment, then follows the new process); a malformed slice file
@@ -23,6 +24,7 @@ use std::time::Duration;
 use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};
 use support::envoy::fresh_dir;
 use support::load::{Load, LoadConfig};
+use support::mtls::Mtls;
 use support::*;
 
 const CLUSTER: &str = "backend";
@@ -39,10 +41,24 @@ enum Picker {
 }
 
 fn envoy_on(companion: &Companion, tag: &str, picker: Picker, api: XdsApi) -> Envoy {
-    let b = EnvoyBuilder::new()
+    envoy_over(companion, tag, picker, api, None)
+}
+
+/// As `envoy_on`, over mutual TLS when `mtls` is given.
+fn envoy_over(
+    companion: &Companion,
+    tag: &str,
+    picker: Picker,
+    api: XdsApi,
+    mtls: Option<&Mtls>,
+) -> Envoy {
+    let mut b = EnvoyBuilder::new()
         .tag(tag)
         .eds_cluster(CLUSTER, &[])
         .bootstrap_hook(eds_from_companion(companion.listen_addr(), api));
+    if let Some(m) = mtls {
+        b = b.bootstrap_hook(m.envoy_hook());
+    }
     match picker {
         Picker::Module(form) => b.form(form).start(),
         Picker::PlainRoundRobin => b
@@ -184,11 +200,18 @@ fn walk_seed_rows(c: &Chain, envoy: &Envoy, picker: Picker, a: &Backend, b: &Bac
 }
 
 fn seed_rows(picker: Picker, api: XdsApi, extra: &[&str]) -> Chain {
+    seed_rows_over(picker, api, extra, None)
+}
+
+fn seed_rows_over(picker: Picker, api: XdsApi, extra: &[&str], mtls: Option<&Mtls>) -> Chain {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let c = chain(&[Endpoint::serving(a.addr())], extra);
+    let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    args.extend(mtls.iter().flat_map(|m| m.companion_args()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let c = chain(&[Endpoint::serving(a.addr())], &args);
     let tag = format!("companion-rows-{picker:?}-{api:?}");
-    let envoy = envoy_on(&c.companion, &tag, picker, api);
+    let envoy = envoy_over(&c.companion, &tag, picker, api, mtls);
     walk_seed_rows(&c, &envoy, picker, &a, &b);
     assert_eq!(
         c.companion
@@ -206,6 +229,25 @@ fn seed_rows_wasm_form_over_ads() {
             .metric("serving_picker_conditions_xds_acks_total")
             .unwrap_or(0.0)
             >= 10.0
+    );
+}
+
+/// The same over mutual TLS, as envoy-companion.yaml reaches the
+/// companion (its transport socket, SDS from files).
+#[test]
+fn seed_rows_native_form_over_ads_mtls() {
+    let m = Mtls::new("rows");
+    let c = seed_rows_over(Picker::Module(Form::Native), XdsApi::Ads, &[], Some(&m));
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_tls_handshakes_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_tls_refusals_total"),
+        None
     );
 }
 

@@ -5,7 +5,9 @@
 //!
 //! Three times: with the wasm form and the native form (conditions as
 //! metadata), and with the
-//! companion's priority output and Envoy's plain round robin (no module).
+//! companion's priority output and Envoy's plain round robin (no module);
+//! and once more with the native form over mutual TLS, as
+//! envoy-companion.yaml reaches the companion.
 //! Both with envoy.yaml's retry policy and outlier detection. Asserted for
 //! both: no failed request over the whole walk; B never reached before it is
 //! serving; no new request reaches A later than the grace after B serves.
@@ -19,6 +21,7 @@ use serde_json::json;
 use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};
 use support::envoy::fresh_dir;
 use support::load::{Load, LoadConfig};
+use support::mtls::Mtls;
 use support::tweak::{envoy_yaml_outlier_detection, envoy_yaml_retry_policy, merge_cluster};
 use support::*;
 
@@ -38,16 +41,18 @@ enum Picker {
     PlainRoundRobin,
 }
 
-fn walk_one_replica(picker: Picker) {
+fn walk_one_replica(picker: Picker, mtls: Option<Mtls>) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let slices = SliceDir::create(&fresh_dir("soak-slices"));
     slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
-    let extra: &[&str] = match picker {
-        Picker::Module(_) => &[],
-        Picker::PlainRoundRobin => &["--priorities"],
+    let mut extra: Vec<String> = match picker {
+        Picker::Module(_) => vec![],
+        Picker::PlainRoundRobin => vec!["--priorities".into()],
     };
-    let companion = Companion::start(slices.path(), &[(CLUSTER, SERVICE)], extra);
+    extra.extend(mtls.iter().flat_map(Mtls::companion_args));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let companion = Companion::start(slices.path(), &[(CLUSTER, SERVICE)], &extra);
     let mut builder = EnvoyBuilder::new()
         .tag(&format!("companion-soak-{picker:?}"))
         .eds_cluster(CLUSTER, &[])
@@ -57,6 +62,9 @@ fn walk_one_replica(picker: Picker) {
             json!({"outlier_detection": envoy_yaml_outlier_detection()}),
         ))
         .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Ads));
+    if let Some(m) = &mtls {
+        builder = builder.bootstrap_hook(m.envoy_hook());
+    }
     builder = match picker {
         Picker::Module(form) => builder.form(form),
         Picker::PlainRoundRobin => builder
@@ -128,11 +136,12 @@ fn walk_one_replica(picker: Picker) {
     step("A removed", &[Endpoint::serving(b.addr())]);
     std::thread::sleep(PHASE);
     let report = load.finish();
-    let title = format!("one-replica update through the companion, {picker:?}");
+    let over = if mtls.is_some() { " over mTLS" } else { "" };
+    let title = format!("one-replica update through the companion{over}, {picker:?}");
     let table = report.phase_table(&title);
     println!("{table}");
     println!(
-        "companion-soak-summary | {picker:?} | requests {} | failures {} | {:.0} req/s",
+        "companion-soak-summary | {picker:?}{over} | requests {} | failures {} | {:.0} req/s",
         report.requests(),
         report.failures(),
         report.rate()
@@ -164,19 +173,36 @@ fn walk_one_replica(picker: Picker) {
         companion.metric("serving_picker_conditions_xds_nacks_total"),
         Some(0.0)
     );
+    if mtls.is_some() {
+        assert!(
+            companion
+                .metric("serving_picker_conditions_tls_handshakes_total")
+                .unwrap_or(0.0)
+                >= 1.0
+        );
+        assert_eq!(
+            companion.metric("serving_picker_conditions_tls_refusals_total"),
+            None
+        );
+    }
 }
 
 #[test]
 fn soak_one_replica_update_wasm_form() {
-    walk_one_replica(Picker::Module(Form::Wasm));
+    walk_one_replica(Picker::Module(Form::Wasm), None);
 }
 
 #[test]
 fn soak_one_replica_update_native_form() {
-    walk_one_replica(Picker::Module(Form::Native));
+    walk_one_replica(Picker::Module(Form::Native), None);
 }
 
 #[test]
 fn soak_one_replica_update_priority_output_plain_round_robin() {
-    walk_one_replica(Picker::PlainRoundRobin);
+    walk_one_replica(Picker::PlainRoundRobin, None);
+}
+
+#[test]
+fn soak_one_replica_update_native_form_over_mtls() {
+    walk_one_replica(Picker::Module(Form::Native), Some(Mtls::new("soak")));
 }

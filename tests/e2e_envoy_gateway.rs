@@ -139,6 +139,52 @@ struct Eg {
 }
 
 impl Eg {
+    /// Over TLS as EG's extension manager dials (grpc-go with its
+    /// advancedtls credentials): the companion's certificate verified
+    /// against `ca_pem` (EG's `certificateRef`) for `host` (the host of
+    /// `service.fqdn`), and `identity` shown when given
+    /// (`clientCertificateRef`). An error when the companion refuses.
+    fn connect_tls(
+        addr: SocketAddr,
+        ca_pem: &str,
+        host: &str,
+        identity: Option<&support::pki::Leaf>,
+    ) -> Result<Eg, String> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca_pem))
+            .domain_name(host);
+        if let Some(leaf) = identity {
+            tls = tls.identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem));
+        }
+        let client = rt.block_on(async {
+            let channel = Endpoint::from_shared(format!("https://{addr}"))
+                .map_err(|e| e.to_string())?
+                .tls_config(tls)
+                .map_err(|e| e.to_string())?
+                .connect()
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            Ok::<_, String>(EnvoyGatewayExtensionClient::new(channel))
+        })?;
+        let eg = Eg { rt, client };
+        // The verdict on a client certificate comes with the first call.
+        let mut c = eg.client.clone();
+        let probe = RawPostEndpointsModifyRequest {
+            load_assignment: Some(Vec::new().into()),
+            post_endpoints_context: Some(Vec::new().into()),
+        };
+        eg.rt
+            .block_on(c.post_endpoints_modify_raw(probe))
+            .map_err(|e| format!("{e:?}"))?;
+        Ok(eg)
+    }
+
     fn connect(addr: SocketAddr) -> Eg {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -582,5 +628,82 @@ fn unmanaged_assignments_come_back_byte_identical() {
     assert_eq!(
         companion.metric("serving_picker_conditions_eg_hook_calls_total{result=\"unmanaged\"}"),
         2.0
+    );
+}
+
+/// The host EG dials: `extensionManager.service.fqdn.hostname` in the
+/// shipped envoy-gateway-config.yaml.
+fn shipped_eg_fqdn() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/envoy-gateway/envoy-gateway-config.yaml");
+    let config: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let inner: Value =
+        serde_saphyr::from_str(config["data"]["envoy-gateway.yaml"].as_str().unwrap()).unwrap();
+    inner["extensionManager"]["service"]["fqdn"]["hostname"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The hook over mutual TLS with a client that verifies the companion as
+/// EG does, and EG's client certificate (a SPIFFE ID the companion's
+/// `--client-san` allows): the seed rows' answers as over plaintext. A
+/// client without a certificate, or with one whose SAN is not allowed,
+/// gets no answer; neither does one that expects another server name.
+#[test]
+fn the_hook_over_mutual_tls_with_a_client_shaped_as_eg() {
+    use support::pki::{refs, Ca, SecretVolume};
+    let host = shipped_eg_fqdn();
+    let eg_id = "spiffe://cluster.local/ns/envoy-gateway-system/sa/envoy-gateway";
+    let ca = Ca::new("eg hook CA");
+    let server = ca.server(&[&host]);
+    let volume = SecretVolume::create(
+        &fresh_dir("eg-tls").join("tls"),
+        &refs(&support::pki::companion_files(&server, &ca.pem)),
+    );
+    let f = |n: &str| volume.file(n).display().to_string();
+    let (cert, key, client_ca) = (f("tls.crt"), f("tls.key"), f("ca.crt"));
+    let slices = SliceDir::create(&fresh_dir("eg-tls-slices"));
+    let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let b: SocketAddr = "127.0.0.1:10".parse().unwrap();
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a)]);
+    let companion = EgCompanion::start(
+        slices.path(),
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--client-ca",
+            &client_ca,
+            "--client-san",
+            eg_id,
+        ],
+    );
+    let eg_cert = ca.client(&[eg_id]);
+    let eg = Eg::connect_tls(companion.listen, &ca.pem, &host, Some(&eg_cert)).unwrap();
+    for eps in [
+        vec![Endpoint::serving(a)],
+        vec![Endpoint::serving_terminating(a), Endpoint::not_serving(b)],
+        vec![Endpoint::serving_terminating(a), Endpoint::serving(b)],
+    ] {
+        slices.set_endpoints(SERVICE, &eps);
+        ask(&eg, &eps, false, "over mTLS");
+    }
+    assert!(Eg::connect_tls(companion.listen, &ca.pem, &host, None).is_err());
+    let stranger = ca.client(&["spiffe://cluster.local/ns/default/sa/someone"]);
+    assert!(Eg::connect_tls(companion.listen, &ca.pem, &host, Some(&stranger)).is_err());
+    assert!(Eg::connect_tls(companion.listen, &ca.pem, "other.example", Some(&eg_cert)).is_err());
+    // Counted (tonic's channel dials again at once after a refusal: each
+    // dial is one).
+    for reason in ["no_client_cert", "san_not_allowed", "client_alert"] {
+        let n = companion.metric(&format!(
+            "serving_picker_conditions_tls_refusals_total{{reason=\"{reason}\"}}"
+        ));
+        assert!(n >= 1.0, "{reason}: {n}");
+    }
+    assert!(
+        companion.metric("serving_picker_conditions_eg_hook_calls_total{result=\"managed\"}")
+            >= 3.0
     );
 }

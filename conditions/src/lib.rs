@@ -15,6 +15,8 @@
 //! - `eds`: the xDS protocol per stream, and the gRPC services.
 //! - `metrics`: Prometheus, `/healthz`, `/readyz`.
 //! - `serve`: the listeners and the gRPC server, as both modes run them.
+//! - `tls`: TLS and mTLS on the gRPC listener, files reloaded as they change.
+//! - `log_limit`: log lines at a bounded rate.
 //! - `envoy_gateway`: mode `envoy-gateway`, Envoy Gateway's PostEndpointsModify
 //!   hook answered from the index.
 
@@ -26,9 +28,11 @@ pub mod envoy_gateway;
 #[cfg(test)]
 mod fixtures;
 pub mod index;
+pub mod log_limit;
 pub mod metrics;
 pub mod publish;
 pub mod serve;
 pub mod slice;
 pub mod source;
+pub mod tls;
 pub mod view;

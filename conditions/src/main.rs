@@ -1,7 +1,8 @@
 //! serving-picker-conditions: EndpointSlices -> endpoint conditions for Envoy.
 //!
 //! `serving-picker-conditions eds --listen ADDR:PORT --cluster NAME=NAMESPACE/SERVICE:PORT_NAME
-//! [--cluster ...] [--slices-dir DIR]`: an xDS (EDS/ADS) server; without
+//! [--cluster ...] [--slices-dir DIR] [--tls-cert FILE --tls-key FILE [--client-ca FILE
+//! [--client-san NAME ...]]]`: an xDS (EDS/ADS) server; without
 //! `--slices-dir` it watches the Kubernetes API (in-cluster config, or
 //! KUBECONFIG / ~/.kube/config).
 //!
@@ -24,6 +25,7 @@ use serving_picker_conditions::metrics::{self, Metrics};
 use serving_picker_conditions::publish::{self, Publisher, Snapshot};
 use serving_picker_conditions::serve;
 use serving_picker_conditions::source;
+use serving_picker_conditions::tls;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -90,6 +92,8 @@ struct EdsArgs {
     /// Address family served per Service port.
     #[arg(long, value_enum, default_value_t = Family::Auto)]
     ip_family: Family,
+    #[command(flatten)]
+    tls: tls::TlsArgs,
 }
 
 fn init_logs(format: LogFormat) {
@@ -138,7 +142,9 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         metadata_namespace: args.metadata_namespace.clone(),
         priorities: args.priorities,
     };
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    let tls = tls::start(&args.tls, args.listen, metrics.registry_mut())?;
+    let metrics = Arc::new(metrics);
     let (grpc, http) = serve::bind_listeners(args.listen, args.metrics_listen).await?;
     tracing::info!(
         listen = %args.listen,
@@ -187,7 +193,7 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         .add_service(ads)
         .add_service(eds)
         .serve_with_incoming_shutdown(
-            serve::incoming(grpc),
+            tls::incoming(tls, serve::incoming(grpc)),
             serve::serving_until(metrics.clone(), shutdown_signal()),
         );
     serve::until_source_ends(server, "xDS server", source_task).await

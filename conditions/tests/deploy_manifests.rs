@@ -5,6 +5,14 @@
 //! difference; a wrong type fails to read). The companion's container args
 //! are given to the real binary, which must accept them; its RBAC must allow
 //! what the companion reads.
+//!
+//! Every folder under deploy/ is built with `kubectl kustomize` (offline),
+//! and each build with a companion is checked as a security review would:
+//! mutual TLS with files from a cert-manager Certificate of the build, the
+//! client identity it lets in issued there too, a NetworkPolicy that admits
+//! named clients only, a PodDisruptionBudget, spread over nodes and zones,
+//! RBAC that allows the watch (a Role in the Services' namespace for the
+//! namespaced variant), and the readiness each mode needs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -13,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -92,37 +101,46 @@ fn diff(path: &str, want: &Value, got: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// Reads `doc` into its k8s-openapi type and back (see `round_trip`);
+/// false for kinds without a type here (CRDs, kustomize).
+fn check_kind(name: &str, doc: &Value) -> bool {
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let api = doc["apiVersion"].as_str().unwrap_or_default();
+    const RBAC: &str = "rbac.authorization.k8s.io/v1";
+    match (api, kind) {
+        ("apps/v1", "Deployment") => round_trip::<Deployment>(name, doc),
+        ("v1", "Service") => round_trip::<Service>(name, doc),
+        ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(name, doc),
+        ("v1", "Namespace") => round_trip::<Namespace>(name, doc),
+        ("v1", "ConfigMap") => round_trip::<ConfigMap>(name, doc),
+        ("policy/v1", "PodDisruptionBudget") => round_trip::<PodDisruptionBudget>(name, doc),
+        ("networking.k8s.io/v1", "NetworkPolicy") => round_trip::<NetworkPolicy>(name, doc),
+        (RBAC, "ClusterRole") => round_trip::<ClusterRole>(name, doc),
+        (RBAC, "ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(name, doc),
+        (RBAC, "Role") => round_trip::<Role>(name, doc),
+        (RBAC, "RoleBinding") => round_trip::<RoleBinding>(name, doc),
+        // CRDs (Envoy Gateway, Istio, cert-manager) and kustomize: no types here.
+        _ => return false,
+    }
+    true
+}
+
 #[test]
 fn kubernetes_kinds_match_the_api_types() {
     let mut checked = 0;
     let mut other = Vec::new();
     for (name, doc) in documents() {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-        let api = doc["apiVersion"].as_str().unwrap_or_default().to_string();
-        match (api.as_str(), kind.as_str()) {
-            ("apps/v1", "Deployment") => round_trip::<Deployment>(&name, &doc),
-            ("v1", "Service") => round_trip::<Service>(&name, &doc),
-            ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(&name, &doc),
-            ("v1", "Namespace") => round_trip::<Namespace>(&name, &doc),
-            ("v1", "ConfigMap") => round_trip::<ConfigMap>(&name, &doc),
-            ("policy/v1", "PodDisruptionBudget") => round_trip::<PodDisruptionBudget>(&name, &doc),
-            ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
-                round_trip::<ClusterRole>(&name, &doc)
-            }
-            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-                round_trip::<ClusterRoleBinding>(&name, &doc)
-            }
-            // CRDs (Envoy Gateway, Istio) and kustomize: no types here.
-            _ => {
-                assert!(
-                    !api.is_empty() && !kind.is_empty(),
-                    "{name}: a document without apiVersion/kind"
-                );
-                other.push(format!("{api} {kind}"));
-                continue;
-            }
+        if check_kind(&name, &doc) {
+            checked += 1;
+            continue;
         }
-        checked += 1;
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        let api = doc["apiVersion"].as_str().unwrap_or_default();
+        assert!(
+            !api.is_empty() && !kind.is_empty(),
+            "{name}: a document without apiVersion/kind"
+        );
+        other.push(format!("{api} {kind}"));
     }
     println!("{checked} Kubernetes objects checked; not checked (CRDs, kustomize): {other:?}");
     assert!(checked >= 12, "only {checked} objects checked");
@@ -240,4 +258,373 @@ fn can_watch_slices(docs: &[(String, Value)], account: &str) -> bool {
                 && has("verbs", "list")
                 && has("verbs", "watch")
         })
+}
+
+/// `kubectl kustomize` of every folder under deploy/: (folder, documents).
+fn kustomize_builds() -> Vec<(String, Vec<Value>)> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs.iter()
+        .map(|dir| {
+            let name = dir.strip_prefix(repo()).unwrap().display().to_string();
+            assert!(
+                dir.join("kustomization.yaml").is_file(),
+                "{name}: every folder under deploy/ is a kustomization"
+            );
+            let out = Command::new("kubectl")
+                .arg("kustomize")
+                .arg(dir)
+                .output()
+                .unwrap_or_else(|e| panic!("kubectl (Debian's kubectl package) not runnable: {e}"));
+            let text = String::from_utf8(out.stdout).unwrap();
+            assert!(
+                out.status.success(),
+                "kubectl kustomize {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+                .unwrap_or_else(|e| panic!("kubectl kustomize {name}: not YAML: {e}"));
+            (name, docs.into_iter().filter(|d| !d.is_null()).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn every_deploy_folder_builds_with_kubectl_kustomize() {
+    let builds = kustomize_builds();
+    let names: Vec<&str> = builds.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        "deploy/cert-manager",
+        "deploy/conditions",
+        "deploy/conditions-namespaced",
+        "deploy/envoy-gateway",
+    ] {
+        assert!(names.contains(&want), "{want} not built: {names:?}");
+    }
+    for (name, docs) in &builds {
+        assert!(!docs.is_empty(), "{name}: nothing built");
+        let checked = docs
+            .iter()
+            .filter(|d| check_kind(&format!("kubectl kustomize {name}"), d))
+            .count();
+        println!(
+            "kubectl kustomize {name}: {} objects, {checked} checked against the API types",
+            docs.len()
+        );
+    }
+}
+
+fn is_companion(doc: &Value) -> bool {
+    doc["kind"] == "Deployment"
+        && doc["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .is_some_and(|i| i.contains("serving-picker-conditions"))
+}
+
+/// Every label of `selector` (a matchLabels map) is among `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .is_some_and(|sel| !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The values of `--flag=value` (and `--flag value`) in `args`.
+fn flag_values(args: &[String], flag: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        if let Some(v) = a.strip_prefix(&format!("{flag}=")) {
+            out.push(v.to_string());
+        } else if a == flag {
+            if let Some(v) = args.get(i + 1) {
+                out.push(v.clone());
+            }
+        }
+    }
+    out
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    docs.iter().filter(move |d| d["kind"] == kind)
+}
+
+/// The rules bound to `account` (in `account_ns`) allow listing and
+/// watching EndpointSlices cluster-wide, or in `namespace` when given.
+fn allows_the_watch(
+    docs: &[Value],
+    account_ns: &str,
+    account: &str,
+    namespace: Option<&str>,
+) -> bool {
+    let bound = |b: &Value| {
+        b["subjects"].as_array().is_some_and(|s| {
+            s.iter().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == account
+                    && s["namespace"] == account_ns
+            })
+        })
+    };
+    let allows = |rules: &Value| {
+        rules.as_array().is_some_and(|rules| {
+            rules.iter().any(|rule| {
+                let has = |key: &str, want: &str| {
+                    strings(&rule[key]).iter().any(|x| x == want || x == "*")
+                };
+                has("apiGroups", "discovery.k8s.io")
+                    && has("resources", "endpointslices")
+                    && has("verbs", "list")
+                    && has("verbs", "watch")
+            })
+        })
+    };
+    let role = |kind: &str, name: &Value, ns: Option<&Value>| {
+        of_kind(docs, kind)
+            .filter(|r| r["metadata"]["name"] == *name)
+            .filter(|r| ns.is_none_or(|ns| r["metadata"]["namespace"] == *ns))
+            .any(|r| allows(&r["rules"]))
+    };
+    let cluster_wide = of_kind(docs, "ClusterRoleBinding")
+        .filter(|b| bound(b))
+        .any(|b| role("ClusterRole", &b["roleRef"]["name"], None));
+    let in_namespace = namespace.is_some_and(|ns| {
+        of_kind(docs, "RoleBinding")
+            .filter(|b| b["metadata"]["namespace"] == ns && bound(b))
+            .any(|b| match b["roleRef"]["kind"].as_str() {
+                Some("Role") => role(
+                    "Role",
+                    &b["roleRef"]["name"],
+                    Some(&b["metadata"]["namespace"]),
+                ),
+                Some("ClusterRole") => role("ClusterRole", &b["roleRef"]["name"], None),
+                _ => false,
+            })
+    });
+    cluster_wide || in_namespace
+}
+
+/// One companion Deployment of a build, as a security review reads it.
+fn review(build: &str, dep: &Value, docs: &[Value]) {
+    let what = format!("{build}: Deployment {}", dep["metadata"]["name"]);
+    let ns = dep["metadata"]["namespace"].as_str().unwrap();
+    let pod = &dep["spec"]["template"];
+    let labels = &pod["metadata"]["labels"];
+    let spec = &pod["spec"];
+    let container = &spec["containers"][0];
+    let args = strings(&container["args"]);
+    let mode = args[0].as_str();
+    let one = |flag: &str| {
+        let v = flag_values(&args, flag);
+        assert_eq!(v.len(), 1, "{what}: {flag} given {v:?}: TLS is the default");
+        v[0].clone()
+    };
+
+    // Mutual TLS, the files from a Secret volume a Certificate of the build writes.
+    let files = [one("--tls-cert"), one("--tls-key"), one("--client-ca")];
+    let sans = flag_values(&args, "--client-san");
+    assert!(
+        !sans.is_empty(),
+        "{what}: no --client-san: any client of the CA gets in"
+    );
+    let mount = container["volumeMounts"]
+        .as_array()
+        .and_then(|m| {
+            m.iter().find(|m| {
+                let dir = m["mountPath"].as_str().unwrap_or_default();
+                files
+                    .iter()
+                    .all(|f| Path::new(f).parent() == Some(Path::new(dir)))
+            })
+        })
+        .unwrap_or_else(|| panic!("{what}: {files:?} are not in one mounted volume"));
+    let names: Vec<&str> = files
+        .iter()
+        .map(|f| f.rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["tls.crt", "tls.key", "ca.crt"],
+        "{what}: the Secret's keys"
+    );
+    let volume = spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == mount["name"]))
+        .unwrap_or_else(|| panic!("{what}: no volume {}", mount["name"]));
+    let secret = volume["secret"]["secretName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: the TLS volume is not a Secret"));
+    let server = of_kind(docs, "Certificate")
+        .find(|c| c["spec"]["secretName"] == secret && c["metadata"]["namespace"] == ns)
+        .unwrap_or_else(|| panic!("{what}: no Certificate writes Secret {secret}"));
+    assert!(
+        strings(&server["spec"]["usages"]).contains(&"server auth".to_string()),
+        "{what}"
+    );
+    let issuer = &server["spec"]["issuerRef"];
+    assert!(
+        docs.iter()
+            .any(|d| d["kind"] == issuer["kind"] && d["metadata"]["name"] == issuer["name"]),
+        "{what}: the issuer {issuer} is not in the build"
+    );
+    // The name clients dial is in the certificate.
+    let service = of_kind(docs, "Service")
+        .find(|s| s["metadata"]["namespace"] == ns && selects(&s["spec"]["selector"], labels))
+        .unwrap_or_else(|| panic!("{what}: no Service selects it"));
+    let dns = format!("{}.{ns}.svc", service["metadata"]["name"].as_str().unwrap());
+    assert!(
+        strings(&server["spec"]["dnsNames"]).contains(&dns),
+        "{what}: {dns} not in the server certificate"
+    );
+    // Each identity let in is a client Certificate of the same issuer.
+    for san in &sans {
+        assert!(
+            of_kind(docs, "Certificate").any(|c| strings(&c["spec"]["uris"]).contains(san)
+                && strings(&c["spec"]["usages"]).contains(&"client auth".to_string())
+                && c["spec"]["issuerRef"] == *issuer),
+            "{what}: no client Certificate of {issuer} for --client-san {san}"
+        );
+    }
+
+    // A NetworkPolicy admits named clients, to the container's ports only.
+    let policy = of_kind(docs, "NetworkPolicy")
+        .find(|p| {
+            p["metadata"]["namespace"] == ns
+                && selects(&p["spec"]["podSelector"]["matchLabels"], labels)
+        })
+        .unwrap_or_else(|| panic!("{what}: no NetworkPolicy selects it"));
+    assert!(strings(&policy["spec"]["policyTypes"]).contains(&"Ingress".to_string()));
+    let mut admitted = Vec::new();
+    for rule in policy["spec"]["ingress"].as_array().unwrap() {
+        let from = rule["from"]
+            .as_array()
+            .filter(|f| !f.is_empty())
+            .unwrap_or_else(|| panic!("{what}: an ingress rule without `from` admits everyone"));
+        for peer in from {
+            let named = |sel: &Value| {
+                sel["matchLabels"]
+                    .as_object()
+                    .is_some_and(|m| !m.is_empty())
+            };
+            assert!(
+                named(&peer["namespaceSelector"]) && named(&peer["podSelector"]),
+                "{what}: a peer without namespace and pod labels: {peer}"
+            );
+        }
+        let ports = rule["ports"]
+            .as_array()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| panic!("{what}: an ingress rule without `ports` opens every port"));
+        admitted.extend(ports.iter().map(|p| p["port"].clone()));
+    }
+    let named: Vec<Value> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].clone())
+        .collect();
+    assert_eq!(
+        admitted.len(),
+        named.len(),
+        "{what}: admitted {admitted:?}, ports {named:?}"
+    );
+    assert!(
+        named.iter().all(|n| admitted.contains(n)),
+        "{what}: admitted {admitted:?}, ports {named:?}"
+    );
+
+    // A PodDisruptionBudget, and replicas spread over nodes and zones.
+    assert!(
+        of_kind(docs, "PodDisruptionBudget").any(|p| p["metadata"]["namespace"] == ns
+            && selects(&p["spec"]["selector"]["matchLabels"], labels)
+            && p["spec"]["minAvailable"].as_i64().unwrap_or(0) >= 1),
+        "{what}: no PodDisruptionBudget keeps a replica"
+    );
+    assert!(
+        dep["spec"]["replicas"].as_i64().unwrap_or(1) >= 2,
+        "{what}: one replica"
+    );
+    let spread: Vec<String> = spec["topologySpreadConstraints"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no topologySpreadConstraints"))
+        .iter()
+        .filter(|t| selects(&t["labelSelector"]["matchLabels"], labels))
+        .map(|t| t["topologyKey"].as_str().unwrap().to_string())
+        .collect();
+    for key in ["kubernetes.io/hostname", "topology.kubernetes.io/zone"] {
+        assert!(
+            spread.contains(&key.to_string()),
+            "{what}: not spread over {key}"
+        );
+    }
+
+    // RBAC: the watch it makes. eds: in the --clusters' namespace when they
+    // share one (a Role suffices), else cluster-wide; envoy-gateway: cluster-wide.
+    let account = spec["serviceAccountName"].as_str().unwrap();
+    let cluster_namespaces: std::collections::BTreeSet<String> = flag_values(&args, "--cluster")
+        .iter()
+        .map(|c| {
+            c.split_once('=')
+                .unwrap()
+                .1
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let watch_ns = match (mode, cluster_namespaces.len()) {
+        ("eds", 1) => cluster_namespaces.iter().next().map(String::as_str),
+        _ => None,
+    };
+    assert!(
+        allows_the_watch(docs, ns, account, watch_ns),
+        "{what}: {account} cannot list/watch EndpointSlices (watching {watch_ns:?})"
+    );
+
+    // Readiness: eds serves nothing before its first list; the hook answers always.
+    let ready = container["readinessProbe"]["httpGet"]["path"]
+        .as_str()
+        .unwrap();
+    let want = if mode == "eds" { "/readyz" } else { "/serving" };
+    assert_eq!(ready, want, "{what}: readiness");
+}
+
+#[test]
+fn every_companion_build_is_secure_by_default() {
+    let mut reviewed = Vec::new();
+    for (build, docs) in kustomize_builds() {
+        for dep in docs.iter().filter(|d| is_companion(d)) {
+            review(&build, dep, &docs);
+            reviewed.push(build.clone());
+        }
+    }
+    assert_eq!(
+        reviewed,
+        [
+            "deploy/conditions",
+            "deploy/conditions-namespaced",
+            "deploy/envoy-gateway"
+        ],
+        "companion builds reviewed"
+    );
+    // The namespaced variant has no ClusterRole left.
+    let (_, namespaced) = kustomize_builds()
+        .into_iter()
+        .find(|(b, _)| b == "deploy/conditions-namespaced")
+        .unwrap();
+    assert_eq!(of_kind(&namespaced, "ClusterRole").count(), 0);
+    assert_eq!(of_kind(&namespaced, "ClusterRoleBinding").count(), 0);
 }

@@ -13,6 +13,8 @@ pub mod eds;
 pub mod envoy;
 pub mod http;
 pub mod load;
+pub mod mtls;
+pub mod pki;
 pub mod ports;
 pub mod tweak;
 

@@ -106,6 +106,8 @@ pub struct Args {
     /// At least twice --max-message-size.
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     pub max_bytes_held: usize,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// Applies a batch of source updates to the shared index; true once ready.
@@ -164,6 +166,7 @@ pub async fn run(
         .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
     let mut metrics = Metrics::new();
     let hook_metrics = HookMetrics::register(metrics.registry_mut());
+    let tls = crate::tls::start(&args.tls, args.listen, metrics.registry_mut())?;
     let metrics = Arc::new(metrics);
     let (grpc, http) = serve::bind_listeners(args.listen, args.metrics_listen).await?;
     tracing::info!(
@@ -240,7 +243,7 @@ pub async fn run(
         .max_concurrent_streams(u32::try_from(args.max_concurrent_calls.saturating_mul(2)).ok())
         .add_service(svc)
         .serve_with_incoming_shutdown(
-            serve::incoming(grpc),
+            crate::tls::incoming(tls, serve::incoming(grpc)),
             serve::serving_until(metrics.clone(), shutdown),
         );
     serve::until_source_ends(server, "extension server", source_task).await

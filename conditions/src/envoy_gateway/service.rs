@@ -48,6 +48,7 @@ use super::proto::{
     PostEndpointsModify, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
 };
 use crate::assignment::Output;
+use crate::log_limit::PerKey;
 use crate::metrics::{registered, Metrics};
 use crate::publish::Change;
 use crate::slice::{ServiceKey, Slice, SliceKey};
@@ -312,6 +313,9 @@ pub struct HookService {
     metrics: HookMetrics,
     calls: Semaphore,
     bytes: Semaphore,
+    /// `answer_too_big` is logged at most once a minute (EG asks again at
+    /// every translation).
+    too_big_log: Mutex<PerKey<()>>,
 }
 
 fn recent(
@@ -348,6 +352,7 @@ impl HookService {
             reread,
             attempted: Mutex::new(HashMap::new()),
             metrics,
+            too_big_log: Mutex::new(PerKey::new(Duration::from_secs(60), 1)),
         }
     }
 
@@ -488,12 +493,20 @@ impl HookService {
             .is_some_and(|a| a.len() > self.config.max_message_size)
         {
             self.metrics.call("answer_too_big");
-            tracing::warn!(
-                cluster = %hook::cluster_name(&raw),
-                bytes = modified.assignment.as_ref().map_or(0, Vec::len),
-                max_message_size = self.config.max_message_size,
-                "the edited assignment is larger than Envoy Gateway accepts (--max-message-size): its own sent back"
-            );
+            let log = self
+                .too_big_log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .allow((), Instant::now());
+            if let Some(quiet) = log {
+                tracing::warn!(
+                    cluster = %hook::cluster_name(&raw),
+                    bytes = modified.assignment.as_ref().map_or(0, Vec::len),
+                    max_message_size = self.config.max_message_size,
+                    not_logged_since_last = quiet,
+                    "the edited assignment is larger than Envoy Gateway accepts (--max-message-size): its own sent back (logged once a minute, counted as answer_too_big)"
+                );
+            }
             return echo(Some(raw));
         }
         let disagreed = answer

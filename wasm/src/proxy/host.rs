@@ -1,7 +1,8 @@
 //! Host calls that never trap. The SDK's wrappers panic on a status they do
 //! not expect (seen: reading the headers of an admin call that failed), and a
 //! panic aborts the VM. These return `None`/`false` instead; the ABI is
-//! proxy-wasm 0.2.1, statuses read as plain integers.
+//! proxy-wasm 0.2.1, statuses read as plain integers. The glue's only raw
+//! pointers are here.
 
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
@@ -54,6 +55,18 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
+}
+
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    #[link_name = "random_get"]
+    fn wasi_random_get(buf: *mut u8, len: usize) -> i32;
+}
+
+/// Fills `buf` from WASI's random source; false when it could not.
+pub fn random_bytes(buf: &mut [u8]) -> bool {
+    // SAFETY: WASI writes at most `len` bytes into the buffer it is given.
+    unsafe { wasi_random_get(buf.as_mut_ptr(), buf.len()) == 0 }
 }
 
 /// Takes ownership of memory the host allocated through the SDK's exported allocator.

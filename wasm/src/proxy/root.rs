@@ -76,8 +76,7 @@ fn random_id() -> u32 {
     // WASI's random source (std reads it for RandomState's keys; reading it
     // directly spares the module SipHash).
     let mut bytes = [0u8; 4];
-    // SAFETY: WASI writes at most `len` bytes into the buffer it is given.
-    let random = unsafe { wasi_random_get(bytes.as_mut_ptr(), bytes.len()) } == 0;
+    let random = super::host::random_bytes(&mut bytes);
     let mut h = rustc_hash::FxHasher::default();
     h.write_u64(super::now_us());
     if random {
@@ -85,12 +84,6 @@ fn random_id() -> u32 {
     }
     // Never 0: that is the released lease's holder.
     (h.finish() as u32).max(1)
-}
-
-#[link(wasm_import_module = "wasi_snapshot_preview1")]
-extern "C" {
-    #[link_name = "random_get"]
-    fn wasi_random_get(buf: *mut u8, len: usize) -> i32;
 }
 
 impl PickerRoot {
