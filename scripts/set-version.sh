@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/set-version.sh X.Y.Z: moves the one version everywhere it is written: Cargo.toml
 # ([workspace.package], which every crate inherits), Cargo.lock, and the image tags in deploy/,
-# examples/ and packaging/. tests/release_version.rs fails when any of them disagree.
+# examples/ and packaging/. tests/e2e/companion/release.rs fails when any of them disagree.
 set -euo pipefail
 new=${1:?usage: scripts/set-version.sh X.Y.Z}
 [[ $new =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || { echo "set-version: $new is not a semantic version" >&2; exit 1; }

@@ -32,9 +32,7 @@ pub const PORT_NAME: &str = "http";
 pub fn companion_bin() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_CONDITIONS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/serving-picker-conditions")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/release/serving-picker-conditions"));
     if !p.is_file() {
         panic!(
             "companion binary not found at {} (SERVING_PICKER_CONDITIONS): run `make build` first",

@@ -28,7 +28,7 @@ const START_ATTEMPTS: usize = 4;
 pub fn envoy_bin() -> PathBuf {
     let p = std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy"));
+        .unwrap_or_else(|| crate::repo_root().join(".venv/bin/envoy"));
     if !p.is_file() {
         panic!(
             "Envoy binary not found at {} (ENVOY_BIN): run `make envoy build` first",
@@ -42,9 +42,7 @@ pub fn envoy_bin() -> PathBuf {
 pub fn wasm_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_WASM")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/serving_picker.wasm")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/serving_picker.wasm"));
     if !p.is_file() {
         panic!(
             "serving_picker wasm module not found at {} (SERVING_PICKER_WASM): run `make envoy build` first",
@@ -59,9 +57,7 @@ pub fn wasm_module() -> PathBuf {
 pub fn native_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_NATIVE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libserving_picker.so")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/release/libserving_picker.so"));
     if !p.is_file() {
         panic!(
             "serving_picker native module not found at {} (SERVING_PICKER_NATIVE): run `make build` first",
@@ -69,6 +65,50 @@ pub fn native_module() -> PathBuf {
         );
     }
     p
+}
+
+/// The native module built for Envoy `minor` ("1.38"): under
+/// `SERVING_PICKER_NATIVE_BUILDS` (default `<repo>/target`), `release/` for
+/// the minor of `.envoy-version`, `envoy-<minor>/` for the others (what
+/// `make build` writes). Not checked for existence.
+pub fn native_module_for(minor: &str) -> PathBuf {
+    let repo = crate::repo_root();
+    let builds = std::env::var_os("SERVING_PICKER_NATIVE_BUILDS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"));
+    let pinned = std::fs::read_to_string(repo.join(".envoy-version")).unwrap_or_default();
+    if pinned.trim().starts_with(&format!("{minor}.")) {
+        builds.join("release/libserving_picker.so")
+    } else {
+        builds.join(format!("envoy-{minor}/libserving_picker.so"))
+    }
+}
+
+/// The Envoy release of `ENVOY_BIN` ("1.40.0"), from `envoy --version`.
+pub fn envoy_release() -> String {
+    let out = Command::new(envoy_bin())
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("envoy --version: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "<path>  version: <commit>/1.40.0/Clean/RELEASE/BoringSSL"
+    text.split("version: ")
+        .nth(1)
+        .and_then(|v| v.split('/').nth(1))
+        .filter(|v| v.split('.').count() == 3)
+        .unwrap_or_else(|| panic!("no version in `envoy --version`: {text}"))
+        .to_string()
+}
+
+/// The wasm runtime the filter runs in: `SERVING_PICKER_WASM_RUNTIME` (v8,
+/// wasmtime, or a full `envoy.wasm.runtime.*` name), default V8.
+pub fn wasm_runtime() -> String {
+    let r = std::env::var("SERVING_PICKER_WASM_RUNTIME").unwrap_or_else(|_| "v8".into());
+    if r.starts_with("envoy.wasm.runtime.") {
+        r
+    } else {
+        format!("envoy.wasm.runtime.{r}")
+    }
 }
 
 /// Which form of serving-picker an Envoy runs.
@@ -412,7 +452,7 @@ impl EnvoyBuilder {
                     "config": {
                         "name": "serving_picker",
                         "vm_config": {
-                            "runtime": "envoy.wasm.runtime.v8",
+                            "runtime": wasm_runtime(),
                             "code": {"local": {"filename": wasm.to_string_lossy()}}
                         },
                         "configuration": {

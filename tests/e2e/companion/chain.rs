@@ -1,0 +1,511 @@
+//! The chain: EndpointSlice files -> `serving-picker-conditions eds` (the
+//! real binary) -> Envoy 1.40 (EDS over gRPC from the companion) ->
+//! serving-picker -> real backends.
+//!
+//! - the seed table's rows, walked through slice changes, with the wasm form
+//!   (ADS), the native form over mutual TLS (ADS, envoy-companion.yaml's
+//!   transport socket), and with the priority output and Envoy's plain
+//!   round robin (no module, plain EDS);
+//! - two Envoys on one companion; an Envoy restarted (gets the current
+//!   state); the companion killed and restarted (Envoy keeps the last
+//!   assignment, then follows the new process); a malformed slice file
+//!   (logged, last good state kept).
+//!
+//! "goes to X" with the module: 200 from X, which received the override
+//! header naming X first (the filter picked it). With plain round robin:
+//! every answer from X.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};
+use support::envoy::fresh_dir;
+use support::load::{Load, LoadConfig};
+use support::mtls::Mtls;
+use support::*;
+
+const CLUSTER: &str = "backend";
+const SERVICE: &str = "web";
+const PATH: &str = "/backend/x";
+
+/// How Envoy picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Picker {
+    /// serving-picker in this form (the harness's builder loads it).
+    Module(Form),
+    /// No module, Envoy's round robin (with the companion's `--priorities`).
+    PlainRoundRobin,
+}
+
+fn envoy_on(companion: &Companion, tag: &str, picker: Picker, api: XdsApi) -> Envoy {
+    envoy_over(companion, tag, picker, api, None)
+}
+
+/// As `envoy_on`, over mutual TLS when `mtls` is given.
+fn envoy_over(
+    companion: &Companion,
+    tag: &str,
+    picker: Picker,
+    api: XdsApi,
+    mtls: Option<&Mtls>,
+) -> Envoy {
+    let mut b = EnvoyBuilder::new()
+        .tag(tag)
+        .eds_cluster(CLUSTER, &[])
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), api));
+    if let Some(m) = mtls {
+        b = b.bootstrap_hook(m.envoy_hook());
+    }
+    match picker {
+        Picker::Module(form) => b.form(form).start(),
+        Picker::PlainRoundRobin => b
+            .with_filter(None)
+            .bootstrap_hook(plain_round_robin(CLUSTER))
+            .start(),
+    }
+}
+
+struct Chain {
+    slices: SliceDir,
+    companion: Companion,
+}
+
+fn chain(first: &[Endpoint], extra: &[&str]) -> Chain {
+    let slices = SliceDir::create(&fresh_dir("slices"));
+    slices.set_endpoints(SERVICE, first);
+    let companion = Companion::start(slices.path(), &[(CLUSTER, SERVICE)], extra);
+    Chain { slices, companion }
+}
+
+/// Where a row's traffic must go.
+enum Expect<'a> {
+    To(&'a Backend),
+    Nobody,
+}
+
+/// "goes to B" for this picker: the wasm filter names B in the override
+/// header; the native policy and round robin leave no trace but B's answer.
+fn goes_to(picker: Picker, b: &Backend) -> impl Fn(&Response) -> bool + '_ {
+    move |r: &Response| match picker {
+        Picker::Module(Form::Wasm) => picked(b)(r),
+        _ => served_by(b)(r),
+    }
+}
+
+fn expect(envoy: &Envoy, picker: Picker, what: &str, e: Expect<'_>, all: &[&Backend]) {
+    match e {
+        Expect::To(b) => {
+            expect_routing(envoy, PATH, &[], what, goes_to(picker, b));
+        }
+        Expect::Nobody => {
+            let nobody = move |r: &Response| match picker {
+                // Both forms answer the same clear 503 (native: its local_reply_config).
+                Picker::Module(_) => no_serving_503(CLUSTER)(r),
+                // Envoy's own answer for a cluster without a usable host.
+                Picker::PlainRoundRobin => r.status == 503 && r.header(BACKEND_HEADER).is_none(),
+            };
+            settle(envoy, PATH, &[], what, nobody);
+            for b in all {
+                b.reset();
+            }
+            assert_batch(envoy, PATH, &[], BATCH, what, nobody);
+            for b in all {
+                assert_eq!(b.count(), 0, "{what}: {} got requests", b.name());
+            }
+        }
+    }
+}
+
+/// Every seed-table row, as a sequence of slice changes on one Envoy.
+fn walk_seed_rows(c: &Chain, envoy: &Envoy, picker: Picker, a: &Backend, b: &Backend) {
+    let all = [a, b];
+    let step = |what: &str, eps: &[Endpoint], e: Expect<'_>| {
+        c.slices.set_endpoints(SERVICE, eps);
+        eprintln!("step: {what}");
+        expect(envoy, picker, what, e, &all);
+    };
+    step(
+        "row 1: A serving -> A",
+        &[Endpoint::serving(a.addr())],
+        Expect::To(a),
+    );
+    step(
+        "A serving, B not yet serving -> A",
+        &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        Expect::To(a),
+    );
+    step(
+        "row 4: A serving+terminating, B not yet serving -> A",
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::not_serving(b.addr()),
+        ],
+        Expect::To(a),
+    );
+    step(
+        "row 5: A serving+terminating, B serving -> B",
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+        Expect::To(b),
+    );
+    step(
+        "row 6: A terminating not serving, B serving -> B",
+        &[
+            Endpoint::terminating_not_serving(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+        Expect::To(b),
+    );
+    step(
+        "B alone -> B",
+        &[Endpoint::serving(b.addr())],
+        Expect::To(b),
+    );
+    step(
+        "row 2: B not serving -> nobody",
+        &[Endpoint::not_serving(b.addr())],
+        Expect::Nobody,
+    );
+    step(
+        "row 2: B terminating not serving -> nobody",
+        &[Endpoint::terminating_not_serving(b.addr())],
+        Expect::Nobody,
+    );
+    step(
+        "row 3: B serving+terminating only -> B",
+        &[Endpoint::serving_terminating(b.addr())],
+        Expect::To(b),
+    );
+    // Nil conditions read as ready (the API's rule): a bare endpoint serves.
+    step(
+        "nil conditions: A ready by default -> A",
+        &[
+            Endpoint::bare(a.addr()),
+            Endpoint::serving_terminating(b.addr()),
+        ],
+        Expect::To(a),
+    );
+    // The Service loses every slice: an empty assignment, not an error.
+    c.slices.write_raw(
+        &format!("{SERVICE}.json"),
+        r#"{"apiVersion": "v1", "kind": "List", "items": []}"#,
+    );
+    let nobody_what = "no slices: empty assignment -> nobody";
+    expect(envoy, picker, nobody_what, Expect::Nobody, &all);
+}
+
+fn seed_rows(picker: Picker, api: XdsApi, extra: &[&str]) -> Chain {
+    seed_rows_over(picker, api, extra, None)
+}
+
+fn seed_rows_over(picker: Picker, api: XdsApi, extra: &[&str], mtls: Option<&Mtls>) -> Chain {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    args.extend(mtls.iter().flat_map(|m| m.companion_args()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let c = chain(&[Endpoint::serving(a.addr())], &args);
+    let tag = format!("companion-rows-{picker:?}-{api:?}");
+    let envoy = envoy_over(&c.companion, &tag, picker, api, mtls);
+    walk_seed_rows(&c, &envoy, picker, &a, &b);
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_xds_nacks_total"),
+        Some(0.0)
+    );
+    c
+}
+
+#[test]
+fn seed_rows_wasm_form_over_ads() {
+    let c = seed_rows(Picker::Module(Form::Wasm), XdsApi::Ads, &[]);
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_xds_acks_total")
+            .unwrap_or(0.0)
+            >= 10.0
+    );
+}
+
+/// The same over mutual TLS, as envoy-companion.yaml reaches the
+/// companion (its transport socket, SDS from files).
+#[test]
+fn seed_rows_native_form_over_ads_mtls() {
+    let m = Mtls::new("rows");
+    let c = seed_rows_over(Picker::Module(Form::Native), XdsApi::Ads, &[], Some(&m));
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_tls_handshakes_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_tls_refusals_total"),
+        None
+    );
+}
+
+#[test]
+fn seed_rows_native_form_over_eds() {
+    seed_rows(Picker::Module(Form::Native), XdsApi::Eds, &[]);
+}
+
+#[test]
+fn seed_rows_priority_output_plain_round_robin_over_eds() {
+    seed_rows(Picker::PlainRoundRobin, XdsApi::Eds, &["--priorities"]);
+}
+
+/// The assignment Envoy holds carries the conditions as metadata and the
+/// health status (config dump), for an endpoint of each state.
+#[test]
+fn envoy_holds_conditions_metadata_and_health() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(
+        &[
+            Endpoint::serving_terminating(a.addr()).zone("zone-a"),
+            Endpoint::not_serving(b.addr()),
+        ],
+        &[],
+    );
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-dump",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
+    let dump = envoy.admin_get("/config_dump?include_eds");
+    let v: serde_json::Value = serde_json::from_str(&dump.body).unwrap();
+    let mut found = Vec::new();
+    for cfg in v["configs"].as_array().unwrap() {
+        for key in ["static_endpoint_configs", "dynamic_endpoint_configs"] {
+            for ec in cfg[key].as_array().into_iter().flatten() {
+                let ec = &ec["endpoint_config"];
+                if ec["cluster_name"] != CLUSTER {
+                    continue;
+                }
+                for group in ec["endpoints"].as_array().into_iter().flatten() {
+                    for lb in group["lb_endpoints"].as_array().into_iter().flatten() {
+                        found.push((
+                            lb["endpoint"]["address"]["socket_address"]["port_value"]
+                                .as_u64()
+                                .unwrap(),
+                            lb["metadata"]["filter_metadata"]["k8s.endpointslice"].clone(),
+                            group["locality"]["zone"].clone(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    assert_eq!(found.len(), 2, "{found:?}");
+    let (_, md_a, zone_a) = &found
+        .iter()
+        .find(|f| f.0 == u64::from(a.addr().port()))
+        .unwrap();
+    assert_eq!(md_a["ready"], false);
+    assert_eq!(md_a["serving"], true);
+    assert_eq!(md_a["terminating"], true);
+    assert_eq!(md_a["zone"], "zone-a");
+    assert_eq!(*zone_a, "zone-a");
+    let (_, md_b, _) = &found
+        .iter()
+        .find(|f| f.0 == u64::from(b.addr().port()))
+        .unwrap();
+    assert_eq!(md_b["serving"], false);
+    // EDS health from /clusters: A healthy, B unhealthy.
+    let clusters = envoy.admin_get("/clusters?format=json");
+    let v: serde_json::Value = serde_json::from_str(&clusters.body).unwrap();
+    let statuses: Vec<(u64, String)> = v["cluster_statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] == CLUSTER)
+        .flat_map(|c| c["host_statuses"].as_array().cloned().unwrap_or_default())
+        .map(|h| {
+            (
+                h["address"]["socket_address"]["port_value"]
+                    .as_u64()
+                    .unwrap(),
+                h["health_status"]["eds_health_status"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        statuses.contains(&(u64::from(a.addr().port()), "HEALTHY".into()))
+            && statuses.contains(&(u64::from(b.addr().port()), "UNHEALTHY".into())),
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn two_envoys_one_companion_and_an_envoy_restart() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(&[Endpoint::serving(a.addr())], &[]);
+    let e1 = envoy_on(
+        &c.companion,
+        "companion-two-1",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    let e2 = envoy_on(
+        &c.companion,
+        "companion-two-2",
+        Picker::Module(Form::Wasm),
+        XdsApi::Eds,
+    );
+    expect_routing(&e1, PATH, &[], "e1: A", picked(&a));
+    expect_routing(&e2, PATH, &[], "e2: A", picked(&a));
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    expect_routing(&e1, PATH, &[], "e1: B", picked(&b));
+    expect_routing(&e2, PATH, &[], "e2: B", picked(&b));
+    assert_eq!(
+        c.companion.metric("serving_picker_conditions_xds_streams"),
+        Some(2.0)
+    );
+    // e1 goes away; a fresh Envoy (a restart) gets the current state.
+    drop(e1);
+    let e3 = envoy_on(
+        &c.companion,
+        "companion-two-3",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&e3, PATH, &[], "restarted Envoy: B", picked(&b));
+    wait_until(
+        "the dropped stream to be counted out",
+        Duration::from_secs(5),
+        || c.companion.metric("serving_picker_conditions_xds_streams") == Some(2.0),
+    );
+}
+
+/// The companion killed (SIGKILL) and restarted while a steady load runs:
+/// Envoy keeps the last assignment while it is away (no failure), then
+/// follows the new process.
+#[test]
+fn companion_restart_under_load_loses_nothing() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let mut c = chain(&[Endpoint::serving(a.addr())], &[]);
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-restart",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "A", picked(&a));
+    let load = Load::start(
+        envoy.listen_addr(),
+        LoadConfig {
+            threads: 4,
+            rate_per_thread: 100.0,
+            path: PATH.into(),
+            timeout: Duration::from_secs(5),
+        },
+        "A serving, companion up",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    load.phase("companion killed");
+    c.companion.kill();
+    std::thread::sleep(Duration::from_millis(1500));
+    load.phase("companion restarting");
+    c.companion.restart();
+    wait_until("Envoy to reconnect", Duration::from_secs(30), || {
+        c.companion.metric("serving_picker_conditions_xds_streams") == Some(1.0)
+    });
+    load.phase("reconnected; B serving, A serving+terminating");
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    settle(&envoy, PATH, &[], "B after the restart", picked(&b));
+    std::thread::sleep(Duration::from_millis(300));
+    let report = load.finish();
+    println!("{}", report.phase_table("companion restart under load"));
+    assert_eq!(
+        report.failures(),
+        0,
+        "requests failed around the restart\n{}",
+        report.phase_table("companion restart")
+    );
+    let during = report.phase_start("companion killed");
+    let back = report.phase_start("companion restarting");
+    assert!(
+        report.served_by_in("A", during, back) > 0,
+        "A kept serving while the companion was away"
+    );
+    assert_eq!(c.companion.starts(), 2);
+}
+
+#[test]
+fn malformed_slice_file_is_logged_and_the_last_good_state_kept() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(&[Endpoint::serving(a.addr())], &[]);
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-malformed",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "A", picked(&a));
+    let pushes = c
+        .companion
+        .metric("serving_picker_conditions_xds_pushes_total")
+        .unwrap();
+    c.slices.write_raw(
+        &format!("{SERVICE}.json"),
+        "{\"kind\": \"List\", \"items\": [",
+    );
+    wait_until("the error to be logged", Duration::from_secs(5), || {
+        !c.companion.log_lines("malformed slice file").is_empty()
+    });
+    // Still A, and nothing was pushed.
+    assert_batch(&envoy, PATH, &[], BATCH, "A still", picked(&a));
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_xds_pushes_total"),
+        Some(pushes)
+    );
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_source_errors_total{kind=\"file\"}"),
+        Some(1.0)
+    );
+    // A good version again is followed.
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    expect_routing(&envoy, PATH, &[], "B after the fix", picked(&b));
+    // A second malformed version of the file is logged again (once).
+    c.slices
+        .write_raw(&format!("{SERVICE}.json"), "not json at all");
+    wait_until("the second error", Duration::from_secs(5), || {
+        c.companion.log_lines("malformed slice file").len() == 2
+    });
+    assert_batch(&envoy, PATH, &[], BATCH, "B still", picked(&b));
+    assert_eq!(c.companion.get("/readyz").status, 200);
+}

@@ -1,0 +1,9 @@
+//! The proxy-wasm filter alone.
+
+mod deploy_shapes;
+mod faults;
+mod leader;
+mod narrowed;
+mod retries;
+mod staleness;
+mod topology;
