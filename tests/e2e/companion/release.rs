@@ -17,9 +17,8 @@ use serde_json::Value;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The repository (this crate is its tests/ directory).
 fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    support::repo_root()
 }
 
 fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
