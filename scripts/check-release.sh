@@ -338,12 +338,16 @@ if [ ! -x "$ARM64_ENVOY" ]; then
   fi
 fi
 if [ -x "$ARM64_ENVOY" ]; then
-  run_test "arm64 native module: every callback it declares is exported by the arm64 Envoy $ENVOY_VERSION, every hook it exports is one that Envoy looks up (tests/e2e/native/abi.rs)" \
-    SERVING_PICKER_NATIVE="$ARM64_SO" ENVOY_BIN="$ARM64_ENVOY" -- e2e native::abi::
   if [ -e "$ARM64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
     printf '#!/bin/sh\ntouch %s.ran\nexec %s -L %s %s "$@"\n' "$WORK/bin/envoy-arm64" "$QEMU" "$ARM64_SYSROOT" "$ARM64_ENVOY" >"$WORK/bin/envoy-arm64"
     chmod +x "$WORK/bin/envoy-arm64"
     check "arm64 Envoy $ENVOY_VERSION runs under qemu-user" "$WORK/bin/envoy-arm64" --version
+    # The symbol checks read the arm64 ELF (ENVOY_ELF) and ask its version through qemu. The
+    # load-or-refuse tests of the other minors' builds stay with the amd64 run (make test).
+    run_test "arm64 native module: every callback it declares is exported by the arm64 Envoy $ENVOY_VERSION, every hook it exports is one that Envoy looks up, and its callbacks are those recorded for $ENVOY_MINOR (tests/e2e/native/abi.rs)" \
+      SERVING_PICKER_NATIVE="$ARM64_SO" ENVOY_BIN="$WORK/bin/envoy-arm64" ENVOY_ELF="$ARM64_ENVOY" -- e2e \
+      native::abi::every_declared_callback_is_exported_by_envoy native::abi::every_hook_the_module_exports_is_known_to_envoy \
+      native::abi::the_module_imports_exactly_the_declared_callbacks native::abi::this_envoys_callbacks_are_the_list_recorded_for_its_minor
     run_test "arm64 all the way (qemu-user): Envoy $ENVOY_VERSION loads the arm64 .so from the image, the arm64 companion feeds it, the seed table's rows hold" \
       ENVOY_BIN="$WORK/bin/envoy-arm64" SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_NATIVE="$ARM64_SO" -- \
       e2e companion::chain::seed_rows_native_form_over_eds
