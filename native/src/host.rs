@@ -5,7 +5,7 @@ use std::os::raw::c_int;
 
 use crate::abi::{self, ConfigHandle, Context, Lb};
 use crate::policy::{LbInstance, Level, PolicyConfig, Proxy, Request};
-use crate::table::{Coarse, HostSource, Slot};
+use crate::table::{HostHealth, HostSource, Slot};
 
 /// The policy as Envoy runs it.
 pub type EnvoyPolicy = PolicyConfig<Envoy>;
@@ -87,11 +87,11 @@ impl HostSource for EnvoyHosts {
     fn weight(&self, p: u32, i: usize) -> u32 {
         self.0.weight(p, i)
     }
-    fn health(&self, p: u32, i: usize) -> Coarse {
+    fn health(&self, p: u32, i: usize) -> HostHealth {
         match self.0.health(p, i) {
-            abi::HEALTH_HEALTHY => Coarse::Healthy,
-            abi::HEALTH_DEGRADED => Coarse::Degraded,
-            _ => Coarse::Unhealthy,
+            abi::HEALTH_HEALTHY => HostHealth::Healthy,
+            abi::HEALTH_DEGRADED => HostHealth::Degraded,
+            _ => HostHealth::Unhealthy,
         }
     }
     fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {

@@ -19,9 +19,11 @@ use serving_picker_core::metadata::TopologyMeta;
 use serving_picker_core::picker::Picker;
 use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Tier, Topology};
 
-/// Envoy's coarse view of a host (`lb_get_host_health`).
+/// Envoy's health of a host as `lb_get_host_health` answers it (Envoy's
+/// coarse health: EDS DRAINING, failed checks and ejection all read
+/// unhealthy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Coarse {
+pub enum HostHealth {
     Unhealthy,
     Degraded,
     Healthy,
@@ -36,7 +38,7 @@ pub trait HostSource {
     fn healthy_address(&self, priority: u32, index: usize) -> Option<&str>;
     fn address(&self, priority: u32, index: usize) -> Option<&str>;
     fn weight(&self, priority: u32, index: usize) -> u32;
-    fn health(&self, priority: u32, index: usize) -> Coarse;
+    fn health(&self, priority: u32, index: usize) -> HostHealth;
     fn locality_zone(&self, priority: u32, index: usize) -> Option<&str>;
     fn metadata_bool(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<bool>;
     fn metadata_str(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<&str>;
@@ -192,9 +194,9 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
                 }
                 None => {
                     let coarse = match src.health(p, i) {
-                        Coarse::Healthy => EdsHealth::Healthy,
-                        Coarse::Degraded => EdsHealth::Degraded,
-                        Coarse::Unhealthy => EdsHealth::Unhealthy,
+                        HostHealth::Healthy => EdsHealth::Healthy,
+                        HostHealth::Degraded => EdsHealth::Degraded,
+                        HostHealth::Unhealthy => EdsHealth::Unhealthy,
                     };
                     let mut health = Health {
                         eds: None,
@@ -476,7 +478,7 @@ mod tests {
         assert_eq!(got, [A, A, B, B]);
         // Degraded: Envoy keeps it out of the healthy list; serving by status.
         let mut d = FakeHost::new(C);
-        d.health = Coarse::Degraded;
+        d.health = HostHealth::Degraded;
         d.offered = false;
         let b = built(&cluster(vec![d]));
         assert_eq!(b.table.tier, Tier::NoServing);
@@ -615,7 +617,7 @@ mod tests {
         fn weight(&self, p: u32, i: usize) -> u32 {
             self.0.weight(p, i)
         }
-        fn health(&self, p: u32, i: usize) -> Coarse {
+        fn health(&self, p: u32, i: usize) -> HostHealth {
             self.0.health(p, i)
         }
         fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::policy::{Level, Proxy, Request};
-use crate::table::{Coarse, HostSource, Slot};
+use crate::table::{HostHealth, HostSource, Slot};
 
 #[derive(Clone, Debug)]
 pub struct FakeHost {
     pub address: String,
     pub weight: u32,
-    pub health: Coarse,
+    pub health: HostHealth,
     /// In the priority's healthy list (Envoy would route to it).
     pub offered: bool,
     pub locality_zone: Option<String>,
@@ -28,7 +28,7 @@ impl FakeHost {
         FakeHost {
             address: address.into(),
             weight: 1,
-            health: Coarse::Healthy,
+            health: HostHealth::Healthy,
             offered: true,
             locality_zone: None,
             bools: Vec::new(),
@@ -57,7 +57,7 @@ impl FakeHost {
     /// EDS DRAINING/UNHEALTHY).
     pub fn not_offered(mut self) -> FakeHost {
         self.offered = false;
-        self.health = Coarse::Unhealthy;
+        self.health = HostHealth::Unhealthy;
         self
     }
 
@@ -109,8 +109,8 @@ impl HostSource for FakeCluster {
     fn weight(&self, p: u32, i: usize) -> u32 {
         self.host(p, i).map_or(0, |h| h.weight)
     }
-    fn health(&self, p: u32, i: usize) -> Coarse {
-        self.host(p, i).map_or(Coarse::Unhealthy, |h| h.health)
+    fn health(&self, p: u32, i: usize) -> HostHealth {
+        self.host(p, i).map_or(HostHealth::Unhealthy, |h| h.health)
     }
     fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
         self.host(p, i)?.locality_zone.as_deref()
@@ -187,7 +187,7 @@ impl HostSource for Indexed<'_> {
     fn weight(&self, p: u32, i: usize) -> u32 {
         self.read().weight(p, i)
     }
-    fn health(&self, p: u32, i: usize) -> Coarse {
+    fn health(&self, p: u32, i: usize) -> HostHealth {
         self.read().health(p, i)
     }
     fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {

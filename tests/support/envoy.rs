@@ -759,6 +759,11 @@ impl Envoy {
         None
     }
 
+    /// `stat`, 0 when Envoy has no such stat (yet).
+    pub fn stat_or_zero(&self, name: &str) -> u64 {
+        self.stat(name).unwrap_or(0)
+    }
+
     /// All stats whose name contains `needle`, as (name, value text).
     pub fn stats_matching(&self, needle: &str) -> Vec<(String, String)> {
         let r = self.admin_get("/stats");

@@ -3,7 +3,6 @@
 //! EDS files Envoy watches, the companion, paced load, and a tiny HTTP client.
 //!
 //! The crate's one test binary (`tests/e2e/`) uses it as `support`.
-#![allow(dead_code)]
 // Test harness: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -17,6 +16,7 @@ pub mod load;
 pub mod mtls;
 pub mod pki;
 pub mod ports;
+pub mod scenario;
 pub mod tweak;
 
 #[cfg(test)]
@@ -54,6 +54,23 @@ macro_rules! both_forms {
                 }
             }
         )*
+    };
+}
+
+/// `name { Scenario fields }` rows (`scenario::Scenario`): a `fn name(form)`
+/// running that scenario, and its tests `name::wasm` and `name::native`.
+#[macro_export]
+macro_rules! scenarios {
+    ($($(#[$attr:meta])* $fn:ident { $($field:ident: $value:expr),* $(,)? })*) => {
+        $(
+            $(#[$attr])*
+            fn $fn(form: $crate::Form) {
+                const SCENARIO: $crate::scenario::Scenario =
+                    $crate::scenario::Scenario { $($field: $value),* };
+                SCENARIO.run(form);
+            }
+        )*
+        $crate::both_forms!($($fn),*);
     };
 }
 
@@ -241,6 +258,19 @@ pub fn no_serving_503(cluster: &str) -> impl Fn(&Response) -> bool + '_ {
     }
 }
 
+/// `builder`'s Envoy with the EDS cluster `backend`: A serving, B not.
+pub fn a_serving_b_not(builder: EnvoyBuilder) -> (Envoy, Backend, Backend) {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let envoy = builder
+        .eds_cluster(
+            "backend",
+            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        )
+        .start();
+    (envoy, a, b)
+}
+
 /// Sends `n` requests one after the other.
 pub fn batch(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<Response> {
     (0..n).map(|_| envoy.get(path, headers)).collect()
@@ -313,20 +343,30 @@ pub fn assert_batch<F: Fn(&Response) -> bool>(
     pred: F,
 ) -> Vec<Response> {
     let rs = batch(envoy, path, headers, n);
-    let bad: Vec<&Response> = rs.iter().filter(|r| !pred(r)).collect();
+    assert_all(
+        &rs,
+        &format!("{what}\n  path {path} headers {headers:?}"),
+        pred,
+    );
+    rs
+}
+
+/// Asserts that every one of `responses` is `what`; else says how many were
+/// not, the tally and the first five.
+pub fn assert_all<F: Fn(&Response) -> bool>(responses: &[Response], what: &str, pred: F) {
+    let bad: Vec<&Response> = responses.iter().filter(|r| !pred(r)).collect();
     if !bad.is_empty() {
         let mut msg = format!(
-            "{} of {} answers were not: {what}\n  path {path} headers {headers:?}\n  tally: {:?}\n  first bad answers:\n",
+            "{} of {} answers were not: {what}\n  tally: {:?}\n  first bad answers:\n",
             bad.len(),
-            n,
-            tally(&rs)
+            responses.len(),
+            tally(responses)
         );
         for r in bad.iter().take(5) {
             let _ = writeln!(msg, "    {}", r.summary());
         }
         panic!("{msg}");
     }
-    rs
 }
 
 /// settle + assert_batch: the usual shape of a routing assertion.
@@ -342,13 +382,60 @@ pub fn expect_routing<F: Fn(&Response) -> bool>(
 }
 
 /// Waits until `cond` holds (checked every 20 ms) or panics after `timeout`.
-pub fn wait_until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut cond: F) {
+pub fn wait_until<F: FnMut() -> bool>(what: &str, timeout: Duration, cond: F) {
+    if !eventually(timeout, cond) {
+        panic!("timed out after {timeout:?} waiting for: {what}");
+    }
+}
+
+/// Whether `cond` holds within `timeout` (checked every 20 ms): for figures
+/// that lag (counters handed to Envoy on a tick), asserted afterwards.
+pub fn eventually<F: FnMut() -> bool>(timeout: Duration, mut cond: F) -> bool {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if cond() {
-            return;
+            return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("timed out after {timeout:?} waiting for: {what}");
+    false
+}
+
+/// Client-supplied override headers, each a named set: sends `n` requests
+/// with each and asserts every answer is `what` despite them.
+pub fn assert_despite_each<F: Fn(&Response) -> bool>(
+    envoy: &Envoy,
+    path: &str,
+    variants: &[(&str, Vec<(&str, &str)>)],
+    n: usize,
+    what: &str,
+    pred: F,
+) {
+    for (variant, headers) in variants {
+        assert_batch(
+            envoy,
+            path,
+            headers,
+            n,
+            &format!("{what} despite {variant}"),
+            &pred,
+        );
+    }
+}
+
+/// Asserts that every override value `b` received is its own address: no
+/// client's value got through.
+pub fn assert_no_foreign_override(b: &Backend) {
+    let own = b.addr().to_string();
+    let leaked: Vec<String> = b
+        .override_values()
+        .iter()
+        .flat_map(|v| override_list(v))
+        .filter(|v| *v != own)
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "{} received client-supplied override values: {leaked:?}",
+        b.name()
+    );
 }

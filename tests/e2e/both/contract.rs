@@ -19,7 +19,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use serving_picker::table::{build, Choice};
-use serving_picker::table::{Coarse as HostHealth, HostSource};
+use serving_picker::table::{HostHealth, HostSource};
 use serving_picker::testing::{FakeCluster, FakeHost};
 use serving_picker_conditions::assignment::{cluster_load_assignment, Output};
 use serving_picker_conditions::endpoint::Endpoint;

@@ -214,12 +214,7 @@ fn eds_churn_under_load(form: Form) {
     settle(&envoy, PATH, &[], "A", picked(&a));
     let load = Load::start(
         envoy.listen_addr(),
-        LoadConfig {
-            threads: 4,
-            rate_per_thread: 100.0,
-            path: PATH.into(),
-            timeout: Duration::from_secs(5),
-        },
+        LoadConfig::paced(4, 100.0, PATH),
         "churn",
     );
     // 150 EDS versions in 3 s: B flips between ready and terminating, its
@@ -251,19 +246,24 @@ fn eds_churn_under_load(form: Form) {
     assert_no_internal_error(&envoy);
 }
 
-fn shutdown_with_load_running(form: Form) {
+/// A and B serving, both picked, on an Envoy of `form`.
+fn a_and_b_serving(form: Form, tag: &str) -> (Envoy, Backend, Backend) {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let mut envoy = EnvoyBuilder::new()
+    let envoy = EnvoyBuilder::new()
         .form(form)
-        .tag("hostile-shutdown")
+        .tag(tag)
         .eds_cluster(
             CLUSTER,
             &[Endpoint::serving(a.addr()), Endpoint::serving(b.addr())],
         )
         .start();
-    let ab = [&a, &b];
-    settle(&envoy, PATH, &[], "A or B", picked_any(&ab));
+    settle(&envoy, PATH, &[], "A or B", picked_any(&[&a, &b]));
+    (envoy, a, b)
+}
+
+fn shutdown_with_load_running(form: Form) {
+    let (mut envoy, a, _b) = a_and_b_serving(form, "hostile-shutdown");
     let load = Load::start(
         envoy.listen_addr(),
         LoadConfig {
@@ -303,18 +303,7 @@ fn shutdown_with_load_running(form: Form) {
 /// terminating, B ready). Printed: how long after the file was renamed the
 /// last request that A served had been sent. No timing is asserted.
 fn reaction_time_of_a_drain_under_load(form: Form) {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let envoy = EnvoyBuilder::new()
-        .form(form)
-        .tag("reaction")
-        .eds_cluster(
-            CLUSTER,
-            &[Endpoint::serving(a.addr()), Endpoint::serving(b.addr())],
-        )
-        .start();
-    let ab = [&a, &b];
-    settle(&envoy, PATH, &[], "A or B", picked_any(&ab));
+    let (envoy, a, b) = a_and_b_serving(form, "reaction");
     let mut figures = Vec::new();
     for round in 0..5 {
         envoy.set_endpoints(
@@ -326,12 +315,7 @@ fn reaction_time_of_a_drain_under_load(form: Form) {
         });
         let load = Load::start(
             envoy.listen_addr(),
-            LoadConfig {
-                threads: 4,
-                rate_per_thread: 500.0,
-                path: PATH.into(),
-                timeout: Duration::from_secs(5),
-            },
+            LoadConfig::paced(4, 500.0, PATH),
             "A and B",
         );
         std::thread::sleep(Duration::from_millis(300));

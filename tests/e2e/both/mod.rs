@@ -4,6 +4,7 @@
 
 mod behaviour;
 mod contract;
+mod faults;
 mod hostile;
 mod soak;
 mod table;

@@ -57,12 +57,7 @@ fn load_config() -> LoadConfig {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(800.0)
         .max(MIN_RATE + 100.0);
-    LoadConfig {
-        threads: 8,
-        rate_per_thread: total / 8.0,
-        path: PATH.into(),
-        timeout: Duration::from_secs(5),
-    }
+    LoadConfig::paced(8, total / 8.0, PATH)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -275,44 +270,33 @@ fn walk_three_replicas(run: Run) -> WalkResult {
             pods.push((who, st));
         }
     }
-    for i in 0..3 {
-        let (o, n) = (&olds[i], &news[i]);
+    // One pod's change (None: removed), published as the next phase.
+    let publish = |pods: &[(&Backend, St)], phase: String| step(&envoy, &load, run, &phase, pods);
+    for (o, n) in olds.iter().zip(&news) {
         set(&mut pods, n, Some(St::NotServing));
-        step(
-            &envoy,
-            &load,
-            run,
-            &format!("{} added, not serving", n.name()),
-            &pods,
-        );
+        publish(&pods, format!("{} added, not serving", n.name()));
         std::thread::sleep(p);
         set(&mut pods, n, Some(St::Serving));
-        step(&envoy, &load, run, &format!("{} serving", n.name()), &pods);
+        publish(&pods, format!("{} serving", n.name()));
         std::thread::sleep(p);
         set(&mut pods, o, Some(St::ServingTerminating));
-        step(
-            &envoy,
-            &load,
-            run,
-            &format!("{} serving+terminating, preStop (first 0.5 s)", o.name()),
+        publish(
             &pods,
+            format!("{} serving+terminating, preStop (first 0.5 s)", o.name()),
         );
         o.begin_termination(GRACE + p + p / 2);
         std::thread::sleep(GRACE);
         load.phase(&format!("{} serving+terminating, preStop", o.name()));
         std::thread::sleep(p);
         set(&mut pods, o, Some(St::TerminatingNotServing));
-        step(
-            &envoy,
-            &load,
-            run,
-            &format!("{} terminating not serving (listener closes)", o.name()),
+        publish(
             &pods,
+            format!("{} terminating not serving (listener closes)", o.name()),
         );
         std::thread::sleep(p);
         wait_stopped(o, Duration::from_secs(3));
         set(&mut pods, o, None);
-        step(&envoy, &load, run, &format!("{} removed", o.name()), &pods);
+        publish(&pods, format!("{} removed", o.name()));
         std::thread::sleep(p);
     }
     let report = load.finish();

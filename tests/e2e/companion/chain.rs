@@ -19,7 +19,9 @@
 
 use std::time::Duration;
 
-use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};
+use support::companion::{
+    eds_from_companion, plain_round_robin, Companion, Expect, Picker, SliceDir, XdsApi,
+};
 use support::envoy::fresh_dir;
 use support::load::{Load, LoadConfig};
 use support::mtls::Mtls;
@@ -28,15 +30,6 @@ use support::*;
 const CLUSTER: &str = "backend";
 const SERVICE: &str = "web";
 const PATH: &str = "/backend/x";
-
-/// How Envoy picks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Picker {
-    /// serving-picker in this form (the harness's builder loads it).
-    Module(Form),
-    /// No module, Envoy's round robin (with the companion's `--priorities`).
-    PlainRoundRobin,
-}
 
 fn envoy_on(companion: &Companion, tag: &str, picker: Picker, api: XdsApi) -> Envoy {
     envoy_over(companion, tag, picker, api, None)
@@ -78,43 +71,8 @@ fn chain(first: &[Endpoint], extra: &[&str]) -> Chain {
     Chain { slices, companion }
 }
 
-/// Where a row's traffic must go.
-enum Expect<'a> {
-    To(&'a Backend),
-    Nobody,
-}
-
-/// "goes to B" for this picker: the wasm filter names B in the override
-/// header; the native policy and round robin leave no trace but B's answer.
-fn goes_to(picker: Picker, b: &Backend) -> impl Fn(&Response) -> bool + '_ {
-    move |r: &Response| match picker {
-        Picker::Module(Form::Wasm) => picked(b)(r),
-        _ => served_by(b)(r),
-    }
-}
-
 fn expect(envoy: &Envoy, picker: Picker, what: &str, e: Expect<'_>, all: &[&Backend]) {
-    match e {
-        Expect::To(b) => {
-            expect_routing(envoy, PATH, &[], what, goes_to(picker, b));
-        }
-        Expect::Nobody => {
-            let nobody = move |r: &Response| match picker {
-                // Both forms answer the same clear 503 (native: its local_reply_config).
-                Picker::Module(_) => no_serving_503(CLUSTER)(r),
-                // Envoy's own answer for a cluster without a usable host.
-                Picker::PlainRoundRobin => r.status == 503 && r.header(BACKEND_HEADER).is_none(),
-            };
-            settle(envoy, PATH, &[], what, nobody);
-            for b in all {
-                b.reset();
-            }
-            assert_batch(envoy, PATH, &[], BATCH, what, nobody);
-            for b in all {
-                assert_eq!(b.count(), 0, "{what}: {} got requests", b.name());
-            }
-        }
-    }
+    support::companion::expect(envoy, picker, (CLUSTER, PATH), what, e, all);
 }
 
 /// Every seed-table row, as a sequence of slice changes on one Envoy.
@@ -440,12 +398,9 @@ fn companion_restart_under_load_loses_nothing() {
     settle(&envoy, PATH, &[], "B after the restart", picked(&b));
     std::thread::sleep(Duration::from_millis(300));
     let report = load.finish();
-    println!("{}", report.phase_table("companion restart under load"));
-    assert_eq!(
-        report.failures(),
-        0,
-        "requests failed around the restart\n{}",
-        report.phase_table("companion restart")
+    report.assert_no_failures(
+        "companion restart under load",
+        "requests failed around the restart",
     );
     let during = report.phase_start("companion killed");
     let back = report.phase_start("companion restarting");

@@ -34,7 +34,7 @@ use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::slice::ServiceKey;
-use support::companion::{companion_bin, plain_round_robin, SliceDir, NAMESPACE};
+use support::companion::{companion_bin, plain_round_robin, Expect, Picker, SliceDir, NAMESPACE};
 use support::envoy::fresh_dir;
 use support::ports::free_port;
 use support::*;
@@ -118,15 +118,7 @@ impl Drop for EgCompanion {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if std::thread::panicking() {
-            let text = self.log_text();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!(
-                "\n===== companion (log {}) =====\n{}\n===== end companion =====",
-                self.log.display(),
-                lines[lines.len().saturating_sub(40)..].join("\n")
-            );
-        }
+        support::companion::print_log_tail_if_failing(&self.log);
     }
 }
 
@@ -370,45 +362,8 @@ fn eds_pb(cluster: String) -> impl Fn(&mut Value, &Path) + 'static {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Picker {
-    Module(Form),
-    PlainRoundRobin,
-}
-
-fn goes_to(picker: Picker, b: &Backend) -> impl Fn(&Response) -> bool + '_ {
-    move |r: &Response| match picker {
-        Picker::Module(Form::Wasm) => picked(b)(r),
-        _ => served_by(b)(r),
-    }
-}
-
-enum Expect<'a> {
-    To(&'a Backend),
-    Nobody,
-}
-
 fn expect(envoy: &Envoy, picker: Picker, what: &str, e: Expect<'_>, all: &[&Backend]) {
-    let cluster = cluster();
-    match e {
-        Expect::To(b) => {
-            expect_routing(envoy, PATH, &[], what, goes_to(picker, b));
-        }
-        Expect::Nobody => {
-            let nobody = |r: &Response| match picker {
-                Picker::Module(_) => no_serving_503(&cluster)(r),
-                Picker::PlainRoundRobin => r.status == 503 && r.header(BACKEND_HEADER).is_none(),
-            };
-            settle(envoy, PATH, &[], what, nobody);
-            for b in all {
-                b.reset();
-            }
-            assert_batch(envoy, PATH, &[], BATCH, what, nobody);
-            for b in all {
-                assert_eq!(b.count(), 0, "{what}: {} got requests", b.name());
-            }
-        }
-    }
+    support::companion::expect(envoy, picker, (&cluster(), PATH), what, e, all);
 }
 
 struct Run {

@@ -16,7 +16,9 @@
 use std::time::Duration;
 
 use serde_json::json;
-use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};
+use support::companion::{
+    eds_from_companion, plain_round_robin, Companion, Picker, SliceDir, XdsApi,
+};
 use support::envoy::fresh_dir;
 use support::load::{Load, LoadConfig};
 use support::mtls::Mtls;
@@ -29,15 +31,6 @@ const PATH: &str = "/backend/soak";
 /// The file watch, the push and (wasm form) the filter's 100 ms refresh.
 const GRACE: Duration = Duration::from_millis(500);
 const PHASE: Duration = Duration::from_millis(1000);
-
-/// How Envoy picks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Picker {
-    /// serving-picker in this form.
-    Module(Form),
-    /// No module, Envoy's round robin, with the companion's `--priorities`.
-    PlainRoundRobin,
-}
 
 fn walk_one_replica(picker: Picker, mtls: Option<Mtls>) {
     let a = Backend::start("A");

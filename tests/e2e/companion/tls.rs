@@ -457,12 +457,9 @@ fn rotation_under_load_loses_nothing_and_new_connections_get_the_new_certificate
     settle(&envoy, PATH, &[], "B after the reconnection", served_by(&b));
     std::thread::sleep(Duration::from_millis(300));
     let report = load.finish();
-    println!("{}", report.phase_table("certificate rotation under load"));
-    assert_eq!(
-        report.failures(),
-        0,
-        "requests failed during the rotation\n{}",
-        report.phase_table("rotation")
+    report.assert_no_failures(
+        "certificate rotation under load",
+        "requests failed during the rotation",
     );
     // The restarted process refused nobody: Envoy's reconnection went through.
     assert_eq!(

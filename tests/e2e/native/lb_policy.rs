@@ -17,10 +17,6 @@ use support::*;
 const CLUSTER: &str = "backend";
 const PATH: &str = "/backend/x";
 
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stat(name).unwrap_or(0)
-}
-
 fn native() -> EnvoyBuilder {
     EnvoyBuilder::new().form(Form::Native)
 }
@@ -58,7 +54,10 @@ fn counters_show_as_dynamicmodulescustom() {
     }
     // Three clusters, three LB instances each (two workers and the main
     // thread), each built at least once with hosts.
-    assert!(stat(&envoy, "serving_picker.rebuilds") >= 9, "{all:?}");
+    assert!(
+        envoy.stat_or_zero("serving_picker.rebuilds") >= 9,
+        "{all:?}"
+    );
     for name in [
         "serving_picker.retry.other_host",
         "serving_picker.hosts.serving_not_offered",
@@ -71,7 +70,7 @@ fn counters_show_as_dynamicmodulescustom() {
         );
     }
     // Envoy's own view: the 503s are its `no healthy upstream` (flag UH).
-    assert!(stat(&envoy, "cluster.nothing.upstream_cx_none_healthy") >= BATCH as u64);
+    assert!(envoy.stat_or_zero("cluster.nothing.upstream_cx_none_healthy") >= BATCH as u64);
 }
 
 /// A host whose metadata says serving but that Envoy does not offer as
@@ -95,7 +94,7 @@ fn serving_but_not_offered_is_counted_and_logged_once() {
     expect_routing(&envoy, PATH, &[], "A alone (B not offered)", picked(&a));
     assert_eq!(b.count(), 0, "DRAINING B was reached");
     wait_until("the gauge to show B", SETTLE_TIMEOUT, || {
-        stat(&envoy, "serving_picker.hosts.serving_not_offered") == 1
+        envoy.stat_or_zero("serving_picker.hosts.serving_not_offered") == 1
     });
     // More updates that leave B not offered: no new line.
     envoy.set_endpoints(
@@ -129,7 +128,10 @@ fn serving_but_not_offered_is_counted_and_logged_once() {
         served_by(&b)(&envoy.get(PATH, &[]))
     });
     expect_routing(&envoy, PATH, &[], "A or B", picked_any(&ab));
-    assert_eq!(stat(&envoy, "serving_picker.hosts.serving_not_offered"), 0);
+    assert_eq!(
+        envoy.stat_or_zero("serving_picker.hosts.serving_not_offered"),
+        0
+    );
     wait_until("the recovery line", Duration::from_secs(2), || {
         lines("is offered again").len() == 1
     });
@@ -163,8 +165,8 @@ fn retries_avoid_the_host_already_tried() {
     let rs = batch(&envoy, PATH, &[], n);
     let t = tally(&rs);
     println!("retries: {t:?}");
-    let moved = stat(&envoy, "serving_picker.retry.other_host");
-    let retries = stat(&envoy, "cluster.backend.upstream_rq_retry");
+    let moved = envoy.stat_or_zero("serving_picker.retry.other_host");
+    let retries = envoy.stat_or_zero("cluster.backend.upstream_rq_retry");
     println!("retries {retries}, moved by the module {moved}");
     // One retry per request: a retry whose host Envoy then rejects once
     // more (the module is asked a bounded number of times) may still fail;
@@ -209,7 +211,7 @@ fn retries_avoid_the_host_already_tried() {
     let failed = rs.iter().filter(|r| r.status != 200).count();
     println!("without the predicate: {:?}", tally(&rs));
     assert!(failed > n / 2, "{:?}", tally(&rs));
-    assert_eq!(stat(&plain, "serving_picker.retry.other_host"), 0);
+    assert_eq!(plain.stat_or_zero("serving_picker.retry.other_host"), 0);
 }
 
 fn validate_with(config_value: &str) -> (bool, String) {

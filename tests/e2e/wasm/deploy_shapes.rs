@@ -8,10 +8,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::*;
 
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stat(name).unwrap_or(0)
-}
-
 /// STATIC cluster `svc` (A) and EDS cluster `other` whose `service_name` is
 /// `svc` (B): Envoy's config dump lists both under `svc`. Each cluster must be
 /// steered to its own host (before the fix `svc` answered no-serving-endpoint
@@ -297,7 +293,7 @@ fn envoy_gateways_prometheus_stats_cluster_serves_as_admin_cluster() {
     );
     expect_routing(&envoy, "/backend/x", &[], "B picked", picked(&b));
     assert!(
-        stat(&envoy, "serving_picker.snapshot.refresh_skipped_unchanged") > 0,
+        envoy.stat_or_zero("serving_picker.snapshot.refresh_skipped_unchanged") > 0,
         "gate on"
     );
     let stats_listener = std::net::SocketAddr::from(([127, 0, 0, 1], stats_port));

@@ -1,5 +1,6 @@
 //! The proxy-wasm filter alone.
 
+mod behaviour;
 mod deploy_shapes;
 mod faults;
 mod leader;

@@ -18,10 +18,6 @@ fn readme_retry_policy() -> Value {
     json!({"retry_on": "connect-failure,reset,refused-stream", "num_retries": 2})
 }
 
-fn stat(envoy: &support::Envoy, name: &str) -> u64 {
-    envoy.stat(name).unwrap_or(0)
-}
-
 /// The only ready host refuses connections; B (not serving) and C (terminating,
 /// not serving) listen. Every request fails over its retries on A alone: no
 /// request may reach B or C.
@@ -43,13 +39,13 @@ fn retries_never_reach_not_serving(tag: &str, policy: Value) {
         .start();
     // Requests before the first snapshot are not what this test is about.
     wait_until("the first snapshot", Duration::from_secs(10), || {
-        stat(&envoy, "serving_picker.snapshot.published") >= 1
+        envoy.stat_or_zero("serving_picker.snapshot.published") >= 1
     });
     std::thread::sleep(Duration::from_millis(300));
     b.reset();
     c.reset();
     let rs: Vec<_> = (0..40).map(|_| envoy.get(PATH, &[])).collect();
-    let retries = stat(&envoy, &format!("cluster.{CLUSTER}.upstream_rq_retry"));
+    let retries = envoy.stat_or_zero(&format!("cluster.{CLUSTER}.upstream_rq_retry"));
     println!(
         "{tag}: {:?}; retries {retries}; B {} C {}",
         tally(&rs),
@@ -105,7 +101,7 @@ fn retries_move_to_the_other_ready_host() {
         )
         .start();
     wait_until("the first snapshot", Duration::from_secs(10), || {
-        stat(&envoy, "serving_picker.snapshot.published") >= 1
+        envoy.stat_or_zero("serving_picker.snapshot.published") >= 1
     });
     std::thread::sleep(Duration::from_millis(300));
     b.reset();

@@ -5,15 +5,27 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{json, Value};
 use support::admin_stub::{AdminStub, Mode};
 use support::*;
 
 const CLUSTER: &str = "backend";
 const PATH: &str = "/backend/x";
 
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stat(name).unwrap_or(0)
+/// A serving, B not (`a_serving_b_not`), the filter configured with
+/// `extra`, its admin API a stub answering 500 until told otherwise.
+fn behind_a_failing_admin_api(tag: &str, extra: Value) -> (Envoy, Backend, Backend, AdminStub) {
+    let stub = AdminStub::start();
+    stub.set_mode(Mode::Status(500));
+    let config = plugin_config(extra);
+    let (envoy, a, b) = a_serving_b_not(
+        EnvoyBuilder::new()
+            .tag(tag)
+            .with_filter(Some(&config))
+            .admin_cluster_port(stub.port()),
+    );
+    stub.set_upstream(envoy.admin_addr());
+    (envoy, a, b, stub)
 }
 
 /// Whole config dumps take 1.5 s to come (a big Envoy), narrowed ones and the
@@ -42,14 +54,14 @@ fn a_slow_full_refresh_does_not_stretch_the_stats_poll() {
         .start();
     stub.set_upstream(envoy.admin_addr());
     wait_until("the first snapshot", Duration::from_secs(15), || {
-        stat(&envoy, "serving_picker.snapshot.published") >= 1
+        envoy.stat_or_zero("serving_picker.snapshot.published") >= 1
     });
     expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
     // Settled: the gate skips (nothing moved since the last full refresh,
     // which took > 1.5 s: the next full one waits for 4 x that). Change now.
-    let skipped = stat(&envoy, "serving_picker.snapshot.refresh_skipped_unchanged");
+    let skipped = envoy.stat_or_zero("serving_picker.snapshot.refresh_skipped_unchanged");
     wait_until("the gate to skip", Duration::from_secs(15), || {
-        stat(&envoy, "serving_picker.snapshot.refresh_skipped_unchanged") >= skipped + 2
+        envoy.stat_or_zero("serving_picker.snapshot.refresh_skipped_unchanged") >= skipped + 2
     });
     let changed = Instant::now();
     envoy.set_endpoints(
@@ -74,7 +86,7 @@ fn a_slow_full_refresh_does_not_stretch_the_stats_poll() {
         "the change took {} ms: the stats poll waited for the full refresh's stretch",
         seen_at.as_millis()
     );
-    assert!(stat(&envoy, "serving_picker.snapshot.refresh_narrowed") >= 1);
+    assert!(envoy.stat_or_zero("serving_picker.snapshot.refresh_narrowed") >= 1);
 }
 
 /// Before the first snapshot (here the admin API answers 500 at first), a
@@ -88,26 +100,14 @@ fn a_slow_full_refresh_does_not_stretch_the_stats_poll() {
 #[test]
 fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
     for mode in ["hold", "reject", "passthrough"] {
-        let a = Backend::start("A");
-        let b = Backend::start("B");
-        let stub = AdminStub::start();
-        stub.set_mode(Mode::Status(500));
         // The default is left unset: `hold` must be it.
         let config = if mode == "hold" {
-            plugin_config(json!({}))
+            json!({})
         } else {
-            plugin_config(json!({"before_first_snapshot": mode}))
+            json!({"before_first_snapshot": mode})
         };
-        let envoy = EnvoyBuilder::new()
-            .tag(&format!("stale-first-{mode}"))
-            .with_filter(Some(&config))
-            .admin_cluster_port(stub.port())
-            .eds_cluster(
-                CLUSTER,
-                &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
-            )
-            .start();
-        stub.set_upstream(envoy.admin_addr());
+        let (envoy, a, b, stub) =
+            behind_a_failing_admin_api(&format!("stale-first-{mode}"), config);
         let listen = envoy.listen_addr();
         // 30 requests at once, answered while the admin API still fails
         // (reject, passthrough) or after it recovers (hold).
@@ -117,7 +117,7 @@ fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
                 .collect();
             if mode == "hold" {
                 wait_until("requests held", Duration::from_secs(10), || {
-                    stat(&envoy, "serving_picker.hold.no_snapshot") >= 30
+                    envoy.stat_or_zero("serving_picker.hold.no_snapshot") >= 30
                 });
                 assert!(
                     clients.iter().all(|c| !c.is_finished()),
@@ -155,7 +155,7 @@ fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
         expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
         if mode == "reject" {
             assert_eq!(b.count(), 0);
-            assert!(stat(&envoy, "serving_picker.reject.no_snapshot") >= 30);
+            assert!(envoy.stat_or_zero("serving_picker.reject.no_snapshot") >= 30);
         }
     }
 }
@@ -164,21 +164,8 @@ fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
 /// get the 503 `no-snapshot-yet` after `admin_timeout_ms`, not a hang.
 #[test]
 fn a_hold_ends_in_a_503_when_no_snapshot_comes() {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let stub = AdminStub::start();
-    stub.set_mode(Mode::Status(500));
-    let config = plugin_config(json!({"admin_timeout_ms": 400}));
-    let envoy = EnvoyBuilder::new()
-        .tag("stale-hold-expires")
-        .with_filter(Some(&config))
-        .admin_cluster_port(stub.port())
-        .eds_cluster(
-            CLUSTER,
-            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
-        )
-        .start();
-    stub.set_upstream(envoy.admin_addr());
+    let (envoy, a, b, _stub) =
+        behind_a_failing_admin_api("stale-hold-expires", json!({"admin_timeout_ms": 400}));
     let started = Instant::now();
     let r = envoy.get(PATH, &[]);
     let waited = started.elapsed();
@@ -191,7 +178,7 @@ fn a_hold_ends_in_a_503_when_no_snapshot_comes() {
         waited.as_millis()
     );
     assert_eq!(b.count() + a.count(), 0);
-    assert!(stat(&envoy, "serving_picker.hold.no_snapshot") >= 1);
+    assert!(envoy.stat_or_zero("serving_picker.hold.no_snapshot") >= 1);
 }
 
 /// Clusters `a:b` and `a_b` (Envoy writes `:` as `_` in stat names, so both
@@ -218,9 +205,9 @@ fn stat_name_clash_falls_back_to_a_full_refresh() {
         .start();
     expect_routing(&envoy, "/a:b/x", &[], "A picked", picked(&a));
     expect_routing(&envoy, "/a_b/x", &[], "C picked", picked(&c));
-    let skipped = stat(&envoy, "serving_picker.snapshot.refresh_skipped_unchanged");
+    let skipped = envoy.stat_or_zero("serving_picker.snapshot.refresh_skipped_unchanged");
     wait_until("the gate to skip", Duration::from_secs(10), || {
-        stat(&envoy, "serving_picker.snapshot.refresh_skipped_unchanged") >= skipped + 2
+        envoy.stat_or_zero("serving_picker.snapshot.refresh_skipped_unchanged") >= skipped + 2
     });
     envoy.set_endpoints(
         "a:b",
