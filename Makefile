@@ -51,31 +51,47 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick
+.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
 build: build-wasm build-native build-native-older
 
-# The native module is linked for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30) with
 # zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
-# when missing), and copied over cargo's own build (renamed into place: never overwrite a .so that
-# an Envoy may have loaded). Without them (offline, NATIVE_ZIG=0, or a failed zig build) the plain
-# cargo build stays: it needs this machine's glibc (2.34 here).
+# when missing) links both native artefacts:
+# - the native module for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30), copied
+#   over cargo's own build (renamed into place: never overwrite a .so that an Envoy may have loaded);
+# - the companion as one static binary (musl): it runs on any Linux and is what the FROM scratch
+#   image holds, so the binary the tests run is the one that ships.
+# Without zig (offline, NATIVE_ZIG=0, or a failed zig build) cargo's own builds stay: they need
+# this machine's glibc (2.34 here), and `make images` refuses the dynamic companion.
 NATIVE_ZIG ?= 1
 NATIVE_GLIBC := 2.31
 NATIVE_TRIPLE := x86_64-unknown-linux-gnu
+COMPANION_TRIPLE := x86_64-unknown-linux-musl
+# Puts .venv/bin (zig, cargo-zigbuild) first on PATH, installing them when missing; fails when
+# they cannot be had.
+ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
+  command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
+    $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; }; \
+  command -v cargo-zigbuild >/dev/null
+# rustup's standard library for each cross target (once; needs the network the first time).
+rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
-	cargo build --release -p serving-picker-native -p serving-picker-conditions
-	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ]; then \
-	  export PATH="$(abspath $(VENV))/bin:$$PATH"; \
-	  command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
-	    $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; } || true; \
-	  if command -v cargo-zigbuild >/dev/null && \
-	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
+	cargo build --release -p serving-picker-native
+	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
+	  if cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
 	    cp $(TARGET)/$(NATIVE_TRIPLE)/release/libserving_picker.so $(NATIVE_SO).tmp && mv $(NATIVE_SO).tmp $(NATIVE_SO) && \
 	    echo "native module linked for glibc $(NATIVE_GLIBC)+ (cargo-zigbuild)"; \
-	  else echo "cargo-zigbuild unavailable or failed: the native module is cargo's, for this machine's glibc"; fi; \
+	  else echo "cargo-zigbuild failed: the native module is cargo's, for this machine's glibc"; fi; \
+	  $(call rust-target,$(COMPANION_TRIPLE)) && \
+	  cargo zigbuild --release --target $(COMPANION_TRIPLE) -p serving-picker-conditions && \
+	    cp $(TARGET)/$(COMPANION_TRIPLE)/release/serving-picker-conditions $(CONDITIONS_BIN).tmp && \
+	    mv $(CONDITIONS_BIN).tmp $(CONDITIONS_BIN) && echo "companion linked static (musl, cargo-zigbuild)" || \
+	    { echo "static companion build failed: cargo's, for this machine's glibc"; cargo build --release -p serving-picker-conditions; }; \
+	else \
+	  echo "cargo-zigbuild unavailable: the native module and the companion are cargo's, for this machine's glibc"; \
+	  cargo build --release -p serving-picker-conditions; \
 	fi
-	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN)"
+	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
 
 # The native module for the older Envoy minors, each from a cargo target directory of its own
 # (a cdylib's file name carries no feature hash, so builds with other features would overwrite
@@ -216,3 +232,56 @@ bench-scale: build envoy
 .PHONY: bench-conditions
 bench-conditions: build envoy
 	cargo bench -p serving-picker-conditions --bench scale
+
+# Releases. One version: Cargo.toml's [workspace.package] version (scripts/version.sh); the
+# crates, `serving-picker-conditions --version`, image tags and labels and the manifests carry it
+# (tests/e2e/companion/release.rs). scripts/set-version.sh X.Y.Z moves it.
+VERSION ?= $(shell scripts/version.sh)
+CROSS_COMPANION_TRIPLE := aarch64-unknown-linux-musl
+CROSS_NATIVE_TRIPLE := aarch64-unknown-linux-gnu
+STAGE := $(TARGET)/stage
+DIST ?= dist
+# Where `make release` pushes (<registry>/serving-picker-*:<tag>); empty: archives only.
+REGISTRY ?=
+
+# aarch64: the companion (static, musl) and the native module (glibc $(NATIVE_GLIBC)+), both
+# cross-linked by zig. The wasm module is the same on every architecture.
+build-cross: venv
+	@$(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
+	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
+	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
+	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native && \
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
+	    --no-default-features --features envoy-$${minor/./-} --target-dir $(TARGET)/envoy-$$minor/cargo || exit 1; \
+	done
+
+# What the images and the release are made of, one directory per platform (scripts/images.sh).
+stage: build build-cross
+	rm -rf $(STAGE)
+	mkdir -p $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR) $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR) $(STAGE)/wasm
+	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
+	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/release/serving-picker-conditions $(STAGE)/linux-arm64/
+	cp $(NATIVE_SO) $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR)/
+	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR)/
+	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  mkdir -p $(STAGE)/linux-amd64/envoy-$$minor $(STAGE)/linux-arm64/envoy-$$minor && \
+	  cp $(TARGET)/envoy-$$minor/libserving_picker.so $(STAGE)/linux-amd64/envoy-$$minor/ && \
+	  cp $(TARGET)/envoy-$$minor/cargo/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$$minor/ || exit 1; \
+	done
+
+# The images as OCI archives in $(TARGET)/images (packaging/*.Containerfile, buildah).
+images: stage
+	VERSION=$(VERSION) REVISION=$$(git rev-parse HEAD)$$(git diff --quiet HEAD -- || echo -dirty) \
+	SOURCE=$$(scripts/version.sh repository) \
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) scripts/images.sh $(STAGE) $(TARGET)/images
+
+# `make release VERSION=x.y.z [REGISTRY=host/path]`: $(DIST)/ (scripts/release.sh says what).
+release: stage
+	STAGE=$(STAGE) DIST=$(DIST) VERSION=$(VERSION) REGISTRY=$(REGISTRY) scripts/release.sh
+
+# The release as a cluster would get it: built, pushed to a registry on loopback, pulled back by
+# digest, unpacked, and run (scripts/check-release.sh). CI runs it after `make test`.
+test-release: stage envoy
+	STAGE=$(STAGE) ENVOY_VERSION=$(ENVOY_VERSION) scripts/check-release.sh

