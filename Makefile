@@ -211,19 +211,20 @@ clean:
 # a throughput phase (wrk -c32) and a latency phase (wrk -c1), figures paired per round,
 # wrk on loopback (ports 21000-21999). Knobs (environment): BENCH_DURATION, BENCH_WARMUP,
 # BENCH_CONNECTIONS, BENCH_THREADS, BENCH_LAT_DURATION, BENCH_ROUNDS; see benches/e2e/README.md.
+# The benchmark is benches/e2e/main.rs (serving-picker-benches), with the e2e harness.
 bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
 	cargo build --release --manifest-path benches/latency-client/Cargo.toml
-	bash benches/e2e/run.sh
+	cargo run -q -p serving-picker-benches --bin bench-e2e
 
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
 # files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency, and
 # the main-thread CPU of one change-driven refresh (every cluster changing, or one).
-# Loopback ports 22000-22999; knobs and details in benches/scale/run.sh.
+# Loopback ports 22000-22999; knobs and details in benches/scale/main.rs (serving-picker-benches).
 .PHONY: bench-scale
 bench-scale: build envoy
-	bash benches/scale/run.sh
+	cargo run -q -p serving-picker-benches --bin bench-scale
 
 # The conditions companion at 10,000 endpoints in 100 EndpointSlices: slice change -> pushed
 # assignment in process (p50/p99), index and publisher memory, and with a real Envoy the time

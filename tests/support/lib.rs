@@ -8,7 +8,9 @@
 
 pub mod admin_stub;
 pub mod backend;
+pub mod bootstrap;
 pub mod companion;
+pub mod cpu;
 pub mod eds;
 pub mod envoy;
 pub mod http;
@@ -16,6 +18,7 @@ pub mod load;
 pub mod mtls;
 pub mod pki;
 pub mod ports;
+pub mod process;
 pub mod scenario;
 pub mod tweak;
 
