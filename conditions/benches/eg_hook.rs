@@ -24,9 +24,6 @@ use bytes::Bytes;
 use prost::Message;
 use serving_picker_conditions::assignment::Output;
 use serving_picker_conditions::envoy_gateway::apply_updates;
-use serving_picker_conditions::envoy_gateway::eg_shape::{
-    eg_draining, rule_assignments, BackendRef, EgEndpoint,
-};
 use serving_picker_conditions::envoy_gateway::hook;
 use serving_picker_conditions::envoy_gateway::prepared::PreparedIndex;
 use serving_picker_conditions::envoy_gateway::proto::{
@@ -34,6 +31,9 @@ use serving_picker_conditions::envoy_gateway::proto::{
 };
 use serving_picker_conditions::envoy_gateway::service::{
     HookConfig, HookMetrics, HookService, Shared,
+};
+use serving_picker_conditions::envoy_gateway::testing::{
+    eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::publish::{Change, Update};
 use serving_picker_conditions::slice::{ServiceKey, Slice};

@@ -3,7 +3,7 @@
 //! cannot: byte-identical echoes, readiness, UNIMPLEMENTED for the other
 //! rpcs, the bounded re-read (from a slice directory, and a source that
 //! hangs) and a rolling update step by step. The real binary with a real
-//! Envoy: `tests/e2e_envoy_gateway.rs` at the repository root.
+//! Envoy: `tests/e2e/companion/envoy_gateway.rs` at the repository root.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
@@ -16,15 +16,15 @@ use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use prost::Message;
 use serving_picker_conditions::envoy_gateway::apply_updates;
-use serving_picker_conditions::envoy_gateway::eg_shape::{
-    eg_draining, rule_assignments, BackendRef, EgEndpoint,
-};
 use serving_picker_conditions::envoy_gateway::hook::lb_addr;
 use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, Reread, Shared,
+};
+use serving_picker_conditions::envoy_gateway::testing::{
+    eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::metrics::Metrics;
 use serving_picker_conditions::publish::{Change, Update};

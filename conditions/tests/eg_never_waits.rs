@@ -13,12 +13,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
-use serving_picker_conditions::envoy_gateway::eg_shape::{
-    rule_assignments, BackendRef, EgEndpoint,
-};
 use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
 };
+use serving_picker_conditions::envoy_gateway::testing::{rule_assignments, BackendRef, EgEndpoint};
 use serving_picker_conditions::slice::ServiceKey;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

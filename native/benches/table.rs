@@ -3,7 +3,8 @@
 //! reads (ABI calls in Envoy), the table's heap, and the per-request pick.
 //! Prints figures; asserts nothing.
 //!
-//! `cargo bench -p serving-picker-native --bench table` (`make bench-native`).
+//! `cargo bench -p serving-picker-native --bench table --features testing`
+//! (`make bench-native`).
 //! The host source here is plain vectors; in Envoy each read is an ABI call
 //! (the e2e figure `serving_picker.rebuild_us` includes those).
 
@@ -12,7 +13,8 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use serving_picker::table::{build, fake, Choice};
+use serving_picker::table::{build, Choice};
+use serving_picker::testing as fake;
 use serving_picker_core::config::SelectionConfig;
 
 /// Counts live heap bytes and the peak.

@@ -1,14 +1,19 @@
-//! The Envoy 1.40 dynamic-module ABI this module uses: the callbacks Envoy
-//! exports (declared here, and only here) and safe wrappers around them.
+//! The Envoy dynamic-module ABI this module uses: the callbacks Envoy
+//! exports (declared here, and only here), safe wrappers around them, and
+//! the conversions of the opaque pointers the hooks receive and return.
 //! This is the one file with raw pointers into Envoy.
 //!
-//! Every declaration was checked against the pinned binary
-//! (`nm -D --defined-only envoy`, tests/native_abi.rs)
-//! and its behaviour against the real Envoy (the e2e tests). Stored versions
-//! of upstream's abi.h differ; the signatures below are 1.40's.
+//! The declarations hold for every Envoy this module is built for (1.38,
+//! 1.39, 1.40: docs/compatibility.md says how each signature was compared).
+//! A callback whose signature differs in some release gets one declaration
+//! per `envoy-1-NN` feature here; none does today.
+//! Every declared callback is checked against each supported Envoy binary
+//! (`nm -D --defined-only envoy`, tests/e2e/native/abi.rs) and its behaviour
+//! against the real Envoys (the e2e tests, `make test-compat`).
 
-use std::ffi::c_void;
-use std::os::raw::c_int;
+use std::ffi::{c_void, CStr};
+use std::os::raw::{c_char, c_int};
+use std::sync::Arc;
 
 /// A buffer owned by Envoy (`envoy_dynamic_module_type_envoy_buffer`).
 #[repr(C)]
@@ -55,19 +60,107 @@ impl ModuleBuffer {
     }
 }
 
+/// An object Envoy owns and passes to a hook (`*_envoy_ptr`): checked for
+/// null by the wrappers that take it.
+pub type EnvoyPtr = *mut c_void;
+/// An object this module made and Envoy keeps for it (`*_module_ptr`).
+pub type ModulePtr = *const c_void;
+/// The answer "no object" (a refused configuration, a failed LB).
+pub const NO_MODULE: ModulePtr = std::ptr::null();
+/// `envoy_dynamic_module_type_abi_version_module_ptr`: a NUL-terminated
+/// string, or null to refuse the load.
+pub type AbiVersionPtr = *const c_char;
+pub const NO_ABI_VERSION: AbiVersionPtr = std::ptr::null();
+/// A `uint32_t*` out-parameter of a hook.
+pub type OutU32 = *mut u32;
+
+/// The ABI version string handed to Envoy (static: valid for ever).
+pub fn abi_version_ptr(version: &'static CStr) -> AbiVersionPtr {
+    version.as_ptr()
+}
+
+/// Hands Envoy an object shared with the module's own holders (a policy
+/// configuration, which every LB instance of it keeps).
+pub fn share<T>(value: Arc<T>) -> ModulePtr {
+    Arc::into_raw(value).cast()
+}
+
+/// Another holder of an object from `share`.
+///
+/// # Safety
+/// `ptr` is null or came from `share::<T>` and is not yet released.
+pub unsafe fn shared<T>(ptr: ModulePtr) -> Option<Arc<T>> {
+    if ptr.is_null() {
+        return None;
+    }
+    let ptr = ptr.cast::<T>();
+    // SAFETY: a live Arc<T> made by `share`: one more strong count, then
+    // an Arc that owns it.
+    unsafe {
+        Arc::increment_strong_count(ptr);
+        Some(Arc::from_raw(ptr))
+    }
+}
+
+/// Envoy's reference from `share`, given back (config_destroy).
+///
+/// # Safety
+/// `ptr` is null or came from `share::<T>`; Envoy releases it once.
+pub unsafe fn release_shared<T>(ptr: ModulePtr) {
+    if !ptr.is_null() {
+        // SAFETY: the Arc reference `share` leaked to Envoy.
+        drop(unsafe { Arc::from_raw(ptr.cast::<T>()) });
+    }
+}
+
+/// Hands Envoy an object it alone holds (an LB instance).
+pub fn own<T>(value: Box<T>) -> ModulePtr {
+    Box::into_raw(value).cast_const().cast()
+}
+
+/// The object behind a pointer from `own`, for one hook call.
+///
+/// # Safety
+/// `ptr` is null or came from `own::<T>` and is not yet released; the
+/// reference is used on the object's own thread during the hook call.
+pub unsafe fn owned<'a, T>(ptr: ModulePtr) -> Option<&'a T> {
+    // SAFETY: null or a live Box<T> (the caller vouches).
+    unsafe { ptr.cast::<T>().as_ref() }
+}
+
+/// The object from `own`, given back and dropped (lb_destroy).
+///
+/// # Safety
+/// `ptr` is null or came from `own::<T>`; Envoy releases it once.
+pub unsafe fn release_owned<T>(ptr: ModulePtr) {
+    if !ptr.is_null() {
+        // SAFETY: the Box `own` leaked to Envoy.
+        drop(unsafe { Box::from_raw(ptr.cast::<T>().cast_mut()) });
+    }
+}
+
+/// A hook's out-parameter, if Envoy passed one.
+///
+/// # Safety
+/// `ptr` is null or points to a writable `u32` for the hook call.
+pub unsafe fn out_slot<'a>(ptr: OutU32) -> Option<&'a mut u32> {
+    // SAFETY: null or Envoy's local (the caller vouches).
+    unsafe { ptr.as_mut() }
+}
+
 // `envoy_dynamic_module_type_log_level`.
 pub const LOG_DEBUG: c_int = 1;
 pub const LOG_INFO: c_int = 2;
 pub const LOG_WARN: c_int = 3;
 pub const LOG_ERROR: c_int = 4;
 
-// `envoy_dynamic_module_type_host_health` as Envoy 1.40 returns it.
+// `envoy_dynamic_module_type_host_health` as Envoy 1.38 to 1.40 return it.
 pub const HEALTH_UNHEALTHY: c_int = 0;
 pub const HEALTH_DEGRADED: c_int = 1;
 pub const HEALTH_HEALTHY: c_int = 2;
 
 // The callbacks, named as Envoy exports them. The symbol test
-// (tests/native_abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
+// (tests/e2e/native/abi.rs) parses every `fn envoy_dynamic_module_callback_*(`
 // of this file and looks each up in the pinned Envoy binary.
 extern "C" {
     fn envoy_dynamic_module_callback_log(level: c_int, message: ModuleBuffer);

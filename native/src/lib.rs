@@ -1,16 +1,27 @@
 //! serving-picker as an Envoy dynamic-module load-balancing policy
-//! (`envoy.load_balancing_policies.dynamic_modules`, Envoy 1.40).
+//! (`envoy.load_balancing_policies.dynamic_modules`, Envoy 1.38 to 1.40; one
+//! build per Envoy minor, docs/compatibility.md).
 //!
-//! A thin shell around the core (`serving_picker_core`): `abi` declares the
-//! Envoy callbacks it uses and wraps them (the only raw pointers into
-//! Envoy), `hooks` are the exported `envoy_dynamic_module_on_*` functions,
-//! `config` parses the policy JSON, `table` reads a cluster's hosts into the
-//! core's records, plans them and picks per request, `metrics` names the
-//! counters and keeps the log-once state. Everything but `abi` and `hooks`
-//! is plain Rust, tested without Envoy.
+//! A thin shell around the core (`serving_picker_core`):
+//! - `hooks`: the exported `envoy_dynamic_module_on_*` functions and the
+//!   panic guard, nothing else;
+//! - `policy`: what the hooks do (configuration, rebuilds, picks, logs,
+//!   metrics), plain Rust against small traits, tested against fakes;
+//! - `host`: Envoy behind those traits; `abi`: the Envoy callbacks and the
+//!   hooks' pointer conversions (the only raw pointers);
+//! - `envoy_version`: which Envoy a build is for, and the load-time check;
+//! - `config` parses the policy JSON, `table` reads a cluster's hosts into
+//!   the core's records, plans them and picks per request, `metrics` names
+//!   the counters and keeps the log-once state;
+//! - `testing` (tests and the `testing` feature only): the fakes.
 
 pub mod abi;
 pub mod config;
+pub mod envoy_version;
 pub mod hooks;
+pub mod host;
 pub mod metrics;
+pub mod policy;
 pub mod table;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

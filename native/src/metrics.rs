@@ -4,6 +4,8 @@
 
 use std::collections::BTreeSet;
 
+use serving_picker_core::counters;
+
 /// The module's metrics. Counters count across every LB instance (workers
 /// and the main thread's); gauges are written by one instance per cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,12 +48,13 @@ impl Metric {
 
     pub fn name(self) -> &'static str {
         match self {
-            Metric::PickReady => "serving_picker.pick.ready",
-            Metric::PickTerminatingFallback => "serving_picker.pick.terminating_fallback",
-            Metric::PickTopologyNone => "serving_picker.pick.topology.none",
-            Metric::PickTopologyNode => "serving_picker.pick.topology.node",
-            Metric::PickTopologyZone => "serving_picker.pick.topology.zone",
-            Metric::RejectNoServing => "serving_picker.reject.no_serving",
+            // The ones the wasm form keeps too: named in the core.
+            Metric::PickReady => counters::PICK_READY,
+            Metric::PickTerminatingFallback => counters::PICK_TERMINATING_FALLBACK,
+            Metric::PickTopologyNone => counters::PICK_TOPOLOGY[0],
+            Metric::PickTopologyNode => counters::PICK_TOPOLOGY[1],
+            Metric::PickTopologyZone => counters::PICK_TOPOLOGY[2],
+            Metric::RejectNoServing => counters::REJECT_NO_SERVING,
             Metric::RetryOtherHost => "serving_picker.retry.other_host",
             Metric::Rebuilds => "serving_picker.rebuilds",
             Metric::HostsServingNotOffered => "serving_picker.hosts.serving_not_offered",

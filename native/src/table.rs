@@ -19,9 +19,11 @@ use serving_picker_core::metadata::TopologyMeta;
 use serving_picker_core::picker::Picker;
 use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Tier, Topology};
 
-/// Envoy's coarse view of a host (`lb_get_host_health`).
+/// Envoy's health of a host as `lb_get_host_health` answers it (Envoy's
+/// coarse health: EDS DRAINING, failed checks and ejection all read
+/// unhealthy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Coarse {
+pub enum HostHealth {
     Unhealthy,
     Degraded,
     Healthy,
@@ -36,7 +38,7 @@ pub trait HostSource {
     fn healthy_address(&self, priority: u32, index: usize) -> Option<&str>;
     fn address(&self, priority: u32, index: usize) -> Option<&str>;
     fn weight(&self, priority: u32, index: usize) -> u32;
-    fn health(&self, priority: u32, index: usize) -> Coarse;
+    fn health(&self, priority: u32, index: usize) -> HostHealth;
     fn locality_zone(&self, priority: u32, index: usize) -> Option<&str>;
     fn metadata_bool(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<bool>;
     fn metadata_str(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<&str>;
@@ -192,9 +194,9 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
                 }
                 None => {
                     let coarse = match src.health(p, i) {
-                        Coarse::Healthy => EdsHealth::Healthy,
-                        Coarse::Degraded => EdsHealth::Degraded,
-                        Coarse::Unhealthy => EdsHealth::Unhealthy,
+                        HostHealth::Healthy => EdsHealth::Healthy,
+                        HostHealth::Degraded => EdsHealth::Degraded,
+                        HostHealth::Unhealthy => EdsHealth::Unhealthy,
                     };
                     let mut health = Health {
                         eds: None,
@@ -357,232 +359,10 @@ impl Table {
     }
 }
 
-/// Plain-vector hosts for tests and benchmarks.
-pub mod fake {
-    use super::{Coarse, HostSource};
-    use std::cell::Cell;
-
-    #[derive(Clone, Debug)]
-    pub struct FakeHost {
-        pub address: String,
-        pub weight: u32,
-        pub health: Coarse,
-        /// In the priority's healthy list (Envoy would route to it).
-        pub offered: bool,
-        pub locality_zone: Option<String>,
-        /// (namespace, key, value)
-        pub bools: Vec<(String, String, bool)>,
-        pub strings: Vec<(String, String, String)>,
-    }
-
-    impl FakeHost {
-        pub fn new(address: &str) -> FakeHost {
-            FakeHost {
-                address: address.into(),
-                weight: 1,
-                health: Coarse::Healthy,
-                offered: true,
-                locality_zone: None,
-                bools: Vec::new(),
-                strings: Vec::new(),
-            }
-        }
-
-        /// EndpointSlice conditions in `k8s.endpointslice`.
-        pub fn conditions(mut self, ready: bool, serving: bool, terminating: bool) -> FakeHost {
-            for (k, v) in [
-                ("ready", ready),
-                ("serving", serving),
-                ("terminating", terminating),
-            ] {
-                self.bools.push(("k8s.endpointslice".into(), k.into(), v));
-            }
-            self
-        }
-
-        pub fn weight(mut self, w: u32) -> FakeHost {
-            self.weight = w;
-            self
-        }
-
-        /// Envoy keeps it out of the healthy list (failed check, ejection,
-        /// EDS DRAINING/UNHEALTHY).
-        pub fn not_offered(mut self) -> FakeHost {
-            self.offered = false;
-            self.health = Coarse::Unhealthy;
-            self
-        }
-
-        pub fn zone(mut self, z: &str) -> FakeHost {
-            self.locality_zone = Some(z.into());
-            self
-        }
-    }
-
-    /// Hosts per priority.
-    #[derive(Clone, Debug, Default)]
-    pub struct FakeCluster {
-        pub priorities: Vec<Vec<FakeHost>>,
-    }
-
-    impl FakeCluster {
-        fn host(&self, p: u32, i: usize) -> Option<&FakeHost> {
-            self.priorities.get(p as usize)?.get(i)
-        }
-
-        fn healthy(&self, p: u32) -> impl Iterator<Item = &FakeHost> {
-            self.priorities
-                .get(p as usize)
-                .into_iter()
-                .flatten()
-                .filter(|h| h.offered)
-        }
-    }
-
-    impl HostSource for FakeCluster {
-        fn priority_count(&self) -> usize {
-            self.priorities.len()
-        }
-        fn host_count(&self, p: u32) -> usize {
-            self.priorities.get(p as usize).map_or(0, Vec::len)
-        }
-        fn healthy_count(&self, p: u32) -> usize {
-            self.healthy(p).count()
-        }
-        fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
-            self.healthy(p).nth(i).map(|h| h.address.as_str())
-        }
-        fn address(&self, p: u32, i: usize) -> Option<&str> {
-            // An empty address stands for one Envoy could not give (not UTF-8).
-            self.host(p, i)
-                .map(|h| h.address.as_str())
-                .filter(|a| !a.is_empty())
-        }
-        fn weight(&self, p: u32, i: usize) -> u32 {
-            self.host(p, i).map_or(0, |h| h.weight)
-        }
-        fn health(&self, p: u32, i: usize) -> Coarse {
-            self.host(p, i).map_or(Coarse::Unhealthy, |h| h.health)
-        }
-        fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
-            self.host(p, i)?.locality_zone.as_deref()
-        }
-        fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
-            let h = self.host(p, i)?;
-            h.bools
-                .iter()
-                .rev()
-                .find(|(n, k, _)| n == ns && k == key)
-                .map(|(_, _, v)| *v)
-        }
-        fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
-            let h = self.host(p, i)?;
-            h.strings
-                .iter()
-                .rev()
-                .find(|(n, k, _)| n == ns && k == key)
-                .map(|(_, _, v)| v.as_str())
-        }
-    }
-
-    /// A `FakeCluster` with its healthy lists indexed (O(1) reads, as
-    /// Envoy's are): what the benchmark reads. Counts the per-host reads
-    /// (each an ABI call in Envoy).
-    pub struct Indexed<'a> {
-        cluster: &'a FakeCluster,
-        healthy: Vec<Vec<usize>>,
-        reads: Cell<usize>,
-    }
-
-    impl<'a> Indexed<'a> {
-        pub fn new(cluster: &'a FakeCluster) -> Indexed<'a> {
-            let healthy = cluster
-                .priorities
-                .iter()
-                .map(|hs| (0..hs.len()).filter(|i| hs[*i].offered).collect())
-                .collect();
-            Indexed {
-                cluster,
-                healthy,
-                reads: Cell::new(0),
-            }
-        }
-
-        /// Per-host reads so far.
-        pub fn reads(&self) -> usize {
-            self.reads.get()
-        }
-
-        fn read(&self) -> &FakeCluster {
-            self.reads.set(self.reads.get() + 1);
-            self.cluster
-        }
-    }
-
-    impl HostSource for Indexed<'_> {
-        fn priority_count(&self) -> usize {
-            self.cluster.priority_count()
-        }
-        fn host_count(&self, p: u32) -> usize {
-            self.cluster.host_count(p)
-        }
-        fn healthy_count(&self, p: u32) -> usize {
-            self.healthy.get(p as usize).map_or(0, Vec::len)
-        }
-        fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
-            let at = *self.healthy.get(p as usize)?.get(i)?;
-            self.read().address(p, at)
-        }
-        fn address(&self, p: u32, i: usize) -> Option<&str> {
-            self.read().address(p, i)
-        }
-        fn weight(&self, p: u32, i: usize) -> u32 {
-            self.read().weight(p, i)
-        }
-        fn health(&self, p: u32, i: usize) -> Coarse {
-            self.read().health(p, i)
-        }
-        fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
-            self.read().locality_zone(p, i)
-        }
-        fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
-            self.read().metadata_bool(p, i, ns, key)
-        }
-        fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
-            self.read().metadata_str(p, i, ns, key)
-        }
-    }
-
-    /// `n` ready hosts at priority 0 (10.x.y.z:8080), every `healthy_every`-th
-    /// one (when not 0) out of Envoy's healthy list.
-    pub fn big_cluster(n: usize, unhealthy_every: usize) -> FakeCluster {
-        let hosts = (0..n)
-            .map(|i| {
-                let h = FakeHost::new(&format!(
-                    "10.{}.{}.{}:8080",
-                    (i >> 16) & 255,
-                    (i >> 8) & 255,
-                    i & 255
-                ))
-                .conditions(true, true, false)
-                .zone(if i % 3 == 0 { "zone-a" } else { "zone-b" });
-                if unhealthy_every != 0 && i % unhealthy_every == 0 {
-                    h.not_offered()
-                } else {
-                    h
-                }
-            })
-            .collect();
-        FakeCluster {
-            priorities: vec![hosts],
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::fake::{FakeCluster, FakeHost};
     use super::*;
+    use crate::testing::{self as fake, FakeCluster, FakeHost};
 
     fn cluster(hosts: Vec<FakeHost>) -> FakeCluster {
         FakeCluster {
@@ -698,7 +478,7 @@ mod tests {
         assert_eq!(got, [A, A, B, B]);
         // Degraded: Envoy keeps it out of the healthy list; serving by status.
         let mut d = FakeHost::new(C);
-        d.health = Coarse::Degraded;
+        d.health = HostHealth::Degraded;
         d.offered = false;
         let b = built(&cluster(vec![d]));
         assert_eq!(b.table.tier, Tier::NoServing);
@@ -837,7 +617,7 @@ mod tests {
         fn weight(&self, p: u32, i: usize) -> u32 {
             self.0.weight(p, i)
         }
-        fn health(&self, p: u32, i: usize) -> Coarse {
+        fn health(&self, p: u32, i: usize) -> HostHealth {
             self.0.health(p, i)
         }
         fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {

@@ -24,12 +24,7 @@ pub struct RecordedRequest {
 
 impl RecordedRequest {
     pub fn header_all(&self, name: &str) -> Vec<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .filter(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
-            .collect()
+        super::http::values_of(&self.headers, name)
     }
 }
 

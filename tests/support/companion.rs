@@ -16,10 +16,14 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::eds::Endpoint;
-use super::envoy::fresh_dir;
-use super::http;
+use super::envoy::{fresh_dir, Envoy, Form};
+use super::http::{self, Response};
 use super::ports::free_port;
 use super::tweak::cluster_mut;
+use super::{
+    assert_batch, expect_routing, no_serving_503, picked, served_by, settle, Backend,
+    BACKEND_HEADER, BATCH,
+};
 
 /// Name of the bootstrap cluster that reaches the companion.
 pub const XDS_CLUSTER: &str = "serving_picker_conditions";
@@ -32,9 +36,7 @@ pub const PORT_NAME: &str = "http";
 pub fn companion_bin() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_CONDITIONS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/serving-picker-conditions")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/release/serving-picker-conditions"));
     if !p.is_file() {
         panic!(
             "companion binary not found at {} (SERVING_PICKER_CONDITIONS): run `make build` first",
@@ -265,14 +267,77 @@ impl Companion {
 impl Drop for Companion {
     fn drop(&mut self) {
         self.kill();
-        if std::thread::panicking() {
-            let text = self.log_text();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!(
-                "\n===== companion (log {}) =====\n{}\n===== end companion =====",
-                self.log.display(),
-                lines[lines.len().saturating_sub(40)..].join("\n")
-            );
+        print_log_tail_if_failing(&self.log);
+    }
+}
+
+/// When the test is failing (a panic unwinds), the last 40 lines of a
+/// companion's log, with the failure.
+pub fn print_log_tail_if_failing(log: &Path) {
+    if std::thread::panicking() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!(
+            "\n===== companion (log {}) =====\n{}\n===== end companion =====",
+            log.display(),
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        );
+    }
+}
+
+/// How the Envoy in the chain picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Picker {
+    /// serving-picker in this form (the harness's builder loads it).
+    Module(Form),
+    /// No module, Envoy's round robin (with the companion's `--priorities`).
+    PlainRoundRobin,
+}
+
+/// Where a step's traffic must go.
+pub enum Expect<'a> {
+    To(&'a Backend),
+    Nobody,
+}
+
+/// "goes to B" for this picker: the wasm filter names B in the override
+/// header; the native policy and round robin leave no trace but B's answer.
+pub fn goes_to(picker: Picker, b: &Backend) -> impl Fn(&Response) -> bool + '_ {
+    move |r: &Response| match picker {
+        Picker::Module(Form::Wasm) => picked(b)(r),
+        _ => served_by(b)(r),
+    }
+}
+
+/// Asserts where `envoy`'s traffic to `path` (cluster `cluster`) goes once
+/// it settles; for `Nobody`, that none of `all` is reached.
+pub fn expect(
+    envoy: &Envoy,
+    picker: Picker,
+    (cluster, path): (&str, &str),
+    what: &str,
+    e: Expect<'_>,
+    all: &[&Backend],
+) {
+    match e {
+        Expect::To(b) => {
+            expect_routing(envoy, path, &[], what, goes_to(picker, b));
+        }
+        Expect::Nobody => {
+            let nobody = |r: &Response| match picker {
+                // Both forms answer the same clear 503 (native: its local_reply_config).
+                Picker::Module(_) => no_serving_503(cluster)(r),
+                // Envoy's own answer for a cluster without a usable host.
+                Picker::PlainRoundRobin => r.status == 503 && r.header(BACKEND_HEADER).is_none(),
+            };
+            settle(envoy, path, &[], what, nobody);
+            for b in all {
+                b.reset();
+            }
+            assert_batch(envoy, path, &[], BATCH, what, nobody);
+            for b in all {
+                assert_eq!(b.count(), 0, "{what}: {} got requests", b.name());
+            }
         }
     }
 }

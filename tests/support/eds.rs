@@ -182,13 +182,7 @@ pub struct EdsFile {
 impl EdsFile {
     /// Creates `dir` and writes the first version.
     pub fn create(cluster: &str, dir: &Path, endpoints: &[Endpoint]) -> EdsFile {
-        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-        let f = EdsFile {
-            cluster: cluster.to_string(),
-            dir: dir.to_path_buf(),
-            path: dir.join("eds.json"),
-            version: AtomicU64::new(0),
-        };
+        let f = EdsFile::create_empty(cluster, dir);
         f.write(endpoints);
         f
     }
@@ -210,10 +204,31 @@ impl EdsFile {
         self.version.load(Ordering::SeqCst)
     }
 
+    /// Creates `dir`, without a file yet (`write_assignment` writes one).
+    pub fn create_empty(cluster: &str, dir: &Path) -> EdsFile {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        EdsFile {
+            cluster: cluster.to_string(),
+            dir: dir.to_path_buf(),
+            path: dir.join("eds.json"),
+            version: AtomicU64::new(0),
+        }
+    }
+
     /// Writes a new version: new file beside the watched one, renamed into place.
     pub fn write(&self, endpoints: &[Endpoint]) {
+        self.write_assignment(load_assignment(&self.cluster, endpoints));
+    }
+
+    /// `write` of a ClusterLoadAssignment built elsewhere (localities, priorities).
+    pub fn write_assignment(&self, cla: Value) {
+        self.stage_assignment(cla).commit();
+    }
+
+    /// The next version written beside the watched file, renamed into place
+    /// only by `commit`: several clusters' files can change back to back.
+    pub fn stage_assignment(&self, mut cla: Value) -> StagedEds {
         let v = self.version.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut cla = load_assignment(&self.cluster, endpoints);
         if let Some(o) = cla.as_object_mut() {
             o.insert(
                 "@type".into(),
@@ -224,7 +239,28 @@ impl EdsFile {
         let tmp = self.dir.join(format!(".eds.json.{v}.tmp"));
         let text = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| panic!("eds json: {e}"));
         std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
-        std::fs::rename(&tmp, &self.path)
-            .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), self.path.display()));
+        StagedEds {
+            tmp,
+            path: self.path.clone(),
+        }
+    }
+}
+
+/// An EDS file written beside the watched one, not yet in place.
+pub struct StagedEds {
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl StagedEds {
+    /// Renames it into place: Envoy takes it in.
+    pub fn commit(self) {
+        std::fs::rename(&self.tmp, &self.path).unwrap_or_else(|e| {
+            panic!(
+                "rename {} -> {}: {e}",
+                self.tmp.display(),
+                self.path.display()
+            )
+        });
     }
 }

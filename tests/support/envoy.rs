@@ -14,9 +14,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::bootstrap::{
+    bootstrap, eds_cluster, file_access_log, http_connection_manager, lb_endpoint, listener,
+    native_lb_policy, override_host_policy, override_host_statuses, route, static_cluster,
+    wasm_filter,
+};
 use super::eds::{load_assignment, EdsFile, Endpoint};
 use super::http::{self, Response};
 use super::ports::free_port;
+use super::process::terminate;
 use super::OVERRIDE_HEADER;
 
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -28,7 +34,7 @@ const START_ATTEMPTS: usize = 4;
 pub fn envoy_bin() -> PathBuf {
     let p = std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy"));
+        .unwrap_or_else(|| crate::repo_root().join(".venv/bin/envoy"));
     if !p.is_file() {
         panic!(
             "Envoy binary not found at {} (ENVOY_BIN): run `make envoy build` first",
@@ -42,9 +48,7 @@ pub fn envoy_bin() -> PathBuf {
 pub fn wasm_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_WASM")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/serving_picker.wasm")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/serving_picker.wasm"));
     if !p.is_file() {
         panic!(
             "serving_picker wasm module not found at {} (SERVING_PICKER_WASM): run `make envoy build` first",
@@ -59,9 +63,7 @@ pub fn wasm_module() -> PathBuf {
 pub fn native_module() -> PathBuf {
     let p = std::env::var_os("SERVING_PICKER_NATIVE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libserving_picker.so")
-        });
+        .unwrap_or_else(|| crate::repo_root().join("target/release/libserving_picker.so"));
     if !p.is_file() {
         panic!(
             "serving_picker native module not found at {} (SERVING_PICKER_NATIVE): run `make build` first",
@@ -69,6 +71,50 @@ pub fn native_module() -> PathBuf {
         );
     }
     p
+}
+
+/// The native module built for Envoy `minor` ("1.38"): under
+/// `SERVING_PICKER_NATIVE_BUILDS` (default `<repo>/target`), `release/` for
+/// the minor of `.envoy-version`, `envoy-<minor>/` for the others (what
+/// `make build` writes). Not checked for existence.
+pub fn native_module_for(minor: &str) -> PathBuf {
+    let repo = crate::repo_root();
+    let builds = std::env::var_os("SERVING_PICKER_NATIVE_BUILDS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"));
+    let pinned = std::fs::read_to_string(repo.join(".envoy-version")).unwrap_or_default();
+    if pinned.trim().starts_with(&format!("{minor}.")) {
+        builds.join("release/libserving_picker.so")
+    } else {
+        builds.join(format!("envoy-{minor}/libserving_picker.so"))
+    }
+}
+
+/// The Envoy release of `ENVOY_BIN` ("1.40.0"), from `envoy --version`.
+pub fn envoy_release() -> String {
+    let out = Command::new(envoy_bin())
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("envoy --version: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "<path>  version: <commit>/1.40.0/Clean/RELEASE/BoringSSL"
+    text.split("version: ")
+        .nth(1)
+        .and_then(|v| v.split('/').nth(1))
+        .filter(|v| v.split('.').count() == 3)
+        .unwrap_or_else(|| panic!("no version in `envoy --version`: {text}"))
+        .to_string()
+}
+
+/// The wasm runtime the filter runs in: `SERVING_PICKER_WASM_RUNTIME` (v8,
+/// wasmtime, or a full `envoy.wasm.runtime.*` name), default V8.
+pub fn wasm_runtime() -> String {
+    let r = std::env::var("SERVING_PICKER_WASM_RUNTIME").unwrap_or_else(|_| "v8".into());
+    if r.starts_with("envoy.wasm.runtime.") {
+        r
+    } else {
+        format!("envoy.wasm.runtime.{r}")
+    }
 }
 
 /// Which form of serving-picker an Envoy runs.
@@ -295,30 +341,9 @@ impl EnvoyBuilder {
                 .native_config
                 .clone()
                 .unwrap_or_else(|| native_policy_config(cfg));
-            return json!({"policies": [{"typed_extension_config": {
-                "name": "envoy.load_balancing_policies.dynamic_modules",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.dynamic_modules.v3.DynamicModulesLoadBalancerConfig",
-                    "dynamic_module_config": {"name": "serving_picker"},
-                    "lb_policy_name": "serving_picker",
-                    "lb_policy_config": {
-                        "@type": "type.googleapis.com/google.protobuf.StringValue",
-                        "value": policy
-                    }
-                }
-            }}]});
+            return native_lb_policy(&policy);
         }
-        json!({"policies": [{"typed_extension_config": {
-            "name": "envoy.load_balancing_policies.override_host",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
-                "override_host_sources": [{"header": self.override_header}],
-                "fallback_policy": {"policies": [{"typed_extension_config": {
-                    "name": "envoy.load_balancing_policies.round_robin",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
-                }}]}
-            }
-        }}]})
+        override_host_policy(&self.override_header)
     }
 
     /// The bootstrap JSON for these ports and dir.
@@ -329,64 +354,42 @@ impl EnvoyBuilder {
         admin_port: u16,
         wasm: Option<&Path>,
     ) -> Value {
-        let mut clusters = vec![json!({
-            "name": "envoy_admin",
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {"cluster_name": "envoy_admin", "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {
-                    "address": "127.0.0.1",
-                    "port_value": self.admin_cluster_port.unwrap_or(admin_port)
-                }}}}
-            ]}]}
-        })];
+        let admin_cluster_port = self.admin_cluster_port.unwrap_or(admin_port);
+        let mut clusters = vec![static_cluster(
+            "envoy_admin",
+            vec![lb_endpoint(admin_cluster_port)],
+        )];
         for c in &self.clusters {
-            let mut cl = json!({
-                "name": c.name,
-                "connect_timeout": "1s",
-                "common_lb_config": {"override_host_status": {"statuses": ["UNKNOWN", "HEALTHY", "DEGRADED", "DRAINING"]}},
-                "load_balancing_policy": self.lb_policy(),
-            });
-            let o = cl.as_object_mut().unwrap_or_else(|| unreachable!());
-            match &c.kind {
+            let mut cl = match &c.kind {
                 ClusterKind::Eds(_, service_name) => {
-                    let edir = eds_dir(dir, &c.name);
-                    o.insert("type".into(), json!("EDS"));
-                    let mut eds = json!({"eds_config": {
-                        "resource_api_version": "V3",
-                        "path_config_source": {
-                            "path": edir.join("eds.json").to_string_lossy(),
-                            "watched_directory": {"path": edir.to_string_lossy()}
-                        }
-                    }});
+                    let mut cl = eds_cluster(&c.name, &eds_dir(dir, &c.name));
                     if let Some(service) = service_name {
-                        eds["service_name"] = json!(service);
+                        cl["eds_cluster_config"]["service_name"] = json!(service);
                     }
-                    o.insert("eds_cluster_config".into(), eds);
+                    cl
                 }
-                ClusterKind::Static(eps) => {
-                    o.insert("type".into(), json!("STATIC"));
-                    o.insert("load_assignment".into(), load_assignment(&c.name, eps));
-                }
-            }
+                ClusterKind::Static(eps) => json!({
+                    "name": c.name,
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "load_assignment": load_assignment(&c.name, eps),
+                }),
+            };
+            cl["common_lb_config"] = override_host_statuses();
+            cl["load_balancing_policy"] = self.lb_policy();
             clusters.push(cl);
         }
 
-        let mut routes = Vec::new();
-        for c in &self.clusters {
-            let mut r =
-                json!({"match": {"prefix": format!("/{}/", c.name)}, "route": {"cluster": c.name}});
+        let mut routes: Vec<Value> = self
+            .clusters
+            .iter()
+            .map(|c| route(&format!("/{}/", c.name), &c.name))
+            .chain(self.clusters.first().map(|first| route("/", &first.name)))
+            .collect();
+        for r in &mut routes {
             if let Some(rp) = &self.retry_policy {
                 r["route"]["retry_policy"] = rp.clone();
             }
-            routes.push(r);
-        }
-        if let Some(first) = self.clusters.first() {
-            let mut r = json!({"match": {"prefix": "/"}, "route": {"cluster": first.name}});
-            if let Some(rp) = &self.retry_policy {
-                r["route"]["retry_policy"] = rp.clone();
-            }
-            routes.push(r);
         }
 
         if self.form == Form::Native {
@@ -403,68 +406,24 @@ impl EnvoyBuilder {
                 }
             }
         }
-        let mut http_filters = Vec::new();
-        if let (Some(cfg), Some(wasm)) = (&self.filter, wasm) {
-            http_filters.push(json!({
-                "name": "envoy.filters.http.wasm",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                    "config": {
-                        "name": "serving_picker",
-                        "vm_config": {
-                            "runtime": "envoy.wasm.runtime.v8",
-                            "code": {"local": {"filename": wasm.to_string_lossy()}}
-                        },
-                        "configuration": {
-                            "@type": "type.googleapis.com/google.protobuf.StringValue",
-                            "value": cfg
-                        }
-                    }
-                }
-            }));
-        }
-        http_filters.push(json!({
-            "name": "envoy.filters.http.router",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
-        }));
-
-        let access_log = json!([{
-            "name": "envoy.access_loggers.file",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                "path": dir.join("access.log").to_string_lossy(),
-                "log_format": {"text_format_source": {"inline_string":
-                    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(:PATH)%\" %RESPONSE_CODE% %RESPONSE_FLAGS% cluster=%UPSTREAM_CLUSTER% upstream=%UPSTREAM_HOST% override=%REQ(X-GATEWAY-DESTINATION-ENDPOINT)% picker=%RESP(X-SERVING-PICKER)% details=%RESPONSE_CODE_DETAILS%\n"
-                }}
-            }
-        }]);
-
-        let mut bootstrap = json!({
-            "node": {"id": "serving-picker-e2e", "cluster": "serving-picker-e2e"},
-            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-            "static_resources": {
-                "listeners": [{
-                    "name": "main",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
-                    "filter_chains": [{"filters": [{
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                            "stat_prefix": "ingress",
-                            "access_log": access_log,
-                            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}]},
-                            "http_filters": http_filters
-                        }
-                    }]}]
-                }],
-                "clusters": clusters
-            }
-        });
+        let filters = match (&self.filter, wasm) {
+            (Some(cfg), Some(wasm)) => vec![wasm_filter("serving_picker", None, wasm, Some(cfg))],
+            _ => Vec::new(),
+        };
+        let mut extra = json!({"access_log": file_access_log(
+            &dir.join("access.log"),
+            "[%START_TIME%] \"%REQ(:METHOD)% %REQ(:PATH)%\" %RESPONSE_CODE% %RESPONSE_FLAGS% cluster=%UPSTREAM_CLUSTER% upstream=%UPSTREAM_HOST% override=%REQ(X-GATEWAY-DESTINATION-ENDPOINT)% picker=%RESP(X-SERVING-PICKER)% details=%RESPONSE_CODE_DETAILS%\n",
+        )});
         if self.form == Form::Native && self.filter.is_some() {
-            bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-                ["typed_config"]["local_reply_config"] = native_local_reply_config();
+            extra["local_reply_config"] = native_local_reply_config();
         }
-        bootstrap
+        let hcm = http_connection_manager("ingress", routes, filters, extra);
+        bootstrap(
+            "serving-picker-e2e",
+            admin_port,
+            vec![listener("main", listen_port, hcm)],
+            clusters,
+        )
     }
 
     /// Writes the bootstrap and EDS files, starts Envoy and waits for /ready.
@@ -719,6 +678,11 @@ impl Envoy {
         None
     }
 
+    /// `stat`, 0 when Envoy has no such stat (yet).
+    pub fn stat_or_zero(&self, name: &str) -> u64 {
+        self.stat(name).unwrap_or(0)
+    }
+
     /// All stats whose name contains `needle`, as (name, value text).
     pub fn stats_matching(&self, needle: &str) -> Vec<(String, String)> {
         let r = self.admin_get("/stats");
@@ -782,42 +746,13 @@ impl Envoy {
     /// shows a signal.
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        terminate(&mut child, Duration::from_secs(10))
     }
 
     /// SIGTERM (so the logs get flushed), then SIGKILL after 3 s.
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            if matches!(child.try_wait(), Ok(None)) {
-                let _ = Command::new("kill")
-                    .arg("-TERM")
-                    .arg(child.id().to_string())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-                let start = Instant::now();
-                while start.elapsed() < Duration::from_secs(3) {
-                    if !matches!(child.try_wait(), Ok(None)) {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = child.kill();
-            }
-            let _ = child.wait();
+            terminate(&mut child, Duration::from_secs(3));
         }
     }
 }

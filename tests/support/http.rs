@@ -14,24 +14,26 @@ pub struct Response {
     pub body: String,
 }
 
+/// Every value of header `name` (case-insensitive) among `headers`, whose
+/// names are lower-case, in order.
+pub fn values_of<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    let name = name.to_ascii_lowercase();
+    headers
+        .iter()
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
 impl Response {
     /// First value of a header (name is case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
+        values_of(&self.headers, name).into_iter().next()
     }
 
     /// Every value of a header.
     pub fn header_all(&self, name: &str) -> Vec<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .filter(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
-            .collect()
+        values_of(&self.headers, name)
     }
 
     /// One line for failure messages.

@@ -38,6 +38,19 @@ impl Default for LoadConfig {
     }
 }
 
+impl LoadConfig {
+    /// `threads` clients on `path`, each paced to `rate_per_thread`
+    /// requests/s (0: as fast as it can), 5 s per request at most.
+    pub fn paced(threads: usize, rate_per_thread: f64, path: &str) -> LoadConfig {
+        LoadConfig {
+            threads,
+            rate_per_thread,
+            path: path.into(),
+            ..LoadConfig::default()
+        }
+    }
+}
+
 /// One request.
 #[derive(Clone, Debug)]
 pub struct Record {
@@ -186,6 +199,14 @@ impl LoadReport {
 
     pub fn failures(&self) -> usize {
         self.records.iter().filter(|r| r.failed()).count()
+    }
+
+    /// Prints the phase table titled `title` and asserts that no request
+    /// failed (`what` says when, the table follows).
+    pub fn assert_no_failures(&self, title: &str, what: &str) {
+        let table = self.phase_table(title);
+        println!("{table}");
+        assert_eq!(self.failures(), 0, "{what}\n{table}");
     }
 
     pub fn duration(&self) -> Duration {

@@ -93,7 +93,7 @@ impl Mtls {
 /// The `transport_socket` of envoy-companion.yaml's companion cluster, its
 /// SDS paths moved to `sds_dir`.
 pub fn shipped_transport_socket(sds_dir: &Path) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("envoy-companion.yaml");
+    let path = crate::repo_root().join("envoy-companion.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     let config: Value = serde_saphyr::from_str(&text).unwrap();
     let cluster = config["static_resources"]["clusters"]

@@ -1,4 +1,4 @@
-//! Interleaved latency client for `benches/e2e/run.sh` (the "interleaved c1" phase).
+//! Interleaved latency client for `make bench-e2e` (the "interleaved c1" phase).
 //!
 //! Several front Envoys run side by side, one per config. This client keeps one keep-alive
 //! connection to each and sends one request at a time, visiting the fronts in turn (the starting

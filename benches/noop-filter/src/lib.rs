@@ -1,9 +1,9 @@
 //! A proxy-wasm HTTP filter that does nothing: every HTTP context returns
-//! `Action::Continue`. Used by `benches/e2e/run.sh` to measure the fixed cost
+//! `Action::Continue`. Used by `make bench-e2e` to measure the fixed cost
 //! of running any wasm filter in Envoy, so that the serving-picker module can
 //! be compared against it rather than only against a plain Envoy.
 //!
-//! The host-call probe (`BENCH_PROBE=N` in run.sh): with the configuration
+//! The host-call probe (`BENCH_PROBE=N` of `make bench-e2e`): with the configuration
 //! `{"probe_property": N}` each request reads `xds.cluster_name` N times, with
 //! `{"probe_replace": N}` it replaces a request header N times. The two host
 //! calls serving-picker makes per request then cost N times over, which
@@ -11,7 +11,7 @@
 //! over the plain no-op's, divided by N. Without a configuration (the floor)
 //! nothing of this runs.
 //!
-//! The override probe (`BENCH_DECOMPOSE=1` in run.sh): with
+//! The override probe (`BENCH_DECOMPOSE=1` of `make bench-e2e`): with
 //! `{"probe_override": "ADDR,ADDR,..."}` each request gets the override header
 //! set once, to that list rotated by one address per request (as serving-picker
 //! rotates its picks, so that requests spread over the same backends). That is

@@ -554,7 +554,7 @@ pub fn modify(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::envoy_gateway::eg_shape::{
+    use crate::envoy_gateway::testing::{
         eg_draining, resource_metadata, rule_assignments, BackendRef, EgEndpoint, ResourceRef,
     };
     use crate::publish::Change;

@@ -14,7 +14,7 @@
 //! - `prepared`: the index plus each managed Service's endpoints with their
 //!   conditions metadata encoded, made when its slices change.
 //! - `service`: the gRPC service over it (re-reads, metrics).
-//! - `eg_shape` (tests and the `testing` feature only): what EG >= 1.6
+//! - `testing` (tests and the `testing` feature only): what EG >= 1.6
 //!   sends, for tests and benchmarks that play EG.
 //!
 //! **Which clusters are managed.** Those whose localities name a Service
@@ -32,13 +32,13 @@
 //! Service. With `--slices-dir`, every Service in the directory is managed
 //! (the files carry the selection; `--manage` is refused there).
 
-#[cfg(any(test, feature = "testing"))]
-pub mod eg_shape;
 pub mod hook;
 pub mod naming;
 pub mod prepared;
 pub mod proto;
 pub mod service;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod wire;
 
 use std::future::Future;

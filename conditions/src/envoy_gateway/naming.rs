@@ -154,7 +154,7 @@ pub fn parse_route_name(name: &str) -> Option<RouteBackend> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::envoy_gateway::eg_shape::{resource_metadata, ResourceRef};
+    use crate::envoy_gateway::testing::{resource_metadata, ResourceRef};
 
     fn locality(refs: &[ResourceRef]) -> LocalityLbEndpoints {
         LocalityLbEndpoints {

@@ -1,0 +1,544 @@
+//! The policy instance: what the hooks do, in plain Rust.
+//!
+//! `PolicyConfig` is one cluster's configuration (the parsed JSON, the
+//! metric ids, which LB instance reports for the cluster); `LbInstance` is a
+//! worker's (or the main thread's) load balancer for that cluster: its
+//! table, rebuilt on every host change, read per request. Envoy reaches
+//! them through three small traits, so that they are tested natively
+//! against fakes (`testing`): `Proxy` (logs, metrics, the thread's CPU
+//! clock), `table::HostSource` (the cluster's hosts) and `Request` (one
+//! request's retry state). `host` implements them over the ABI.
+//!
+//! Threading (checked on Envoy 1.38 to 1.40): config new/destroy run on the
+//! main thread; each cluster has one LB instance per worker plus one on the
+//! main thread, and each instance's hooks run on its own thread only. An
+//! instance's state is therefore in `RefCell`s, not locks.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serving_picker_core::plan::{Tier, Topology};
+
+use crate::config::{self, NativeConfig, POLICY_NAME};
+use crate::metrics::{Metric, NotOffered};
+use crate::table::{self, Choice, HostSource, Slot, Table};
+
+/// Log levels the policy uses (Envoy's `dynamic_modules` logger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Envoy's side of a policy configuration: its log, the metrics defined on
+/// the configuration (from any thread), and the calling thread's CPU clock.
+pub trait Proxy: Send + Sync {
+    fn log(&self, level: Level, message: &str);
+    /// Whether a line at `level` would be printed (skip building it if not).
+    fn log_enabled(&self, level: Level) -> bool;
+    /// Defines an unlabelled counter (configuration time only); its id.
+    fn define_counter(&self, name: &str) -> Option<usize>;
+    /// Defines an unlabelled gauge (configuration time only); its id.
+    fn define_gauge(&self, name: &str) -> Option<usize>;
+    fn increment_counter(&self, id: usize, by: u64);
+    fn set_gauge(&self, id: usize, value: u64);
+    fn add_gauge(&self, id: usize, delta: i64);
+    /// The calling thread's CPU time in microseconds (0 if unavailable).
+    fn thread_cpu_micros(&self) -> u64;
+}
+
+/// A shared proxy (tests keep one to read what a refused configuration logged).
+impl<P: Proxy + ?Sized> Proxy for Arc<P> {
+    fn log(&self, level: Level, message: &str) {
+        (**self).log(level, message)
+    }
+    fn log_enabled(&self, level: Level) -> bool {
+        (**self).log_enabled(level)
+    }
+    fn define_counter(&self, name: &str) -> Option<usize> {
+        (**self).define_counter(name)
+    }
+    fn define_gauge(&self, name: &str) -> Option<usize> {
+        (**self).define_gauge(name)
+    }
+    fn increment_counter(&self, id: usize, by: u64) {
+        (**self).increment_counter(id, by)
+    }
+    fn set_gauge(&self, id: usize, value: u64) {
+        (**self).set_gauge(id, value)
+    }
+    fn add_gauge(&self, id: usize, delta: i64) {
+        (**self).add_gauge(id, delta)
+    }
+    fn thread_cpu_micros(&self) -> u64 {
+        (**self).thread_cpu_micros()
+    }
+}
+
+/// The request a host is chosen for (Envoy's `LoadBalancerContext`).
+pub trait Request {
+    /// The route's `host_selection_retry_max_attempts` (0 without one).
+    fn host_selection_retry_count(&self) -> u32;
+    /// Whether the route's retry host predicates (e.g. previous_hosts)
+    /// refuse this host.
+    fn should_select_another_host(&self, slot: &Slot) -> bool;
+}
+
+/// One policy configuration (one per cluster using it).
+pub struct PolicyConfig<P: Proxy> {
+    config: NativeConfig,
+    proxy: P,
+    ids: [Option<usize>; Metric::ALL.len()],
+    /// The first LB instance of the config reports for the cluster: logs
+    /// hosts that are not offered, writes the gauges. One writer, so no
+    /// duplicate lines and no races between workers.
+    reporter_taken: AtomicBool,
+}
+
+impl<P: Proxy> PolicyConfig<P> {
+    /// Parses the policy configuration and defines the metrics. A refused
+    /// configuration is logged (naming the key) and answered with `None`,
+    /// which makes Envoy reject the cluster's configuration.
+    pub fn new(proxy: P, lb_policy_name: &[u8], raw: &[u8]) -> Option<PolicyConfig<P>> {
+        if lb_policy_name != POLICY_NAME.as_bytes() {
+            proxy.log(
+                Level::Error,
+                &format!(
+                    "serving_picker: lb_policy_name {:?} refused: this module serves {POLICY_NAME:?}",
+                    String::from_utf8_lossy(lb_policy_name)
+                ),
+            );
+            return None;
+        }
+        let parsed = match config::parse(raw) {
+            Ok(c) => c,
+            Err(e) => {
+                proxy.log(
+                    Level::Error,
+                    &format!("serving_picker: lb_policy_config refused: {e}"),
+                );
+                return None;
+            }
+        };
+        let mut ids = [None; Metric::ALL.len()];
+        for m in Metric::ALL {
+            let id = if m.is_gauge() {
+                proxy.define_gauge(m.name())
+            } else {
+                proxy.define_counter(m.name())
+            };
+            if id.is_none() {
+                proxy.log(
+                    Level::Warn,
+                    &format!("serving_picker: could not define metric {}", m.name()),
+                );
+            }
+            if let Some(slot) = ids.get_mut(m.index()) {
+                *slot = id;
+            }
+        }
+        proxy.log(
+            Level::Info,
+            &format!(
+                "serving_picker: policy configured: metadata_namespace {:?}, local_zone {:?}, local_zone_min_share {}",
+                parsed.selection.metadata_namespace,
+                parsed.selection.local_zone,
+                parsed.selection.local_zone_min_share
+            ),
+        );
+        Some(PolicyConfig {
+            config: parsed,
+            proxy,
+            ids,
+            reporter_taken: AtomicBool::new(false),
+        })
+    }
+
+    pub fn proxy(&self) -> &P {
+        &self.proxy
+    }
+
+    fn count(&self, m: Metric, by: u64) {
+        if let Some(Some(id)) = self.ids.get(m.index()) {
+            self.proxy.increment_counter(*id, by);
+        }
+    }
+
+    fn gauge_set(&self, m: Metric, v: u64) {
+        if let Some(Some(id)) = self.ids.get(m.index()) {
+            self.proxy.set_gauge(*id, v);
+        }
+    }
+
+    fn gauge_add(&self, m: Metric, delta: i64) {
+        if let (Some(Some(id)), true) = (self.ids.get(m.index()), delta != 0) {
+            self.proxy.add_gauge(*id, delta);
+        }
+    }
+}
+
+/// One LB instance: a worker's (or the main thread's) table for one cluster.
+pub struct LbInstance<P: Proxy> {
+    config: Arc<PolicyConfig<P>>,
+    cluster: String,
+    state: RefCell<State>,
+    reporter: Option<RefCell<Reporter>>,
+}
+
+/// What the reporting instance remembers between rebuilds.
+#[derive(Default)]
+struct Reporter {
+    not_offered: NotOffered,
+    /// The tier last logged (a line when it changes).
+    tier: Option<Tier>,
+}
+
+#[derive(Default)]
+struct State {
+    table: Table,
+    sequence: u64,
+}
+
+impl<P: Proxy> LbInstance<P> {
+    /// A new instance for `cluster`, its table built from `hosts`. The
+    /// config's first instance reports for the cluster.
+    pub fn new(config: Arc<PolicyConfig<P>>, cluster: String, hosts: &impl HostSource) -> Self {
+        let reporter = !config.reporter_taken.swap(true, Ordering::AcqRel);
+        let instance = LbInstance {
+            config,
+            cluster,
+            state: RefCell::new(State::default()),
+            reporter: reporter.then(|| RefCell::new(Reporter::default())),
+        };
+        instance.rebuild(hosts, "lb_new");
+        instance
+    }
+
+    /// Envoy's hosts changed (`added`/`removed` are 0 for metadata, weight
+    /// and health changes): the table is rebuilt whole.
+    pub fn on_membership_update(&self, hosts: &impl HostSource, added: usize, removed: usize) {
+        let why = if added == 0 && removed == 0 {
+            "update".to_string()
+        } else {
+            format!("+{added} -{removed}")
+        };
+        self.rebuild(hosts, &why);
+    }
+
+    fn rebuild(&self, hosts: &impl HostSource, why: &str) {
+        let cfg = &*self.config;
+        let proxy = &cfg.proxy;
+        let start = Instant::now();
+        let cpu_start = proxy.thread_cpu_micros();
+        let built = table::build(hosts, &cfg.config.selection);
+        let micros = start.elapsed().as_micros() as u64;
+        let cpu_micros = proxy.thread_cpu_micros().saturating_sub(cpu_start);
+        cfg.count(Metric::Rebuilds, 1);
+        let (tier, picks) = (built.table.tier, built.table.len());
+        match self.state.try_borrow_mut() {
+            Ok(mut st) => st.table = built.table,
+            Err(_) => return,
+        }
+        if let Some(rep) = &self.reporter {
+            if let Ok(mut rep) = rep.try_borrow_mut() {
+                let change = rep.not_offered.update(&built.not_offered);
+                for addr in &change.new {
+                    proxy.log(
+                        Level::Warn,
+                        &format!(
+                            "serving_picker: cluster {}: host {addr} is serving by its metadata but Envoy does not offer it as healthy (EDS DRAINING/UNHEALTHY/DEGRADED, failed health check or outlier ejection): it cannot be picked",
+                            self.cluster
+                        ),
+                    );
+                }
+                for addr in &change.recovered {
+                    proxy.log(
+                        Level::Info,
+                        &format!(
+                            "serving_picker: cluster {}: host {addr} is offered again (or gone)",
+                            self.cluster
+                        ),
+                    );
+                }
+                cfg.gauge_add(Metric::HostsServingNotOffered, change.delta());
+                // The tier, when it changes (not for the empty start-up table).
+                if rep.tier != Some(tier) && (built.hosts > 0 || rep.tier.is_some()) {
+                    rep.tier = Some(tier);
+                    proxy.log(
+                        Level::Info,
+                        &format!(
+                            "serving_picker: cluster {}: tier {} with {picks} pickable host(s) of {} ({why})",
+                            self.cluster,
+                            tier.name(),
+                            built.hosts
+                        ),
+                    );
+                }
+            }
+            cfg.gauge_set(Metric::RebuildMicros, micros);
+            if built.unreadable > 0 {
+                proxy.log(
+                    Level::Warn,
+                    &format!(
+                        "serving_picker: cluster {}: {} host(s) without a readable address skipped",
+                        self.cluster, built.unreadable
+                    ),
+                );
+            }
+        }
+        if proxy.log_enabled(Level::Debug) {
+            proxy.log(
+                Level::Debug,
+                &format!(
+                    "serving_picker: cluster {}: rebuilt ({why}): tier {}, {picks} pickable of {} hosts, {} serving but not offered, {micros} us ({cpu_micros} us CPU)",
+                    self.cluster,
+                    tier.name(),
+                    built.hosts,
+                    built.not_offered.len()
+                ),
+            );
+        }
+    }
+
+    /// The host for one request: (priority, index into that priority's
+    /// healthy hosts), or `None` when nothing serves (Envoy answers 503 UH).
+    pub fn choose(&self, request: Option<&impl Request>) -> Option<(u32, u32)> {
+        let cfg = &*self.config;
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            return None;
+        };
+        let sequence = st.sequence;
+        st.sequence = sequence.wrapping_add(1);
+        let attempts = request.map_or(0, |r| r.host_selection_retry_count());
+        let choice = st.table.choose(sequence, attempts, |slot| {
+            request.is_some_and(|r| r.should_select_another_host(slot))
+        });
+        match choice {
+            Choice::Host { slot, tier, moved } => {
+                cfg.count(
+                    match tier {
+                        Tier::TerminatingFallback => Metric::PickTerminatingFallback,
+                        _ => Metric::PickReady,
+                    },
+                    1,
+                );
+                cfg.count(
+                    match st.table.topology {
+                        Topology::None => Metric::PickTopologyNone,
+                        Topology::Node => Metric::PickTopologyNode,
+                        Topology::Zone => Metric::PickTopologyZone,
+                    },
+                    1,
+                );
+                if moved {
+                    cfg.count(Metric::RetryOtherHost, 1);
+                }
+                Some((slot.priority, slot.healthy_index))
+            }
+            Choice::NoServing => {
+                cfg.count(Metric::RejectNoServing, 1);
+                None
+            }
+        }
+    }
+}
+
+impl<P: Proxy> Drop for LbInstance<P> {
+    fn drop(&mut self) {
+        // The cluster's share of the gauge goes with its reporter.
+        if let Some(rep) = &self.reporter {
+            if let Ok(rep) = rep.try_borrow() {
+                self.config.gauge_add(
+                    Metric::HostsServingNotOffered,
+                    -(rep.not_offered.len() as i64),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::testing::{FakeCluster, FakeHost, FakeRequest, RecordingProxy};
+
+    const A: &str = "10.0.0.1:80";
+    const B: &str = "10.0.0.2:80";
+
+    fn ready(a: &str) -> FakeHost {
+        FakeHost::new(a).conditions(true, true, false)
+    }
+
+    fn cluster(hosts: Vec<FakeHost>) -> FakeCluster {
+        FakeCluster {
+            priorities: vec![hosts],
+        }
+    }
+
+    fn config(json: &str) -> Arc<PolicyConfig<RecordingProxy>> {
+        Arc::new(
+            PolicyConfig::new(
+                RecordingProxy::default(),
+                b"serving_picker",
+                json.as_bytes(),
+            )
+            .unwrap(),
+        )
+    }
+
+    fn no_request() -> Option<&'static FakeRequest> {
+        None
+    }
+
+    #[test]
+    fn configuration_defines_every_metric_and_logs_the_keys() {
+        let cfg = config(r#"{"local_zone": "zone-a"}"#);
+        let p = cfg.proxy();
+        assert_eq!(p.recorded().defined.len(), Metric::ALL.len());
+        let lines = p.lines(Level::Info, "policy configured");
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains(r#"local_zone Some("zone-a")"#),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn refusals_are_logged_and_answered_with_none() {
+        let p = Arc::new(RecordingProxy::default());
+        assert!(PolicyConfig::new(p.clone(), b"round_robin", b"").is_none());
+        let refused = p.lines(Level::Error, "lb_policy_name \"round_robin\" refused");
+        assert_eq!(refused.len(), 1, "{:?}", p.recorded().logs);
+        assert!(PolicyConfig::new(p.clone(), b"serving_picker", br#"{"bogus": 1}"#).is_none());
+        let refused = p.lines(Level::Error, "lb_policy_config refused");
+        assert!(refused[0].contains("bogus"), "{refused:?}");
+        // Nothing defined for a refused configuration.
+        assert!(p.recorded().defined.is_empty());
+        // A metric Envoy will not define: a warning, and the rest works.
+        let p = RecordingProxy::refusing(&[Metric::Rebuilds.name()]);
+        let cfg = PolicyConfig::new(p, b"serving_picker", b"").unwrap();
+        let warned = cfg.proxy().lines(Level::Warn, "could not define metric");
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        // Counting a metric Envoy did not define is a no-op, not a panic.
+        cfg.count(Metric::Rebuilds, 1);
+        assert_eq!(cfg.proxy().value(Metric::Rebuilds.name()), 0);
+    }
+
+    #[test]
+    fn the_first_instance_reports_and_the_others_do_not() {
+        let cfg = config("");
+        let hosts = cluster(vec![ready(A), ready(B).not_offered()]);
+        let first = LbInstance::new(cfg.clone(), "backend".into(), &hosts);
+        let second = LbInstance::new(cfg.clone(), "backend".into(), &hosts);
+        assert!(first.reporter.is_some() && second.reporter.is_none());
+        let p = cfg.proxy();
+        // One warning for B, one tier line, although two instances rebuilt.
+        assert_eq!(p.lines(Level::Warn, B).len(), 1);
+        assert_eq!(p.lines(Level::Info, "tier ready with 1 pickable").len(), 1);
+        assert_eq!(p.value(Metric::Rebuilds.name()), 2);
+        assert_eq!(p.value(Metric::HostsServingNotOffered.name()), 1);
+        // The reporter leaves: its share of the gauge goes with it.
+        drop(second);
+        assert_eq!(p.value(Metric::HostsServingNotOffered.name()), 1);
+        drop(first);
+        assert_eq!(p.value(Metric::HostsServingNotOffered.name()), 0);
+    }
+
+    #[test]
+    fn tier_changes_and_recoveries_are_logged_once() {
+        let cfg = config("");
+        let lb = LbInstance::new(cfg.clone(), "backend".into(), &cluster(vec![]));
+        let p = cfg.proxy();
+        // The empty start-up table logs no tier.
+        assert!(p.lines(Level::Info, "tier").is_empty());
+        let st = cluster(vec![FakeHost::new(A).conditions(false, true, true)]);
+        lb.on_membership_update(&st, 1, 0);
+        lb.on_membership_update(&st, 0, 0);
+        let tiers = p.lines(Level::Info, "tier terminating_fallback");
+        assert_eq!(tiers.len(), 1, "{tiers:?}");
+        assert!(tiers[0].contains("(+1 -0)"), "{tiers:?}");
+        // A ready host is ejected, then offered again.
+        lb.on_membership_update(&cluster(vec![ready(A).not_offered()]), 0, 0);
+        lb.on_membership_update(&cluster(vec![ready(A)]), 0, 0);
+        assert_eq!(p.lines(Level::Warn, "does not offer it").len(), 1);
+        assert_eq!(p.lines(Level::Info, "offered again").len(), 1);
+        assert_eq!(p.value(Metric::HostsServingNotOffered.name()), 0);
+        assert_eq!(p.lines(Level::Info, "tier no_serving").len(), 1);
+        assert_eq!(p.lines(Level::Info, "tier ready").len(), 1);
+    }
+
+    #[test]
+    fn debug_lines_only_when_envoy_prints_them() {
+        let cfg = config("");
+        LbInstance::new(cfg.clone(), "c".into(), &cluster(vec![ready(A)]));
+        assert!(cfg.proxy().lines(Level::Debug, "rebuilt").is_empty());
+        let p = RecordingProxy::at_level(Level::Debug);
+        let cfg = Arc::new(PolicyConfig::new(p, b"serving_picker", b"").unwrap());
+        LbInstance::new(cfg.clone(), "c".into(), &cluster(vec![ready(A)]));
+        let debug = cfg.proxy().lines(Level::Debug, "rebuilt (lb_new)");
+        assert_eq!(debug.len(), 1, "{debug:?}");
+    }
+
+    #[test]
+    fn unreadable_hosts_are_reported() {
+        let cfg = config("");
+        LbInstance::new(cfg.clone(), "c".into(), &cluster(vec![FakeHost::new("")]));
+        let warned = cfg.proxy().lines(Level::Warn, "without a readable address");
+        assert_eq!(warned.len(), 1, "{warned:?}");
+    }
+
+    #[test]
+    fn picks_are_counted_by_tier_and_topology() {
+        let cfg = config("");
+        let lb = LbInstance::new(cfg.clone(), "c".into(), &cluster(vec![ready(A)]));
+        assert_eq!(lb.choose(no_request()), Some((0, 0)));
+        let p = cfg.proxy();
+        assert_eq!(p.value(Metric::PickReady.name()), 1);
+        assert_eq!(p.value(Metric::PickTopologyNone.name()), 1);
+        let st = cluster(vec![FakeHost::new(A).conditions(false, true, true)]);
+        lb.on_membership_update(&st, 0, 0);
+        assert_eq!(lb.choose(no_request()), Some((0, 0)));
+        assert_eq!(p.value(Metric::PickTerminatingFallback.name()), 1);
+        lb.on_membership_update(
+            &cluster(vec![FakeHost::new(A).conditions(false, false, true)]),
+            0,
+            0,
+        );
+        assert_eq!(lb.choose(no_request()), None);
+        assert_eq!(p.value(Metric::RejectNoServing.name()), 1);
+    }
+
+    #[test]
+    fn retries_move_within_the_tier_and_are_counted() {
+        let cfg = config("");
+        let hosts = cluster(vec![
+            ready(A),
+            ready(B),
+            FakeHost::new("10.0.0.3:80").conditions(false, false, false),
+        ]);
+        let lb = LbInstance::new(cfg.clone(), "c".into(), &hosts);
+        let retry = FakeRequest {
+            retry_count: 3,
+            refused_host_indexes: vec![0],
+        };
+        for _ in 0..6 {
+            // A (host 0) refused: always B, healthy index 1.
+            assert_eq!(lb.choose(Some(&retry)), Some((0, 1)));
+        }
+        let moved = cfg.proxy().value(Metric::RetryOtherHost.name());
+        assert_eq!(moved, 3, "every other pick lands on A first and moves");
+        // No retry budget: the predicate is not consulted.
+        let no_budget = FakeRequest {
+            retry_count: 0,
+            refused_host_indexes: vec![0, 1],
+        };
+        assert!(lb.choose(Some(&no_budget)).is_some());
+        assert_eq!(cfg.proxy().value(Metric::RetryOtherHost.name()), 3);
+    }
+}

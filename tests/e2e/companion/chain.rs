@@ -1,0 +1,600 @@
+//! The chain: EndpointSlice files -> `serving-picker-conditions eds` (the
+//! real binary) -> Envoy 1.40 (EDS over gRPC from the companion) ->
+//! serving-picker -> real backends.
+//!
+//! - the seed table's rows, walked through slice changes, with the wasm form
+//!   (ADS), the native form over mutual TLS (ADS, envoy-companion.yaml's
+//!   transport socket), and with the priority output and Envoy's plain
+//!   round robin (no module, plain EDS);
+//! - the seed rows again beside 1,000 xDS streams that never read (half
+//!   with a window of 0, half that stop reading), subscribed to the same
+//!   cluster and to a 2,000-endpoint one that changes all along: Envoy gets
+//!   every change, each stuck stream holds at most one response;
+//! - two Envoys on one companion; an Envoy restarted (gets the current
+//!   state); the companion killed and restarted (Envoy keeps the last
+//!   assignment, then follows the new process); a malformed slice file
+//!   (logged, last good state kept).
+//!
+//! "goes to X" with the module: 200 from X, which received the override
+//! header naming X first (the filter picked it). With plain round robin:
+//! every answer from X.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serving_picker_xds_load::{raise_fd_limit, Stuck, StuckStream, Subscription};
+
+use support::companion::{
+    eds_from_companion, plain_round_robin, Companion, Expect, Picker, SliceDir, XdsApi,
+};
+use support::envoy::fresh_dir;
+use support::load::{Load, LoadConfig};
+use support::mtls::Mtls;
+use support::*;
+
+const CLUSTER: &str = "backend";
+const SERVICE: &str = "web";
+const PATH: &str = "/backend/x";
+
+fn envoy_on(companion: &Companion, tag: &str, picker: Picker, api: XdsApi) -> Envoy {
+    envoy_over(companion, tag, picker, api, None)
+}
+
+/// As `envoy_on`, over mutual TLS when `mtls` is given.
+fn envoy_over(
+    companion: &Companion,
+    tag: &str,
+    picker: Picker,
+    api: XdsApi,
+    mtls: Option<&Mtls>,
+) -> Envoy {
+    let mut b = EnvoyBuilder::new()
+        .tag(tag)
+        .eds_cluster(CLUSTER, &[])
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), api));
+    if let Some(m) = mtls {
+        b = b.bootstrap_hook(m.envoy_hook());
+    }
+    match picker {
+        Picker::Module(form) => b.form(form).start(),
+        Picker::PlainRoundRobin => b
+            .with_filter(None)
+            .bootstrap_hook(plain_round_robin(CLUSTER))
+            .start(),
+    }
+}
+
+struct Chain {
+    slices: SliceDir,
+    companion: Companion,
+}
+
+fn chain(first: &[Endpoint], extra: &[&str]) -> Chain {
+    let slices = SliceDir::create(&fresh_dir("slices"));
+    slices.set_endpoints(SERVICE, first);
+    let companion = Companion::start(slices.path(), &[(CLUSTER, SERVICE)], extra);
+    Chain { slices, companion }
+}
+
+fn expect(envoy: &Envoy, picker: Picker, what: &str, e: Expect<'_>, all: &[&Backend]) {
+    support::companion::expect(envoy, picker, (CLUSTER, PATH), what, e, all);
+}
+
+/// Every seed-table row, as a sequence of slice changes on one Envoy.
+fn walk_seed_rows(c: &Chain, envoy: &Envoy, picker: Picker, a: &Backend, b: &Backend) {
+    let all = [a, b];
+    let step = |what: &str, eps: &[Endpoint], e: Expect<'_>| {
+        c.slices.set_endpoints(SERVICE, eps);
+        eprintln!("step: {what}");
+        expect(envoy, picker, what, e, &all);
+    };
+    step(
+        "row 1: A serving -> A",
+        &[Endpoint::serving(a.addr())],
+        Expect::To(a),
+    );
+    step(
+        "A serving, B not yet serving -> A",
+        &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        Expect::To(a),
+    );
+    step(
+        "row 4: A serving+terminating, B not yet serving -> A",
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::not_serving(b.addr()),
+        ],
+        Expect::To(a),
+    );
+    step(
+        "row 5: A serving+terminating, B serving -> B",
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+        Expect::To(b),
+    );
+    step(
+        "row 6: A terminating not serving, B serving -> B",
+        &[
+            Endpoint::terminating_not_serving(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+        Expect::To(b),
+    );
+    step(
+        "B alone -> B",
+        &[Endpoint::serving(b.addr())],
+        Expect::To(b),
+    );
+    step(
+        "row 2: B not serving -> nobody",
+        &[Endpoint::not_serving(b.addr())],
+        Expect::Nobody,
+    );
+    step(
+        "row 2: B terminating not serving -> nobody",
+        &[Endpoint::terminating_not_serving(b.addr())],
+        Expect::Nobody,
+    );
+    step(
+        "row 3: B serving+terminating only -> B",
+        &[Endpoint::serving_terminating(b.addr())],
+        Expect::To(b),
+    );
+    // Nil conditions read as ready (the API's rule): a bare endpoint serves.
+    step(
+        "nil conditions: A ready by default -> A",
+        &[
+            Endpoint::bare(a.addr()),
+            Endpoint::serving_terminating(b.addr()),
+        ],
+        Expect::To(a),
+    );
+    // The Service loses every slice: an empty assignment, not an error.
+    c.slices.write_raw(
+        &format!("{SERVICE}.json"),
+        r#"{"apiVersion": "v1", "kind": "List", "items": []}"#,
+    );
+    let nobody_what = "no slices: empty assignment -> nobody";
+    expect(envoy, picker, nobody_what, Expect::Nobody, &all);
+}
+
+fn seed_rows(picker: Picker, api: XdsApi, extra: &[&str]) -> Chain {
+    seed_rows_over(picker, api, extra, None)
+}
+
+fn seed_rows_over(picker: Picker, api: XdsApi, extra: &[&str], mtls: Option<&Mtls>) -> Chain {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    args.extend(mtls.iter().flat_map(|m| m.companion_args()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let c = chain(&[Endpoint::serving(a.addr())], &args);
+    let tag = format!("companion-rows-{picker:?}-{api:?}");
+    let envoy = envoy_over(&c.companion, &tag, picker, api, mtls);
+    walk_seed_rows(&c, &envoy, picker, &a, &b);
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_xds_nacks_total"),
+        Some(0.0)
+    );
+    c
+}
+
+#[test]
+fn seed_rows_wasm_form_over_ads() {
+    let c = seed_rows(Picker::Module(Form::Wasm), XdsApi::Ads, &[]);
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_xds_acks_total")
+            .unwrap_or(0.0)
+            >= 10.0
+    );
+}
+
+/// The same over mutual TLS, as envoy-companion.yaml reaches the
+/// companion (its transport socket, SDS from files).
+#[test]
+fn seed_rows_native_form_over_ads_mtls() {
+    let m = Mtls::new("rows");
+    let c = seed_rows_over(Picker::Module(Form::Native), XdsApi::Ads, &[], Some(&m));
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_tls_handshakes_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_tls_refusals_total"),
+        None
+    );
+}
+
+#[test]
+fn seed_rows_native_form_over_eds() {
+    seed_rows(Picker::Module(Form::Native), XdsApi::Eds, &[]);
+}
+
+#[test]
+fn seed_rows_priority_output_plain_round_robin_over_eds() {
+    seed_rows(Picker::PlainRoundRobin, XdsApi::Eds, &["--priorities"]);
+}
+
+/// A Service of 2,000 endpoints in 20 slices; `n` moves one of them to
+/// serving+terminating, so every `n` is a new assignment.
+fn big_service(n: usize) -> String {
+    let slices: Vec<serde_json::Value> = (0..20)
+        .map(|s| {
+            let endpoints: Vec<serde_json::Value> = (0..100)
+                .map(|i| {
+                    let terminating = s * 100 + i == n % 2000;
+                    serde_json::json!({
+                        "addresses": [format!("10.9.{s}.{}", i + 1)],
+                        "conditions": {"ready": !terminating, "serving": true, "terminating": terminating},
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("big-{s}"), "namespace": support::companion::NAMESPACE,
+                             "labels": {"kubernetes.io/service-name": "big"}},
+                "addressType": "IPv4",
+                "ports": [{"name": support::companion::PORT_NAME, "port": 8080, "protocol": "TCP"}],
+                "endpoints": endpoints,
+            })
+        })
+        .collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": slices}).to_string()
+}
+
+/// The seed rows through a real Envoy while 1,000 streams that never read
+/// sit on the same companion, and a 2,000-endpoint cluster they subscribe
+/// to changes every 100 ms: Envoy still gets every change (each row is
+/// routed as it must be), NACKs nothing, and the stuck streams hold at
+/// most one response each (the companion's own counters), in bounded memory.
+#[test]
+fn seed_rows_beside_1000_stuck_streams() {
+    assert!(
+        raise_fd_limit() >= 2500,
+        "ulimit -n too low for 1,000 streams"
+    );
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let slices = SliceDir::create(&fresh_dir("slices-stuck"));
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
+    slices.write_raw("big.json", &big_service(0));
+    let companion = Companion::start(
+        slices.path(),
+        &[(CLUSTER, SERVICE), ("big", "big")],
+        &[
+            "--send-timeout",
+            "10m",
+            "--max-streams",
+            "4096",
+            "--max-connections",
+            "4096",
+        ],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = companion.listen_addr();
+    let stuck: Vec<StuckStream> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..1000 {
+            let how = if i % 2 == 0 {
+                Stuck::ZeroWindow
+            } else {
+                Stuck::StopsReading
+            };
+            let sub = Subscription::ads(format!("stuck-{i}"), &[CLUSTER, "big"]);
+            v.push(StuckStream::open(addr, how, &sub).await.unwrap());
+        }
+        v
+    });
+    wait_until("1,000 stuck streams", Duration::from_secs(30), || {
+        companion.metric("serving_picker_conditions_xds_streams") == Some(1000.0)
+    });
+    // The big cluster changes all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (stop, dir) = (stop.clone(), slices.path().to_path_buf());
+        std::thread::spawn(move || {
+            let big = SliceDir::create(&dir);
+            let mut n = 1;
+            while !stop.load(Ordering::SeqCst) {
+                big.write_raw("big.json", &big_service(n));
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            n
+        })
+    };
+    let picker = Picker::Module(Form::Wasm);
+    let envoy = envoy_on(&companion, "companion-beside-stuck", picker, XdsApi::Ads);
+    let c = Chain { slices, companion };
+    walk_seed_rows(&c, &envoy, picker, &a, &b);
+    stop.store(true, Ordering::SeqCst);
+    let big_changes = churn.join().unwrap();
+    let m = |name: &str| c.companion.metric(name).unwrap_or(0.0);
+    assert_eq!(m("serving_picker_conditions_xds_nacks_total"), 0.0);
+    assert!(envoy.stat("cluster.backend.update_success").unwrap_or(0) >= 10);
+    // Envoy's responses are ACKed; every other response started went to a
+    // stuck stream, at most one each, while the big cluster changed
+    // {big_changes} times.
+    let started = m("serving_picker_conditions_xds_pushes_total");
+    let acked = m("serving_picker_conditions_xds_acks_total");
+    assert!(
+        started - acked <= 1000.0 + 1.0,
+        "{started} responses started, {acked} ACKed by Envoy, {big_changes} changes"
+    );
+    assert!(m("serving_picker_conditions_xds_coalesced_total") >= 1000.0);
+    let rss_kb: f64 = std::fs::read_to_string(format!("/proc/{}/status", c.companion.pid()))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    eprintln!(
+        "companion RSS beside 1,000 stuck streams: {:.1} MB",
+        rss_kb / 1024.0
+    );
+    assert!(rss_kb < 150.0 * 1024.0, "companion RSS {rss_kb} kB");
+    assert!(stuck.iter().all(|s| !s.is_closed()));
+}
+
+/// The assignment Envoy holds carries the conditions as metadata and the
+/// health status (config dump), for an endpoint of each state.
+#[test]
+fn envoy_holds_conditions_metadata_and_health() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(
+        &[
+            Endpoint::serving_terminating(a.addr()).zone("zone-a"),
+            Endpoint::not_serving(b.addr()),
+        ],
+        &[],
+    );
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-dump",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
+    let dump = envoy.admin_get("/config_dump?include_eds");
+    let v: serde_json::Value = serde_json::from_str(&dump.body).unwrap();
+    let mut found = Vec::new();
+    for cfg in v["configs"].as_array().unwrap() {
+        for key in ["static_endpoint_configs", "dynamic_endpoint_configs"] {
+            for ec in cfg[key].as_array().into_iter().flatten() {
+                let ec = &ec["endpoint_config"];
+                if ec["cluster_name"] != CLUSTER {
+                    continue;
+                }
+                for group in ec["endpoints"].as_array().into_iter().flatten() {
+                    for lb in group["lb_endpoints"].as_array().into_iter().flatten() {
+                        found.push((
+                            lb["endpoint"]["address"]["socket_address"]["port_value"]
+                                .as_u64()
+                                .unwrap(),
+                            lb["metadata"]["filter_metadata"]["k8s.endpointslice"].clone(),
+                            group["locality"]["zone"].clone(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    assert_eq!(found.len(), 2, "{found:?}");
+    let (_, md_a, zone_a) = &found
+        .iter()
+        .find(|f| f.0 == u64::from(a.addr().port()))
+        .unwrap();
+    assert_eq!(md_a["ready"], false);
+    assert_eq!(md_a["serving"], true);
+    assert_eq!(md_a["terminating"], true);
+    assert_eq!(md_a["zone"], "zone-a");
+    assert_eq!(*zone_a, "zone-a");
+    let (_, md_b, _) = &found
+        .iter()
+        .find(|f| f.0 == u64::from(b.addr().port()))
+        .unwrap();
+    assert_eq!(md_b["serving"], false);
+    // EDS health from /clusters: A healthy, B unhealthy.
+    let clusters = envoy.admin_get("/clusters?format=json");
+    let v: serde_json::Value = serde_json::from_str(&clusters.body).unwrap();
+    let statuses: Vec<(u64, String)> = v["cluster_statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] == CLUSTER)
+        .flat_map(|c| c["host_statuses"].as_array().cloned().unwrap_or_default())
+        .map(|h| {
+            (
+                h["address"]["socket_address"]["port_value"]
+                    .as_u64()
+                    .unwrap(),
+                h["health_status"]["eds_health_status"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        statuses.contains(&(u64::from(a.addr().port()), "HEALTHY".into()))
+            && statuses.contains(&(u64::from(b.addr().port()), "UNHEALTHY".into())),
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn two_envoys_one_companion_and_an_envoy_restart() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(&[Endpoint::serving(a.addr())], &[]);
+    let e1 = envoy_on(
+        &c.companion,
+        "companion-two-1",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    let e2 = envoy_on(
+        &c.companion,
+        "companion-two-2",
+        Picker::Module(Form::Wasm),
+        XdsApi::Eds,
+    );
+    expect_routing(&e1, PATH, &[], "e1: A", picked(&a));
+    expect_routing(&e2, PATH, &[], "e2: A", picked(&a));
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    expect_routing(&e1, PATH, &[], "e1: B", picked(&b));
+    expect_routing(&e2, PATH, &[], "e2: B", picked(&b));
+    assert_eq!(
+        c.companion.metric("serving_picker_conditions_xds_streams"),
+        Some(2.0)
+    );
+    // e1 goes away; a fresh Envoy (a restart) gets the current state.
+    drop(e1);
+    let e3 = envoy_on(
+        &c.companion,
+        "companion-two-3",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&e3, PATH, &[], "restarted Envoy: B", picked(&b));
+    wait_until(
+        "the dropped stream to be counted out",
+        Duration::from_secs(5),
+        || c.companion.metric("serving_picker_conditions_xds_streams") == Some(2.0),
+    );
+}
+
+/// The companion killed (SIGKILL) and restarted while a steady load runs:
+/// Envoy keeps the last assignment while it is away (no failure), then
+/// follows the new process.
+#[test]
+fn companion_restart_under_load_loses_nothing() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let mut c = chain(&[Endpoint::serving(a.addr())], &[]);
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-restart",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "A", picked(&a));
+    let load = Load::start(
+        envoy.listen_addr(),
+        LoadConfig {
+            threads: 4,
+            rate_per_thread: 100.0,
+            path: PATH.into(),
+            timeout: Duration::from_secs(5),
+        },
+        "A serving, companion up",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    load.phase("companion killed");
+    c.companion.kill();
+    std::thread::sleep(Duration::from_millis(1500));
+    load.phase("companion restarting");
+    c.companion.restart();
+    wait_until("Envoy to reconnect", Duration::from_secs(30), || {
+        c.companion.metric("serving_picker_conditions_xds_streams") == Some(1.0)
+    });
+    load.phase("reconnected; B serving, A serving+terminating");
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    settle(&envoy, PATH, &[], "B after the restart", picked(&b));
+    std::thread::sleep(Duration::from_millis(300));
+    let report = load.finish();
+    report.assert_no_failures(
+        "companion restart under load",
+        "requests failed around the restart",
+    );
+    let during = report.phase_start("companion killed");
+    let back = report.phase_start("companion restarting");
+    assert!(
+        report.served_by_in("A", during, back) > 0,
+        "A kept serving while the companion was away"
+    );
+    assert_eq!(c.companion.starts(), 2);
+}
+
+#[test]
+fn malformed_slice_file_is_logged_and_the_last_good_state_kept() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(&[Endpoint::serving(a.addr())], &[]);
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-malformed",
+        Picker::Module(Form::Wasm),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "A", picked(&a));
+    let pushes = c
+        .companion
+        .metric("serving_picker_conditions_xds_pushes_total")
+        .unwrap();
+    c.slices.write_raw(
+        &format!("{SERVICE}.json"),
+        "{\"kind\": \"List\", \"items\": [",
+    );
+    wait_until("the error to be logged", Duration::from_secs(5), || {
+        !c.companion.log_lines("malformed slice file").is_empty()
+    });
+    // Still A, and nothing was pushed.
+    assert_batch(&envoy, PATH, &[], BATCH, "A still", picked(&a));
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_xds_pushes_total"),
+        Some(pushes)
+    );
+    assert_eq!(
+        c.companion
+            .metric("serving_picker_conditions_source_errors_total{kind=\"file\"}"),
+        Some(1.0)
+    );
+    // A good version again is followed.
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    expect_routing(&envoy, PATH, &[], "B after the fix", picked(&b));
+    // A second malformed version of the file is logged again (once).
+    c.slices
+        .write_raw(&format!("{SERVICE}.json"), "not json at all");
+    wait_until("the second error", Duration::from_secs(5), || {
+        c.companion.log_lines("malformed slice file").len() == 2
+    });
+    assert_batch(&envoy, PATH, &[], BATCH, "B still", picked(&b));
+    assert_eq!(c.companion.get("/readyz").status, 200);
+}

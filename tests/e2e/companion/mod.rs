@@ -1,0 +1,8 @@
+//! The conditions companion in the chain: EndpointSlice files -> the real
+//! `serving-picker-conditions` binary -> Envoy -> either form, or none.
+
+mod chain;
+mod envoy_gateway;
+mod release;
+mod soak;
+mod tls;

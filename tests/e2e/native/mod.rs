@@ -1,0 +1,4 @@
+//! The dynamic-module load-balancing policy alone.
+
+mod abi;
+mod lb_policy;
