@@ -229,9 +229,13 @@ bench-scale: build envoy
 # The conditions companion at 10,000 endpoints in 100 EndpointSlices: slice change -> pushed
 # assignment in process (p50/p99), index and publisher memory, and with a real Envoy the time
 # from a slice file renamed to Envoy updated, and push -> ACK (conditions/benches/scale.rs).
+# Then fan-out (conditions/benches/fanout.rs): 1,000 xDS clients that ACK as Envoy does (and
+# 1,000 stuck streams beside them), change -> every subscriber updated, CPU, RSS, the loopback
+# floor; knobs FANOUT_SCENARIOS, FANOUT_CHANGES (docs/companion-limits.md).
 .PHONY: bench-conditions
 bench-conditions: build envoy
 	cargo bench -p serving-picker-conditions --bench scale
+	cargo bench -p serving-picker-conditions --bench fanout
 
 # Releases. One version: Cargo.toml's [workspace.package] version (scripts/version.sh); the
 # crates, `serving-picker-conditions --version`, image tags and labels and the manifests carry it

@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-use serving_picker_conditions::eds::EdsStream;
+use serving_picker_conditions::eds::{EdsStream, Names};
 use serving_picker_conditions::index::{Index, IpFamily};
 use serving_picker_conditions::publish::{Change, Publisher, Update};
 use serving_picker_conditions::slice::{
@@ -148,15 +148,19 @@ fn in_process(one_service: bool) {
         .apply(vec![Update::now(Change::Replace(slices.clone()))])
         .unwrap();
     let first_build = t.elapsed();
-    let bytes: usize = snap.resources.values().map(|r| r.any.value.len()).sum();
-    let mut stream = EdsStream::new();
+    let bytes: usize = snap.resources.values().map(|r| r.value().len()).sum();
     let names: Vec<String> = snap.resources.keys().cloned().collect();
+    let mut stream = EdsStream::new(std::sync::Arc::new(Names::new(names.clone())));
     let req = envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
         resource_names: names,
         type_url: serving_picker_conditions::assignment::CLA_TYPE_URL.into(),
         ..Default::default()
     };
-    stream.on_request(&req, &snap).response.unwrap();
+    stream.on_request(&req, &snap, Instant::now());
+    stream
+        .take(&snap, usize::MAX, Instant::now())
+        .response
+        .unwrap();
     drop(snap);
     let publisher_bytes = HELD.load(Ordering::Relaxed) - before;
 
@@ -172,9 +176,13 @@ fn in_process(one_service: bool) {
         let u = Update::now(Change::Apply(change));
         let start = u.received;
         let snap = p.apply(vec![u]).expect("a change");
-        let resp = stream.on_snapshot(&snap).expect("a push");
+        stream.on_snapshot(&snap, Instant::now());
+        let resp = stream
+            .take(&snap, usize::MAX, Instant::now())
+            .response
+            .expect("a push");
         lat.push(start.elapsed());
-        assert_eq!(resp.resources.len(), 1);
+        assert_eq!(resp.entries.len(), 1);
     }
     lat.sort();
     println!(

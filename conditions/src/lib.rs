@@ -12,8 +12,11 @@
 //!   kept up to date slice by slice.
 //! - `source::kube`, `source::files`: where slices come from.
 //! - `publish`: applies updates, publishes snapshots (never half built).
-//! - `eds`: the xDS protocol per stream, and the gRPC services.
-//! - `metrics`: Prometheus, `/healthz`, `/readyz`.
+//! - `eds`: the xDS protocol per stream; `xds`: the gRPC services over
+//!   HTTP/2, shared response bytes, the fan-out of snapshots to streams.
+//! - `limits`: every limit as a flag; `listener`: the gRPC listener's
+//!   connections, counted and capped; `ratelog`: log lines at a bounded rate.
+//! - `metrics`: Prometheus, `/healthz`, `/readyz` (a bounded listener).
 //! - `serve`: the listeners and the gRPC server, as both modes run them.
 //! - `tls`: TLS and mTLS on the gRPC listener, files reloaded as they change.
 //! - `log_limit`: log lines at a bounded rate.
@@ -28,11 +31,15 @@ pub mod envoy_gateway;
 #[cfg(test)]
 mod fixtures;
 pub mod index;
+pub mod limits;
+pub mod listener;
 pub mod log_limit;
 pub mod metrics;
 pub mod publish;
+pub mod ratelog;
 pub mod serve;
 pub mod slice;
 pub mod source;
 pub mod tls;
 pub mod view;
+pub mod xds;

@@ -19,13 +19,16 @@ use tokio::sync::{mpsc, watch};
 
 use serving_picker_conditions::assignment::Output;
 use serving_picker_conditions::cluster::{check_unique, ClusterSpec};
-use serving_picker_conditions::eds::XdsServer;
+use serving_picker_conditions::eds::Names;
 use serving_picker_conditions::index::IpFamily;
+use serving_picker_conditions::limits::{ServeLimits, XdsLimits};
+use serving_picker_conditions::listener::Connections;
 use serving_picker_conditions::metrics::{self, Metrics};
 use serving_picker_conditions::publish::{self, Publisher, Snapshot};
 use serving_picker_conditions::serve;
 use serving_picker_conditions::source;
 use serving_picker_conditions::tls;
+use serving_picker_conditions::xds::XdsServer;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -93,8 +96,17 @@ struct EdsArgs {
     #[arg(long, value_enum, default_value_t = Family::Auto)]
     ip_family: Family,
     #[command(flatten)]
+    limits: ServeLimits,
+    #[command(flatten)]
+    xds: XdsLimits,
+    #[command(flatten)]
     tls: tls::TlsArgs,
 }
+
+/// What an xDS client may send before the companion reads it, per stream
+/// and per connection: requests are read at once, so a small window costs
+/// nothing but caps what a connection can park in the companion's memory.
+const XDS_RECEIVE_WINDOW: u32 = 64 * 1024;
 
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -133,6 +145,7 @@ async fn shutdown_signal() {
 
 async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
     check_unique(&args.clusters).map_err(anyhow::Error::msg)?;
+    args.xds.check().map_err(anyhow::Error::msg)?;
     let family = match args.ip_family {
         Family::Auto => IpFamily::Auto,
         Family::Ipv4 => IpFamily::Ipv4,
@@ -164,7 +177,11 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         snap_tx,
         metrics.clone(),
     ));
-    tokio::spawn(metrics::serve(http, metrics.clone()));
+    tokio::spawn(metrics::serve(
+        http,
+        metrics.clone(),
+        args.limits.http.clone(),
+    ));
 
     let source_metrics = metrics.clone();
     let clusters = args.clusters.clone();
@@ -188,12 +205,23 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         }
     };
 
-    let (ads, eds) = XdsServer::new(snap_rx, metrics.clone()).services();
-    let server = serve::grpc_server()
+    let connections = Connections::new(&args.limits.grpc, metrics.clone());
+    let xds = XdsServer::new(
+        snap_rx,
+        Names::new(args.clusters.iter().map(|c| c.name.clone())),
+        args.xds.clone(),
+        metrics.clone(),
+        Some(connections.clone()),
+    );
+    tokio::spawn(xds.clone().run_fanout());
+    let (ads, eds) = xds.services();
+    let server = serve::grpc_server(&args.limits.grpc, &connections)
+        .initial_stream_window_size(XDS_RECEIVE_WINDOW)
+        .initial_connection_window_size(XDS_RECEIVE_WINDOW)
         .add_service(ads)
         .add_service(eds)
         .serve_with_incoming_shutdown(
-            tls::incoming(tls, serve::incoming(grpc)),
+            tls::incoming(tls, serve::incoming(grpc, connections)),
             serve::serving_until(metrics.clone(), shutdown_signal()),
         );
     serve::until_source_ends(server, "xDS server", source_task).await
@@ -213,6 +241,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    serve::raise_fd_limit(match &cli.command {
+        Command::Eds(args) => &args.limits,
+        Command::EnvoyGateway(args) => &args.limits,
+    });
     let result = rt.block_on(async {
         match cli.command {
             Command::Eds(args) => run_eds(args).await,

@@ -3,10 +3,11 @@
 //! whatever the index holds: the envoy-gateway mode's readiness, since the
 //! hook answers in every state), on one small HTTP/1 listener.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,10 +20,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 
 use crate::index::Index;
+use crate::limits::{names as limit, HttpLimits};
+use crate::ratelog::LogBudget;
 
 type Labels = Vec<(&'static str, &'static str)>;
+type OwnedLabels = Vec<(&'static str, String)>;
 
 /// Every metric the companion exports (prefix `serving_picker_conditions_`).
 pub struct Metrics {
@@ -44,6 +49,20 @@ pub struct Metrics {
     nacks: Counter,
     push_lag_seconds: Histogram,
     ack_seconds: Histogram,
+    responses_sent: Counter,
+    sent_bytes: Counter,
+    coalesced: Counter,
+    resets: Family<Labels, Counter>,
+    refused: Family<Labels, Counter>,
+    subscribers: Family<OwnedLabels, Gauge>,
+    oldest_unsent_seconds: Gauge<f64, AtomicU64>,
+    unknown_names: Counter,
+    largest_request_bytes: Gauge,
+    request_buffer_bytes: Gauge,
+    connections: Gauge,
+    limit_hits: Family<Labels, Counter>,
+    limits: Family<Labels, Gauge>,
+    http_connections: Gauge,
 }
 
 fn seconds_buckets() -> Histogram {
@@ -118,11 +137,16 @@ impl Metrics {
             seconds_buckets(),
         );
         let streams = registered(r, "xds_streams", "Connected xDS streams", Gauge::default());
-        let pushes = registered(r, "xds_pushes", "xDS responses sent", Counter::default());
+        let pushes = registered(
+            r,
+            "xds_pushes",
+            "xDS responses a stream started to hand to HTTP/2 (built from the newest snapshot when the stream had room); xds_responses_sent counts those fully handed",
+            Counter::default(),
+        );
         let pushed_resources = registered(
             r,
             "xds_pushed_resources",
-            "ClusterLoadAssignments sent (over all responses)",
+            "ClusterLoadAssignments in the responses counted by xds_pushes",
             Counter::default(),
         );
         let acks = registered(
@@ -140,7 +164,7 @@ impl Metrics {
         let push_lag_seconds = registered(
             r,
             "xds_push_lag_seconds",
-            "From a source change to the assignment it produced handed to a stream",
+            "From a source change to a response carrying the assignment it produced started on a stream",
             seconds_buckets(),
         );
         let ack_seconds = registered(
@@ -149,8 +173,106 @@ impl Metrics {
             "From a response sent to Envoy's ACK (Envoy's time to apply it, plus the round trip)",
             seconds_buckets(),
         );
+        let responses_sent = registered(
+            r,
+            "xds_responses_sent",
+            "xDS responses whose every byte was handed to HTTP/2 (which holds at most the peer's window beyond what the socket took)",
+            Counter::default(),
+        );
+        let sent_bytes = registered(
+            r,
+            "xds_sent_bytes",
+            "Bytes of the responses counted by xds_responses_sent (gRPC framing included)",
+            Counter::default(),
+        );
+        let coalesced = registered(
+            r,
+            "xds_coalesced",
+            "Snapshots that replaced a response due and not yet taken by its stream (the stream gets the newest state in one response)",
+            Counter::default(),
+        );
+        let resets = registered(
+            r,
+            "xds_resets",
+            "xDS streams cut by the companion, by reason (send-timeout: a due response not taken within --send-timeout; the connection is closed)",
+            Family::default(),
+        );
+        let refused = registered(
+            r,
+            "xds_refused",
+            "xDS streams and gRPC connections refused with RESOURCE_EXHAUSTED, by the limit (flag) that refused them",
+            Family::default(),
+        );
+        let subscribers = registered(
+            r,
+            "xds_subscribers",
+            "xDS streams subscribed to each cluster (EDS resource)",
+            Family::default(),
+        );
+        let oldest_unsent_seconds = registered(
+            r,
+            "xds_oldest_unsent_response_seconds",
+            "Age of the oldest response due and not taken by its stream (a stream is cut at --send-timeout)",
+            Gauge::<f64, AtomicU64>::default(),
+        );
+        let unknown_names = registered(
+            r,
+            "xds_unknown_resource_names",
+            "Resource names requested that no --cluster defines (not kept)",
+            Counter::default(),
+        );
+        let largest_request_bytes = registered(
+            r,
+            "xds_largest_request_bytes",
+            "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})",
+            Gauge::default(),
+        );
+        let request_buffer_bytes = registered(
+            r,
+            "xds_request_buffer_bytes",
+            "Request bytes held beyond each message's first 64 KiB (see limit{limit=\"request-buffer-bytes\"})",
+            Gauge::default(),
+        );
+        let connections = registered(
+            r,
+            "grpc_connections",
+            "gRPC connections open (see limit{limit=\"max-connections\"})",
+            Gauge::default(),
+        );
+        let limit_hits = registered(
+            r,
+            "limit_hits",
+            "Times a limit was hit, by its flag (max-connections, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)",
+            Family::default(),
+        );
+        let limits = registered(
+            r,
+            "limit",
+            "Each limit's configured value, by its flag (durations in seconds)",
+            Family::default(),
+        );
+        let http_connections = registered(
+            r,
+            "metrics_connections",
+            "Connections open on the metrics port (see limit{limit=\"metrics-max-connections\"})",
+            Gauge::default(),
+        );
         Metrics {
             registry,
+            responses_sent,
+            sent_bytes,
+            coalesced,
+            resets,
+            refused,
+            subscribers,
+            oldest_unsent_seconds,
+            unknown_names,
+            largest_request_bytes,
+            request_buffer_bytes,
+            connections,
+            limit_hits,
+            limits,
+            http_connections,
             ready: AtomicBool::new(false),
             serving: AtomicBool::new(false),
             watch_events,
@@ -222,7 +344,70 @@ impl Metrics {
         self.streams.dec();
     }
 
-    /// A response with `resources` assignments, `lags` from each one's change.
+    /// A limit's configured value (`limit` gauge).
+    pub fn set_limit(&self, name: &'static str, value: i64) {
+        self.limits.get_or_create(&vec![("limit", name)]).set(value);
+    }
+
+    /// A limit was hit.
+    pub fn limit_hit(&self, name: &'static str) {
+        self.limit_hits.get_or_create(&vec![("limit", name)]).inc();
+    }
+
+    /// A stream or connection refused with RESOURCE_EXHAUSTED.
+    pub fn xds_refused(&self, name: &'static str) {
+        self.refused.get_or_create(&vec![("limit", name)]).inc();
+    }
+
+    pub fn connection_opened(&self) {
+        self.connections.inc();
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections.dec();
+    }
+
+    /// A request message of `bytes`.
+    pub fn request_received(&self, bytes: usize) {
+        let bytes = bytes as i64;
+        if bytes > self.largest_request_bytes.get() {
+            self.largest_request_bytes.set(bytes);
+        }
+    }
+
+    pub fn set_request_buffer_bytes(&self, n: usize) {
+        self.request_buffer_bytes.set(n as i64);
+    }
+
+    pub fn unknown_names(&self, n: usize) {
+        self.unknown_names.inc_by(n as u64);
+    }
+
+    pub fn coalesced(&self) {
+        self.coalesced.inc();
+    }
+
+    /// A response of `bytes` fully handed to HTTP/2.
+    pub fn sent(&self, bytes: usize) {
+        self.responses_sent.inc();
+        self.sent_bytes.inc_by(bytes as u64);
+    }
+
+    pub fn stream_reset(&self, reason: &'static str) {
+        self.resets.get_or_create(&vec![("reason", reason)]).inc();
+    }
+
+    pub fn set_oldest_unsent(&self, age: Duration) {
+        self.oldest_unsent_seconds.set(age.as_secs_f64());
+    }
+
+    pub fn set_subscribers(&self, cluster: &str, n: i64) {
+        self.subscribers
+            .get_or_create(&vec![("cluster", cluster.to_string())])
+            .set(n);
+    }
+
+    /// A response started with `resources` assignments, `lags` from each one's change.
     pub fn pushed(&self, resources: usize, lags: impl Iterator<Item = Duration>) {
         self.pushes.inc();
         self.pushed_resources.inc_by(resources as u64);
@@ -287,10 +472,41 @@ fn route(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
     }
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+static HTTP_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+
+/// The metrics port's open connections, oldest first, each closable.
+#[derive(Default)]
+struct HttpConnections {
+    next: AtomicUsize,
+    open: Mutex<BTreeMap<usize, Arc<Notify>>>,
+}
+
+impl HttpConnections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, Arc<Notify>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until the process
+/// ends. Bounded: headers must arrive within `--metrics-header-timeout`, and
+/// past `--metrics-max-connections` a new connection closes the oldest, so
+/// half-sent requests cannot keep the probes out.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: HttpLimits) {
+    metrics.set_limit(
+        limit::METRICS_MAX_CONNECTIONS,
+        limits.metrics_max_connections as i64,
+    );
+    metrics.set_limit(
+        limit::METRICS_HEADER_TIMEOUT,
+        limits.metrics_header_timeout.as_secs() as i64,
+    );
+    let conns = Arc::new(HttpConnections::default());
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.metrics_header_timeout)
+        .max_buf_size(16 * 1024);
     loop {
-        let (stream, _peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics listener: accept failed");
@@ -298,23 +514,56 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
+        let id = conns.next.fetch_add(1, Ordering::SeqCst);
+        let close = Arc::new(Notify::new());
+        {
+            let mut open = conns.lock();
+            while open.len() >= limits.metrics_max_connections.max(1) {
+                let Some((_, oldest)) = open.pop_first() else {
+                    break;
+                };
+                oldest.notify_one();
+                metrics.limit_hit(limit::METRICS_MAX_CONNECTIONS);
+                if let Some(left_out) = HTTP_LOG.allow() {
+                    tracing::warn!(peer = %peer, left_out, "metrics port over --metrics-max-connections: the oldest connection is closed");
+                }
+            }
+            open.insert(id, close.clone());
+            metrics.http_connections.set(open.len() as i64);
+        }
         let metrics = metrics.clone();
+        let conns = conns.clone();
+        let http = http.clone();
         tokio::spawn(async move {
+            let m = metrics.clone();
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = route(&metrics, req.uri().path());
+                let r = route(&m, req.uri().path());
                 async move { Ok::<_, Infallible>(r) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
+            tokio::select! {
+                r = http.serve_connection(io, service) => {
+                    if let Err(e) = r {
+                        if e.is_timeout() {
+                            metrics.limit_hit(limit::METRICS_HEADER_TIMEOUT);
+                            if let Some(left_out) = HTTP_LOG.allow() {
+                                tracing::warn!(peer = %peer, left_out, "metrics port: headers not in within --metrics-header-timeout: closed");
+                            }
+                        }
+                    }
+                }
+                _ = close.notified() => {}
+            }
+            let mut open = conns.lock();
+            open.remove(&id);
+            metrics.http_connections.set(open.len() as i64);
         });
     }
 }
 
 /// Binds the metrics listener.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    crate::listener::bind(addr)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 
@@ -20,6 +21,7 @@ use crate::index::{Index, IpFamily};
 use crate::metrics::Metrics;
 use crate::slice::{ServiceKey, Slice, SliceKey};
 use crate::view::{EndpointChange, PortView};
+use crate::xds::wire::resource_entry;
 
 /// A change from a source.
 #[derive(Clone, Debug)]
@@ -53,11 +55,49 @@ pub struct Resource {
     pub name: String,
     /// Changes whenever the assignment does (unique within this process).
     pub version: u64,
-    /// The encoded ClusterLoadAssignment.
-    pub any: Any,
+    /// The encoded ClusterLoadAssignment as a DiscoveryResponse's resource
+    /// entry (`xds::wire::resource_entry`): encoded once per version, shared
+    /// by every stream that sends it.
+    pub entry: Bytes,
+    /// Where the ClusterLoadAssignment starts in `entry`.
+    value_at: usize,
     pub endpoints: usize,
     /// When the source got the change that produced this version.
     pub changed_at: Instant,
+}
+
+impl Resource {
+    /// Resource `name` at `version` whose ClusterLoadAssignment is `value`.
+    pub fn new(
+        name: &str,
+        version: u64,
+        value: &[u8],
+        endpoints: usize,
+        changed_at: Instant,
+    ) -> Resource {
+        let (entry, value_at) = resource_entry(CLA_TYPE_URL, value);
+        Resource {
+            name: name.to_string(),
+            version,
+            entry,
+            value_at,
+            endpoints,
+            changed_at,
+        }
+    }
+
+    /// The encoded ClusterLoadAssignment.
+    pub fn value(&self) -> &[u8] {
+        self.entry.get(self.value_at..).unwrap_or_default()
+    }
+
+    /// As an `Any` (a copy).
+    pub fn to_any(&self) -> Any {
+        Any {
+            type_url: CLA_TYPE_URL.to_string(),
+            value: self.value().to_vec(),
+        }
+    }
 }
 
 /// What the xDS streams serve.
@@ -230,16 +270,13 @@ impl Publisher {
         }
         let value = served.encoder.assemble(&spec.name, &self.output);
         self.counter += 1;
-        let resource = Resource {
-            name: spec.name.clone(),
-            version: self.counter,
-            any: Any {
-                type_url: CLA_TYPE_URL.to_string(),
-                value,
-            },
-            endpoints: served.view.len(),
+        let resource = Resource::new(
+            &spec.name,
+            self.counter,
+            &value,
+            served.view.len(),
             changed_at,
-        };
+        );
         self.resources.insert(spec.name.clone(), Arc::new(resource));
         true
     }
@@ -339,7 +376,7 @@ mod tests {
     }
 
     fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
-        ClusterLoadAssignment::decode(s.resources[name].any.value.as_slice()).unwrap()
+        ClusterLoadAssignment::decode(s.resources[name].value()).unwrap()
     }
 
     #[test]
@@ -479,13 +516,17 @@ mod tests {
                         &out,
                     );
                     let r = &p.resources[&c.name];
-                    let decoded = ClusterLoadAssignment::decode(r.any.value.as_slice()).unwrap();
+                    let decoded = ClusterLoadAssignment::decode(r.value()).unwrap();
                     assert_eq!(decoded, fresh, "step {step}, {}", c.name);
                     // A new version exactly when the bytes changed.
                     if let Some((version, bytes)) = last.get(&c.name) {
-                        assert_eq!(r.version == *version, r.any.value == *bytes, "step {step}");
+                        assert_eq!(
+                            r.version == *version,
+                            r.value() == bytes.as_slice(),
+                            "step {step}"
+                        );
                     }
-                    last.insert(c.name.clone(), (r.version, r.any.value.clone()));
+                    last.insert(c.name.clone(), (r.version, r.value().to_vec()));
                     if let Some(s) = &snap {
                         assert_eq!(s.resources[&c.name].version, r.version);
                     }

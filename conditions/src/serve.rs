@@ -1,18 +1,22 @@
 //! Server plumbing shared by the modes (`eds`, `envoy-gateway`): the
-//! listeners, the gRPC server's settings, the Kubernetes client, and
-//! running until shutdown or the end of the EndpointSlice source.
+//! listeners, the gRPC server's settings and connection limits, the
+//! Kubernetes client, and running until shutdown or the end of the
+//! EndpointSlice source.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
+use futures::Stream;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
+use tonic::service::{Interceptor, InterceptorLayer};
 use tonic::transport::Server;
+use tower_layer::{Identity, Stack};
 
+use crate::limits::{GrpcLimits, ServeLimits};
+use crate::listener::{self, Connections, LimitedIo};
 use crate::metrics::{self, Metrics};
 
 /// Binds the gRPC listener (`--listen`) and the metrics, `/healthz` and
@@ -21,13 +25,27 @@ pub async fn bind_listeners(
     listen: SocketAddr,
     metrics_listen: SocketAddr,
 ) -> anyhow::Result<(TcpListener, TcpListener)> {
-    let grpc = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("--listen {listen}"))?;
+    let grpc = listener::bind(listen).with_context(|| format!("--listen {listen}"))?;
     let http = metrics::bind(metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen {metrics_listen}"))?;
     Ok((grpc, http))
+}
+
+/// Raises the open-file limit to its hard limit (a soft limit of 1024 is
+/// common and below what `--max-connections` allows); warns when it stays
+/// under what the limits need.
+pub fn raise_fd_limit(limits: &ServeLimits) {
+    let need = (limits.grpc.max_connections + limits.http.metrics_max_connections + 64) as u64;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) if n < need => tracing::warn!(
+            open_files = n,
+            need,
+            "the open-file limit (ulimit -n) is below --max-connections plus --metrics-max-connections: accepts will fail before the limits bite"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "the open-file limit could not be read"),
+    }
 }
 
 /// The Kubernetes client of the API source.
@@ -37,18 +55,42 @@ pub async fn kube_client() -> anyhow::Result<kube::Client> {
         .context("Kubernetes client (in-cluster config, KUBECONFIG or ~/.kube/config); use --slices-dir for files")
 }
 
-/// A gRPC server with the companion's HTTP/2 keepalives.
-pub fn grpc_server() -> Server {
-    Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+/// Every call on a connection over `--max-connections` is answered
+/// RESOURCE_EXHAUSTED (`listener`).
+#[derive(Clone)]
+pub struct RefuseOverCap(Arc<Connections>);
+
+impl Interceptor for RefuseOverCap {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        match self.0.of(&req) {
+            Some(c) if c.over_cap => Err(self.0.over_cap_status()),
+            _ => Ok(req),
+        }
+    }
 }
 
-/// The gRPC listener's connections, with TCP_NODELAY: without it, a
-/// response's last segment waits for the peer's delayed ACK (Nagle), 40 ms
-/// on some calls.
-pub fn incoming(grpc: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(grpc).with_nodelay(Some(true))
+/// The gRPC server as both modes run it.
+pub type GrpcServer = Server<Stack<InterceptorLayer<RefuseOverCap>, Identity>>;
+
+/// A gRPC server with the companion's HTTP/2 settings: keepalive PINGs,
+/// and one stream over `--max-streams-per-connection` let through so that
+/// a service can refuse it with a clear status (more are REFUSED_STREAM).
+pub fn grpc_server(limits: &GrpcLimits, connections: &Arc<Connections>) -> GrpcServer {
+    Server::builder()
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_concurrent_streams(limits.max_streams_per_connection.saturating_add(1))
+        .layer(InterceptorLayer::new(RefuseOverCap(connections.clone())))
+}
+
+/// The gRPC listener's connections, counted and capped (`listener`), with
+/// TCP_NODELAY: without it, a response's last segment waits for the peer's
+/// delayed ACK (Nagle), 40 ms on some calls.
+pub fn incoming(
+    grpc: TcpListener,
+    connections: Arc<Connections>,
+) -> impl Stream<Item = std::io::Result<LimitedIo>> + Send + 'static {
+    listener::incoming(grpc, connections)
 }
 
 /// Marks the gRPC server as taking calls (`/serving`) now, and as not

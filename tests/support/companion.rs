@@ -257,6 +257,11 @@ impl Companion {
     pub fn starts(&self) -> u32 {
         self.starts
     }
+
+    /// The running process's id (0 when killed).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
 }
 
 impl Drop for Companion {

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::assignment::Output;
+use crate::listener::Connections;
 use crate::metrics::{self, Metrics};
 use crate::publish::{next_batch, Change, Update};
 use crate::serve;
@@ -106,6 +107,9 @@ pub struct Args {
     /// At least twice --max-message-size.
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     pub max_bytes_held: usize,
+    /// Connection and metrics-port limits (`limits`).
+    #[command(flatten)]
+    pub limits: crate::limits::ServeLimits,
     #[command(flatten)]
     pub tls: crate::tls::TlsArgs,
 }
@@ -181,7 +185,12 @@ pub async fn run(
     let shared = Arc::new(Shared::default());
     let (updates_tx, updates_rx) = mpsc::channel(1024);
     tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
-    tokio::spawn(metrics::serve(http, metrics.clone()));
+    tokio::spawn(metrics::serve(
+        http,
+        metrics.clone(),
+        args.limits.http.clone(),
+    ));
+    let connections = Connections::new(&args.limits.grpc, metrics.clone());
 
     let source_metrics = metrics.clone();
     let (source_task, reread): (tokio::task::JoinHandle<anyhow::Result<()>>, Arc<dyn Reread>) =
@@ -239,11 +248,19 @@ pub async fn run(
     // connection bounded: requests being received hold at most this many
     // times --max-message-size; calls beyond --max-concurrent-calls among
     // them are answered unchanged at once.
-    let server = serve::grpc_server()
-        .max_concurrent_streams(u32::try_from(args.max_concurrent_calls.saturating_mul(2)).ok())
+    let streams = u32::try_from(args.max_concurrent_calls.saturating_mul(2))
+        .unwrap_or(u32::MAX)
+        .min(
+            args.limits
+                .grpc
+                .max_streams_per_connection
+                .saturating_add(1),
+        );
+    let server = serve::grpc_server(&args.limits.grpc, &connections)
+        .max_concurrent_streams(streams)
         .add_service(svc)
         .serve_with_incoming_shutdown(
-            crate::tls::incoming(tls, serve::incoming(grpc)),
+            crate::tls::incoming(tls, serve::incoming(grpc, connections)),
             serve::serving_until(metrics.clone(), shutdown),
         );
     serve::until_source_ends(server, "extension server", source_task).await

@@ -6,6 +6,10 @@
 //!   (ADS), the native form over mutual TLS (ADS, envoy-companion.yaml's
 //!   transport socket), and with the priority output and Envoy's plain
 //!   round robin (no module, plain EDS);
+//! - the seed rows again beside 1,000 xDS streams that never read (half
+//!   with a window of 0, half that stop reading), subscribed to the same
+//!   cluster and to a 2,000-endpoint one that changes all along: Envoy gets
+//!   every change, each stuck stream holds at most one response;
 //! - two Envoys on one companion; an Envoy restarted (gets the current
 //!   state); the companion killed and restarted (Envoy keeps the last
 //!   assignment, then follows the new process); a malformed slice file
@@ -17,7 +21,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use serving_picker_xds_load::{raise_fd_limit, Stuck, StuckStream, Subscription};
 
 use support::companion::{
     eds_from_companion, plain_round_robin, Companion, Expect, Picker, SliceDir, XdsApi,
@@ -215,6 +223,132 @@ fn seed_rows_native_form_over_eds() {
 #[test]
 fn seed_rows_priority_output_plain_round_robin_over_eds() {
     seed_rows(Picker::PlainRoundRobin, XdsApi::Eds, &["--priorities"]);
+}
+
+/// A Service of 2,000 endpoints in 20 slices; `n` moves one of them to
+/// serving+terminating, so every `n` is a new assignment.
+fn big_service(n: usize) -> String {
+    let slices: Vec<serde_json::Value> = (0..20)
+        .map(|s| {
+            let endpoints: Vec<serde_json::Value> = (0..100)
+                .map(|i| {
+                    let terminating = s * 100 + i == n % 2000;
+                    serde_json::json!({
+                        "addresses": [format!("10.9.{s}.{}", i + 1)],
+                        "conditions": {"ready": !terminating, "serving": true, "terminating": terminating},
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("big-{s}"), "namespace": support::companion::NAMESPACE,
+                             "labels": {"kubernetes.io/service-name": "big"}},
+                "addressType": "IPv4",
+                "ports": [{"name": support::companion::PORT_NAME, "port": 8080, "protocol": "TCP"}],
+                "endpoints": endpoints,
+            })
+        })
+        .collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": slices}).to_string()
+}
+
+/// The seed rows through a real Envoy while 1,000 streams that never read
+/// sit on the same companion, and a 2,000-endpoint cluster they subscribe
+/// to changes every 100 ms: Envoy still gets every change (each row is
+/// routed as it must be), NACKs nothing, and the stuck streams hold at
+/// most one response each (the companion's own counters), in bounded memory.
+#[test]
+fn seed_rows_beside_1000_stuck_streams() {
+    assert!(
+        raise_fd_limit() >= 2500,
+        "ulimit -n too low for 1,000 streams"
+    );
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let slices = SliceDir::create(&fresh_dir("slices-stuck"));
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
+    slices.write_raw("big.json", &big_service(0));
+    let companion = Companion::start(
+        slices.path(),
+        &[(CLUSTER, SERVICE), ("big", "big")],
+        &[
+            "--send-timeout",
+            "10m",
+            "--max-streams",
+            "4096",
+            "--max-connections",
+            "4096",
+        ],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = companion.listen_addr();
+    let stuck: Vec<StuckStream> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..1000 {
+            let how = if i % 2 == 0 {
+                Stuck::ZeroWindow
+            } else {
+                Stuck::StopsReading
+            };
+            let sub = Subscription::ads(format!("stuck-{i}"), &[CLUSTER, "big"]);
+            v.push(StuckStream::open(addr, how, &sub).await.unwrap());
+        }
+        v
+    });
+    wait_until("1,000 stuck streams", Duration::from_secs(30), || {
+        companion.metric("serving_picker_conditions_xds_streams") == Some(1000.0)
+    });
+    // The big cluster changes all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (stop, dir) = (stop.clone(), slices.path().to_path_buf());
+        std::thread::spawn(move || {
+            let big = SliceDir::create(&dir);
+            let mut n = 1;
+            while !stop.load(Ordering::SeqCst) {
+                big.write_raw("big.json", &big_service(n));
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            n
+        })
+    };
+    let picker = Picker::Module(Form::Wasm);
+    let envoy = envoy_on(&companion, "companion-beside-stuck", picker, XdsApi::Ads);
+    let c = Chain { slices, companion };
+    walk_seed_rows(&c, &envoy, picker, &a, &b);
+    stop.store(true, Ordering::SeqCst);
+    let big_changes = churn.join().unwrap();
+    let m = |name: &str| c.companion.metric(name).unwrap_or(0.0);
+    assert_eq!(m("serving_picker_conditions_xds_nacks_total"), 0.0);
+    assert!(envoy.stat("cluster.backend.update_success").unwrap_or(0) >= 10);
+    // Envoy's responses are ACKed; every other response started went to a
+    // stuck stream, at most one each, while the big cluster changed
+    // {big_changes} times.
+    let started = m("serving_picker_conditions_xds_pushes_total");
+    let acked = m("serving_picker_conditions_xds_acks_total");
+    assert!(
+        started - acked <= 1000.0 + 1.0,
+        "{started} responses started, {acked} ACKed by Envoy, {big_changes} changes"
+    );
+    assert!(m("serving_picker_conditions_xds_coalesced_total") >= 1000.0);
+    let rss_kb: f64 = std::fs::read_to_string(format!("/proc/{}/status", c.companion.pid()))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    eprintln!(
+        "companion RSS beside 1,000 stuck streams: {:.1} MB",
+        rss_kb / 1024.0
+    );
+    assert!(rss_kb < 150.0 * 1024.0, "companion RSS {rss_kb} kB");
+    assert!(stuck.iter().all(|s| !s.is_closed()));
 }
 
 /// The assignment Envoy holds carries the conditions as metadata and the

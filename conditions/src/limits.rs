@@ -1,0 +1,198 @@
+//! The companion's limits, as flags: what one client, or all of them, may
+//! take. Every hit is counted (`serving_picker_conditions_limit_hits_total
+//! {limit="<flag>"}`) and logged at a bounded rate; every configured value is
+//! exported (`serving_picker_conditions_limit{limit="<flag>"}`) beside the
+//! usage it bounds, so a limit shows before it bites. Defaults fit the
+//! shipped Deployment's 256Mi (docs/companion-limits.md has the budget).
+
+use std::time::Duration;
+
+/// The gRPC listener's connections (both modes).
+#[derive(clap::Args, Debug, Clone)]
+pub struct GrpcLimits {
+    /// gRPC connections open at once; a connection over it is answered
+    /// RESOURCE_EXHAUSTED on every call, then closed.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Concurrent gRPC streams on one connection (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS; an xDS stream over it is refused
+    /// with RESOURCE_EXHAUSTED).
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_streams_per_connection: u32,
+    /// HTTP/2 PING interval on idle gRPC connections.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub keepalive_interval: Duration,
+    /// A connection whose peer does not answer a PING within this is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        GrpcLimits {
+            max_connections: 1024,
+            max_streams_per_connection: 128,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The xDS streams (mode `eds`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct XdsLimits {
+    /// xDS streams open at once over all connections; the next one is
+    /// refused with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub max_streams: usize,
+    /// Resource names in one xDS request; a request with more ends its
+    /// stream with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_resource_names: usize,
+    /// Largest xDS request message; a larger one ends its stream with
+    /// RESOURCE_EXHAUSTED, refused from its 5-byte header.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    pub max_request_bytes: usize,
+    /// Request bytes that all xDS streams may hold at once beyond the first
+    /// 64 KiB of each message (Envoy's requests, about 60 KB with its node,
+    /// never count); a message that does not fit ends its stream with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub request_buffer_bytes: usize,
+    /// Largest xDS response message: assignments that do not fit together
+    /// go in further responses; one that alone is larger is not sent.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub max_response_bytes: usize,
+    /// A stream that has not taken a due response for this long (a client
+    /// that does not read) is cut: its connection is closed, and the client
+    /// gets the current state when it comes back.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub send_timeout: Duration,
+}
+
+/// The part of each request message that `--request-buffer-bytes` does not count.
+pub const FREE_REQUEST_BYTES: usize = 64 * 1024;
+
+impl XdsLimits {
+    /// The flags that must agree.
+    pub fn check(&self) -> Result<(), String> {
+        if u32::try_from(self.max_response_bytes).is_err() {
+            return Err(format!(
+                "--max-response-bytes {} is over a gRPC message's 4 GiB",
+                self.max_response_bytes
+            ));
+        }
+        if self.max_request_bytes > FREE_REQUEST_BYTES + self.request_buffer_bytes {
+            return Err(format!(
+                "--max-request-bytes {} cannot fit in --request-buffer-bytes {} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)",
+                self.max_request_bytes, self.request_buffer_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for XdsLimits {
+    fn default() -> Self {
+        XdsLimits {
+            max_streams: 2048,
+            max_resource_names: 4096,
+            max_request_bytes: 1 << 20,
+            request_buffer_bytes: 16 << 20,
+            max_response_bytes: 16 << 20,
+            send_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The metrics, /healthz and /readyz listener (both modes).
+#[derive(clap::Args, Debug, Clone)]
+pub struct HttpLimits {
+    /// Connections open at once on the metrics port; a new one over it
+    /// closes the oldest (so probes always get in).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub metrics_max_connections: usize,
+    /// A request's headers must arrive within this (idle keep-alive
+    /// connections included).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub metrics_header_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            metrics_max_connections: 64,
+            metrics_header_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The limits of both listeners, for a mode's arguments (`#[command(flatten)]`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeLimits {
+    #[command(flatten)]
+    pub grpc: GrpcLimits,
+    #[command(flatten)]
+    pub http: HttpLimits,
+}
+
+/// Label values of `limit_hits_total` and `limit`: the flag of each limit.
+pub mod names {
+    pub const MAX_CONNECTIONS: &str = "max-connections";
+    pub const MAX_STREAMS_PER_CONNECTION: &str = "max-streams-per-connection";
+    pub const MAX_STREAMS: &str = "max-streams";
+    pub const MAX_RESOURCE_NAMES: &str = "max-resource-names";
+    pub const MAX_REQUEST_BYTES: &str = "max-request-bytes";
+    pub const REQUEST_BUFFER_BYTES: &str = "request-buffer-bytes";
+    pub const MAX_RESPONSE_BYTES: &str = "max-response-bytes";
+    pub const SEND_TIMEOUT: &str = "send-timeout";
+    pub const METRICS_MAX_CONNECTIONS: &str = "metrics-max-connections";
+    pub const METRICS_HEADER_TIMEOUT: &str = "metrics-header-timeout";
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeLimits,
+        #[command(flatten)]
+        xds: XdsLimits,
+    }
+
+    #[test]
+    fn flag_defaults_equal_the_default_structs() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(
+            format!("{:?}", cli.serve),
+            format!("{:?}", ServeLimits::default())
+        );
+        assert_eq!(
+            format!("{:?}", cli.xds),
+            format!("{:?}", XdsLimits::default())
+        );
+        let cli =
+            Cli::try_parse_from(["x", "--send-timeout", "1500ms", "--max-streams", "7"]).unwrap();
+        assert_eq!(cli.xds.send_timeout, Duration::from_millis(1500));
+        assert_eq!(cli.xds.max_streams, 7);
+        assert!(Cli::try_parse_from(["x", "--keepalive-interval", "soon"]).is_err());
+        assert!(cli.xds.check().is_ok());
+        let cli = Cli::try_parse_from([
+            "x",
+            "--request-buffer-bytes",
+            "0",
+            "--max-request-bytes",
+            "70000",
+        ])
+        .unwrap();
+        assert!(cli
+            .xds
+            .check()
+            .unwrap_err()
+            .contains("--request-buffer-bytes"));
+    }
+}

@@ -1,0 +1,729 @@
+//! The gRPC services (ADS, EDS) and one stream's two halves: a task that
+//! reads requests ([`read_requests`]), and the response body that HTTP/2
+//! polls when it has room ([`ResponseBody`]), which then takes a response
+//! from the stream's state. Served by hand rather than through tonic's
+//! generated servers, whose codec copies every response into a buffer of
+//! the stream's own: here the resource bytes go to HTTP/2 shared.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use futures::task::AtomicWaker;
+use http::{HeaderMap, HeaderValue};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use prost::Message;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::Status;
+
+use crate::eds::{EdsStream, Names, RequestKind, Taken};
+use crate::limits::{names as limit, XdsLimits, FREE_REQUEST_BYTES};
+use crate::listener::{Conn, Connections};
+use crate::metrics::Metrics;
+use crate::publish::Snapshot;
+use crate::ratelog::LogBudget;
+use crate::xds::wire::{self, MessageError, RequestView};
+
+/// Largest piece of a response handed to HTTP/2 at once: a stream's
+/// response goes out as the peer's window allows, not all queued at once.
+const CHUNK: usize = 64 * 1024;
+/// A node id is kept for the logs up to this length.
+const NODE_ID_MAX: usize = 256;
+/// Other type URLs remembered per stream (to log each once).
+const OTHER_TYPES_MAX: usize = 8;
+
+static OPEN_LOG: LogBudget = LogBudget::new(20, Duration::from_secs(1));
+static REFUSED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static UNKNOWN_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static NACK_LOG: LogBudget = LogBudget::new(10, Duration::from_secs(10));
+static OTHER_TYPE_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static ENDED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static OVERSIZED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+
+const ADS: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+const EDS: &str = "envoy.service.endpoint.v3.EndpointDiscoveryService";
+const DELTA_UNIMPLEMENTED: &str =
+    "incremental (delta) xDS is not served: use api_type GRPC (state of the world)";
+
+/// What every stream shares: snapshots, names, limits, metrics.
+pub(crate) struct Core {
+    pub(crate) snapshots: watch::Receiver<Arc<Snapshot>>,
+    pub(crate) names: Arc<Names>,
+    pub(crate) limits: XdsLimits,
+    pub(crate) metrics: Arc<Metrics>,
+    connections: Option<Arc<Connections>>,
+    pub(crate) streams: Streams,
+    /// `--request-buffer-bytes`, as permits of one byte.
+    pub(crate) request_budget: Arc<Semaphore>,
+}
+
+/// The open streams.
+#[derive(Default)]
+pub(crate) struct Streams {
+    next_id: AtomicU64,
+    open: AtomicUsize,
+    map: Mutex<HashMap<u64, Arc<StreamShared>>>,
+}
+
+impl Streams {
+    fn map(&self) -> MutexGuard<'_, HashMap<u64, Arc<StreamShared>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every open stream, at this moment.
+    pub(crate) fn list(&self) -> Vec<Arc<StreamShared>> {
+        self.map().values().cloned().collect()
+    }
+
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+/// One stream, as its request task, its body and the fan-out see it.
+pub(crate) struct StreamShared {
+    id: u64,
+    pub(crate) api: &'static str,
+    pub(crate) peer: String,
+    pub(crate) node: Mutex<String>,
+    pub(crate) state: Mutex<EdsStream>,
+    /// The body's waker: a response may be due.
+    pub(crate) wake: AtomicWaker,
+    /// How the stream ends, once its request side has ended.
+    end: Mutex<Option<Status>>,
+    /// Since when a taken response has been partly handed to HTTP/2.
+    pub(crate) sending_since: Mutex<Option<Instant>>,
+    /// The body is gone: the request task stops.
+    closed: Notify,
+    /// Cut by the send timeout (counted once).
+    pub(crate) cut: AtomicBool,
+    pub(crate) conn: Option<Arc<Conn>>,
+}
+
+impl StreamShared {
+    pub(crate) fn state(&self) -> MutexGuard<'_, EdsStream> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn node(&self) -> String {
+        self.node.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn sending_since(&self) -> Option<Instant> {
+        *self.sending_since.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_sending_since(&self, t: Option<Instant>) {
+        *self.sending_since.lock().unwrap_or_else(|p| p.into_inner()) = t;
+    }
+
+    /// Ends the stream with `status` once the response in flight is out.
+    pub(crate) fn end_with(&self, status: Status) {
+        *self.end.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+        self.wake.wake();
+    }
+}
+
+/// The xDS services over the published snapshots.
+#[derive(Clone)]
+pub struct XdsServer {
+    pub(crate) core: Arc<Core>,
+}
+
+impl XdsServer {
+    /// `names`: the resources served (the `--cluster` names);
+    /// `connections`: the listener's, for the per-connection stream limit
+    /// and the send timeout's cut (`None`: neither).
+    pub fn new(
+        snapshots: watch::Receiver<Arc<Snapshot>>,
+        names: Names,
+        limits: XdsLimits,
+        metrics: Arc<Metrics>,
+        connections: Option<Arc<Connections>>,
+    ) -> XdsServer {
+        metrics.set_limit(limit::MAX_STREAMS, limits.max_streams as i64);
+        metrics.set_limit(limit::MAX_RESOURCE_NAMES, limits.max_resource_names as i64);
+        metrics.set_limit(limit::MAX_REQUEST_BYTES, limits.max_request_bytes as i64);
+        metrics.set_limit(limit::MAX_RESPONSE_BYTES, limits.max_response_bytes as i64);
+        metrics.set_limit(
+            limit::REQUEST_BUFFER_BYTES,
+            limits.request_buffer_bytes as i64,
+        );
+        let request_budget = Arc::new(Semaphore::new(
+            limits.request_buffer_bytes.min(Semaphore::MAX_PERMITS),
+        ));
+        metrics.set_limit(limit::SEND_TIMEOUT, limits.send_timeout.as_secs() as i64);
+        XdsServer {
+            core: Arc::new(Core {
+                snapshots,
+                names: Arc::new(names),
+                limits,
+                metrics,
+                connections,
+                streams: Streams::default(),
+                request_budget,
+            }),
+        }
+    }
+
+    /// Both services, for a tonic server.
+    pub fn services(&self) -> (AdsService, EdsService) {
+        (AdsService(self.core.clone()), EdsService(self.core.clone()))
+    }
+
+    /// xDS streams open.
+    pub fn streams(&self) -> usize {
+        self.core.streams.open()
+    }
+}
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService`.
+#[derive(Clone)]
+pub struct AdsService(Arc<Core>);
+
+/// `envoy.service.endpoint.v3.EndpointDiscoveryService`.
+#[derive(Clone)]
+pub struct EdsService(Arc<Core>);
+
+impl NamedService for AdsService {
+    const NAME: &'static str = ADS;
+}
+
+impl NamedService for EdsService {
+    const NAME: &'static str = EDS;
+}
+
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send + 'static>>;
+
+fn method<B>(req: &http::Request<B>) -> &str {
+    req.uri().path().rsplit('/').next().unwrap_or("")
+}
+
+fn answer(r: http::Response<Body>) -> ResponseFuture {
+    Box::pin(std::future::ready(Ok(r)))
+}
+
+/// Routes a call of the ADS service by its method.
+fn ads(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
+    answer(match method(&req) {
+        "StreamAggregatedResources" => open_stream(core, req, "ads"),
+        "DeltaAggregatedResources" => Status::unimplemented(DELTA_UNIMPLEMENTED).into_http(),
+        m => Status::unimplemented(format!("{ADS}/{m}: no such method")).into_http(),
+    })
+}
+
+/// Routes a call of the EDS service by its method.
+fn eds(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
+    match method(&req) {
+        "StreamEndpoints" => answer(open_stream(core, req, "eds")),
+        "FetchEndpoints" => {
+            let core = core.clone();
+            Box::pin(async move { Ok(fetch(&core, req.into_body()).await) })
+        }
+        "DeltaEndpoints" => answer(Status::unimplemented(DELTA_UNIMPLEMENTED).into_http()),
+        m => answer(Status::unimplemented(format!("{EDS}/{m}: no such method")).into_http()),
+    }
+}
+
+/// A tower service for tonic's router, calling `route`.
+macro_rules! grpc_service {
+    ($service:ty, $route:ident) => {
+        impl tonic::codegen::Service<http::Request<Body>> for $service {
+            type Response = http::Response<Body>;
+            type Error = Infallible;
+            type Future = ResponseFuture;
+
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
+                $route(&self.0, req)
+            }
+        }
+    };
+}
+
+grpc_service!(AdsService, ads);
+grpc_service!(EdsService, eds);
+
+fn grpc_response(body: Body) -> http::Response<Body> {
+    let mut r = http::Response::new(body);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    r
+}
+
+fn trailers(status: &Status) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if status.add_header(&mut h).is_err() {
+        h.insert("grpc-status", HeaderValue::from_static("13"));
+    }
+    h
+}
+
+fn refuse(core: &Core, which: &'static str, peer: &str, status: Status) -> http::Response<Body> {
+    core.metrics.limit_hit(which);
+    core.metrics.xds_refused(which);
+    if let Some(left_out) = REFUSED_LOG.allow() {
+        tracing::warn!(peer = %peer, limit = which, left_out, message = status.message(), "xDS stream refused");
+    }
+    status.into_http()
+}
+
+/// A new SotW stream: refused over a limit, else its request task and body.
+fn open_stream(
+    core: &Arc<Core>,
+    req: http::Request<Body>,
+    api: &'static str,
+) -> http::Response<Body> {
+    let conn = core.connections.as_ref().and_then(|c| c.of_http(&req));
+    let peer = conn
+        .as_ref()
+        .map(|c| c.peer.to_string())
+        .unwrap_or_else(|| "-".to_string());
+    if let (Some(c), Some(connections)) = (&conn, &core.connections) {
+        if c.over_cap {
+            return connections.over_cap_status().into_http();
+        }
+    }
+    let max = core.limits.max_streams;
+    if core.streams.open.fetch_add(1, Ordering::SeqCst) >= max {
+        core.streams.open.fetch_sub(1, Ordering::SeqCst);
+        let status = Status::resource_exhausted(format!(
+            "stream limit reached: {max} xDS streams are open (--max-streams); retry later"
+        ));
+        return refuse(core, limit::MAX_STREAMS, &peer, status);
+    }
+    if let (Some(c), Some(connections)) = (&conn, &core.connections) {
+        let per = connections.max_streams_per_connection();
+        if c.streams.fetch_add(1, Ordering::SeqCst) >= per {
+            c.streams.fetch_sub(1, Ordering::SeqCst);
+            core.streams.open.fetch_sub(1, Ordering::SeqCst);
+            let status = Status::resource_exhausted(format!(
+                "stream limit reached: {per} xDS streams are open on this connection (--max-streams-per-connection)"
+            ));
+            return refuse(core, limit::MAX_STREAMS_PER_CONNECTION, &peer, status);
+        }
+    }
+    let shared = Arc::new(StreamShared {
+        id: core.streams.next_id.fetch_add(1, Ordering::SeqCst),
+        api,
+        peer,
+        node: Mutex::new(String::new()),
+        state: Mutex::new(EdsStream::new(core.names.clone())),
+        wake: AtomicWaker::new(),
+        end: Mutex::new(None),
+        sending_since: Mutex::new(None),
+        closed: Notify::new(),
+        cut: AtomicBool::new(false),
+        conn,
+    });
+    core.streams.map().insert(shared.id, shared.clone());
+    core.metrics.stream_opened();
+    if let Some(left_out) = OPEN_LOG.allow() {
+        tracing::info!(api, peer = %shared.peer, left_out, "xDS stream opened");
+    }
+    tokio::spawn(read_requests(core.clone(), shared.clone(), req.into_body()));
+    grpc_response(Body::new(ResponseBody {
+        core: core.clone(),
+        shared,
+        chunks: VecDeque::new(),
+        in_flight: None,
+        finished: false,
+    }))
+}
+
+/// Why a request stream cannot go on.
+enum ReadError {
+    Message(MessageError),
+    Decode(prost::DecodeError),
+    /// Ended inside a message.
+    Truncated,
+    /// A message (of this length) that `--request-buffer-bytes` has no room for.
+    NoRoom(usize),
+    /// The stream or connection failed (reset, closed).
+    Transport(String),
+}
+
+/// Requests cut from a stream's request body, one at a time; the buffer
+/// goes back to small after a large one.
+struct RequestReader {
+    body: Body,
+    buf: BytesMut,
+    max: usize,
+    ended: bool,
+    budget: Arc<Semaphore>,
+    /// The budget the message being received holds.
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl RequestReader {
+    fn new(body: Body, core: &Core) -> RequestReader {
+        RequestReader {
+            body,
+            buf: BytesMut::new(),
+            max: core.limits.max_request_bytes,
+            ended: false,
+            budget: core.request_budget.clone(),
+            held: None,
+        }
+    }
+
+    /// The next request (without its node), its node's bytes, its length.
+    async fn next(&mut self) -> Result<Option<(DiscoveryRequest, Bytes, usize)>, ReadError> {
+        loop {
+            if let Some(m) =
+                wire::next_message(&mut self.buf, self.max).map_err(ReadError::Message)?
+            {
+                let len = m.len();
+                let (req, node) = RequestView::decode(m).map_err(ReadError::Decode)?.split();
+                self.held = None;
+                if self.buf.is_empty() {
+                    // The message's allocation goes with it (the buffer
+                    // would keep it alive): a stream holds no request
+                    // bytes between requests.
+                    self.buf = BytesMut::new();
+                }
+                return Ok(Some((req, node, len)));
+            }
+            if let Some(len) = wire::announced_len(&self.buf) {
+                if len > FREE_REQUEST_BYTES && self.held.is_none() && len <= self.max {
+                    let n = u32::try_from(len - FREE_REQUEST_BYTES).unwrap_or(u32::MAX);
+                    match self.budget.clone().try_acquire_many_owned(n) {
+                        Ok(p) => self.held = Some(p),
+                        Err(_) => return Err(ReadError::NoRoom(len)),
+                    }
+                }
+                // One allocation for the whole message (its length is
+                // within --max-request-bytes, and budgeted beyond 64 KiB).
+                self.buf
+                    .reserve((wire::GRPC_HEADER + len).saturating_sub(self.buf.len()));
+            }
+            if self.ended {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ReadError::Truncated)
+                };
+            }
+            match self.body.frame().await {
+                None => self.ended = true,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => return Err(ReadError::Transport(e.to_string())),
+            }
+        }
+    }
+}
+
+/// A stream's request side: each request through the protocol state; the
+/// stream ends (trailers after the response in flight) when requests end
+/// or break a limit.
+async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
+    let mut reader = RequestReader::new(body, &core);
+    let mut other_types = BTreeSet::new();
+    let end = loop {
+        let next = tokio::select! {
+            r = reader.next() => r,
+            _ = shared.closed.notified() => break None,
+        };
+        match next {
+            Ok(Some((req, node, len))) => {
+                core.metrics.request_received(len);
+                if let Some(status) = handle(&core, &shared, &req, &node, &mut other_types) {
+                    break Some(status);
+                }
+            }
+            Ok(None) => break Some(Status::ok("")),
+            Err(ReadError::Message(MessageError::TooLarge(len))) => {
+                core.metrics.limit_hit(limit::MAX_REQUEST_BYTES);
+                break Some(Status::resource_exhausted(format!(
+                    "request message of {len} bytes is over --max-request-bytes {}",
+                    core.limits.max_request_bytes
+                )));
+            }
+            Err(ReadError::NoRoom(len)) => {
+                core.metrics.limit_hit(limit::REQUEST_BUFFER_BYTES);
+                break Some(Status::resource_exhausted(format!(
+                    "no room for a request message of {len} bytes: the streams' request buffers are full (--request-buffer-bytes {}); retry later",
+                    core.limits.request_buffer_bytes
+                )));
+            }
+            Err(ReadError::Message(MessageError::Compressed)) => {
+                break Some(Status::unimplemented(
+                    "compressed requests are not accepted (no grpc-encoding is announced)",
+                ))
+            }
+            Err(ReadError::Decode(e)) => {
+                break Some(Status::invalid_argument(format!(
+                    "not a DiscoveryRequest: {e}"
+                )))
+            }
+            Err(ReadError::Truncated) => {
+                break Some(Status::invalid_argument(
+                    "request stream ended inside a message",
+                ))
+            }
+            Err(ReadError::Transport(e)) => {
+                tracing::debug!(node = %shared.node(), peer = %shared.peer, error = %e, "xDS stream ended by an error");
+                break None;
+            }
+        }
+    };
+    if let Some(status) = end {
+        if status.code() != tonic::Code::Ok {
+            if let Some(left_out) = ENDED_LOG.allow() {
+                tracing::warn!(node = %shared.node(), peer = %shared.peer, code = ?status.code(), message = status.message(), left_out, "xDS stream ended by the companion");
+            }
+        }
+        shared.end_with(status);
+    }
+}
+
+/// One request; `Some(status)` ends the stream.
+fn handle(
+    core: &Core,
+    shared: &StreamShared,
+    req: &DiscoveryRequest,
+    node_bytes: &Bytes,
+    other_types: &mut BTreeSet<String>,
+) -> Option<Status> {
+    let max = core.limits.max_resource_names;
+    if req.resource_names.len() > max {
+        core.metrics.limit_hit(limit::MAX_RESOURCE_NAMES);
+        return Some(Status::resource_exhausted(format!(
+            "{} resource names in one request, over --max-resource-names {max}",
+            req.resource_names.len()
+        )));
+    }
+    if !node_bytes.is_empty() {
+        let mut node = shared.node.lock().unwrap_or_else(|p| p.into_inner());
+        if node.is_empty() {
+            // Once per stream: the node's id, for the logs.
+            *node = match Node::decode(node_bytes.clone()) {
+                Ok(n) if !n.id.is_empty() => n.id.chars().take(NODE_ID_MAX).collect(),
+                _ => "-".to_string(),
+            };
+        }
+    }
+    let snap = core.snapshots.borrow().clone();
+    let h = shared.state().on_request(req, &snap, Instant::now());
+    let node = shared.node();
+    match &h.kind {
+        RequestKind::Initial => {
+            if let Some(left_out) = OPEN_LOG.allow() {
+                tracing::info!(node = %node, resources = req.resource_names.len(), version = %req.version_info, left_out, "xDS subscription");
+            }
+        }
+        RequestKind::Ack { version } => {
+            core.metrics.acked(h.ack_after);
+            tracing::debug!(node = %node, version = %version, "xDS ACK");
+        }
+        RequestKind::Nack { version, message } => {
+            core.metrics.nacked();
+            if let Some(left_out) = NACK_LOG.allow() {
+                let message: String = message.chars().take(1024).collect();
+                tracing::warn!(node = %node, version = %version, error = %message, left_out, "xDS NACK: Envoy rejected an assignment");
+            }
+        }
+        RequestKind::Stale => {
+            tracing::debug!(node = %node, "xDS request with a stale nonce ignored")
+        }
+        RequestKind::OtherType(t) => {
+            if other_types.len() < OTHER_TYPES_MAX && other_types.insert(t.clone()) {
+                if let Some(left_out) = OTHER_TYPE_LOG.allow() {
+                    let t: String = t.chars().take(256).collect();
+                    tracing::warn!(node = %node, type_url = %t, left_out, "xDS type not served by this companion (only ClusterLoadAssignment): ignored");
+                }
+            }
+        }
+    }
+    if h.unknown > 0 {
+        core.metrics.unknown_names(h.unknown);
+        if !h.unknown_sample.is_empty() {
+            if let Some(left_out) = UNKNOWN_LOG.allow() {
+                let sample: Vec<String> = h
+                    .unknown_sample
+                    .iter()
+                    .map(|n| n.chars().take(128).collect())
+                    .collect();
+                tracing::warn!(node = %node, unknown = h.unknown, sample = ?sample, left_out, "Envoy asks for EDS resources no --cluster defines");
+            }
+        }
+    }
+    if h.due {
+        shared.wake.wake();
+    }
+    None
+}
+
+/// The response taken and not fully handed to HTTP/2 yet.
+struct InFlight {
+    bytes: usize,
+}
+
+/// A stream's responses. HTTP/2 polls it only when the stream and the
+/// connection have window: only then is a response taken from the state,
+/// from the newest snapshot.
+struct ResponseBody {
+    core: Arc<Core>,
+    shared: Arc<StreamShared>,
+    chunks: VecDeque<Bytes>,
+    in_flight: Option<InFlight>,
+    finished: bool,
+}
+
+impl ResponseBody {
+    fn take(&mut self) -> Option<()> {
+        let snap = self.core.snapshots.borrow().clone();
+        let now = Instant::now();
+        let Taken {
+            response,
+            oversized,
+        } = self
+            .shared
+            .state()
+            .take(&snap, self.core.limits.max_response_bytes, now);
+        for (name, bytes) in oversized {
+            self.core.metrics.limit_hit(limit::MAX_RESPONSE_BYTES);
+            if let Some(left_out) = OVERSIZED_LOG.allow() {
+                tracing::error!(cluster = %name, bytes, max = self.core.limits.max_response_bytes, left_out, "assignment over --max-response-bytes: not sent");
+            }
+        }
+        let p = response?;
+        self.core
+            .metrics
+            .pushed(p.entries.len(), p.lags.iter().copied());
+        tracing::debug!(node = %self.shared.node(), version = %p.version, nonce = p.nonce, resources = p.entries.len(), bytes = p.wire_len, "xDS response taken");
+        self.in_flight = Some(InFlight { bytes: p.wire_len });
+        self.shared.set_sending_since(Some(now));
+        self.chunks.push_back(p.head);
+        for mut e in p.entries {
+            while e.len() > CHUNK {
+                self.chunks.push_back(e.split_to(CHUNK));
+            }
+            self.chunks.push_back(e);
+        }
+        self.chunks.push_back(p.tail);
+        Some(())
+    }
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(chunk) = this.chunks.pop_front() {
+                if this.chunks.is_empty() {
+                    if let Some(f) = this.in_flight.take() {
+                        this.core.metrics.sent(f.bytes);
+                        this.shared.set_sending_since(None);
+                    }
+                }
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if this.finished {
+                return Poll::Ready(None);
+            }
+            this.shared.wake.register(cx.waker());
+            let end = this
+                .shared
+                .end
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(status) = end {
+                this.finished = true;
+                return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
+            }
+            if this.take().is_none() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        let core = &self.core;
+        core.streams.map().remove(&self.shared.id);
+        core.streams.open.fetch_sub(1, Ordering::SeqCst);
+        if let Some(c) = &self.shared.conn {
+            c.streams.fetch_sub(1, Ordering::SeqCst);
+        }
+        core.metrics.stream_closed();
+        self.shared.closed.notify_one();
+        if let Some(left_out) = OPEN_LOG.allow() {
+            tracing::info!(api = self.shared.api, node = %self.shared.node(), peer = %self.shared.peer, left_out, "xDS stream closed");
+        }
+    }
+}
+
+/// The unary FetchEndpoints: one request, the current state.
+async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
+    let mut reader = RequestReader::new(body, core);
+    let req = match reader.next().await {
+        Ok(Some((req, _, _))) => req,
+        Ok(None) => return Status::invalid_argument("no request").into_http(),
+        Err(ReadError::Message(MessageError::TooLarge(len))) => {
+            core.metrics.limit_hit(limit::MAX_REQUEST_BYTES);
+            return Status::resource_exhausted(format!(
+                "request message of {len} bytes is over --max-request-bytes {}",
+                core.limits.max_request_bytes
+            ))
+            .into_http();
+        }
+        Err(_) => return Status::invalid_argument("not a DiscoveryRequest").into_http(),
+    };
+    if req.resource_names.len() > core.limits.max_resource_names {
+        core.metrics.limit_hit(limit::MAX_RESOURCE_NAMES);
+        return Status::resource_exhausted("too many resource names (--max-resource-names)")
+            .into_http();
+    }
+    let snap = core.snapshots.borrow().clone();
+    if !snap.ready {
+        return Status::unavailable("no full list of EndpointSlices yet").into_http();
+    }
+    let mut state = EdsStream::new(core.names.clone());
+    let mut req = req;
+    req.response_nonce.clear();
+    let now = Instant::now();
+    state.on_request(&req, &snap, now);
+    let Some(p) = state
+        .take(&snap, core.limits.max_response_bytes, now)
+        .response
+    else {
+        return Status::not_found("none of the resources asked for is served").into_http();
+    };
+    let mut frames: Vec<Result<Frame<Bytes>, Status>> = vec![Ok(Frame::data(p.head))];
+    frames.extend(p.entries.into_iter().map(|e| Ok(Frame::data(e))));
+    frames.push(Ok(Frame::data(p.tail)));
+    frames.push(Ok(Frame::trailers(trailers(&Status::ok("")))));
+    grpc_response(Body::new(http_body_util::StreamBody::new(
+        futures::stream::iter(frames),
+    )))
+}

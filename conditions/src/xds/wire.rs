@@ -1,0 +1,307 @@
+//! The bytes of the xDS exchange, without a network.
+//!
+//! A `DiscoveryResponse` is written as `[gRPC message header][version_info]
+//! [resources...][type_url][nonce]`. Each resource is an assignment's `Any`,
+//! framed as field 2 of a DiscoveryResponse once per version ([`resource_entry`])
+//! and shared by every stream (`bytes::Bytes`); a stream adds only its head
+//! and tail, about a hundred bytes ([`frame`]). Fields are in number order,
+//! so the bytes are exactly prost's encoding of the same message.
+//!
+//! Requests arrive as gRPC messages (a 5-byte header: compressed flag and
+//! length) that [`next_message`] cuts from a stream's buffer, refusing one
+//! over the size limit before it is buffered.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+
+/// The gRPC length-prefixed message header: a compressed flag, a u32 length.
+pub const GRPC_HEADER: usize = 5;
+
+const RESPONSE_VERSION_INFO: u32 = 1;
+const RESPONSE_RESOURCES: u32 = 2;
+const RESPONSE_TYPE_URL: u32 = 4;
+const RESPONSE_NONCE: u32 = 5;
+const ANY_TYPE_URL: u32 = 1;
+const ANY_VALUE: u32 = 2;
+
+/// Bytes of a length-delimited field of `len` bytes.
+fn field_len(tag: u32, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+fn put_field(buf: &mut BytesMut, tag: u32, bytes: &[u8]) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(bytes.len() as u64, buf);
+    buf.put_slice(bytes);
+}
+
+/// Bytes of a string field as prost writes it (an empty string is left out).
+fn string_field_len(tag: u32, s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        field_len(tag, s.len())
+    }
+}
+
+fn put_string_field(buf: &mut BytesMut, tag: u32, s: &str) {
+    if !s.is_empty() {
+        put_field(buf, tag, s.as_bytes());
+    }
+}
+
+/// One resource as a DiscoveryResponse carries it (`resources` entry: an
+/// `Any` of `type_url` and `value`), and where `value` starts in it.
+pub fn resource_entry(type_url: &str, value: &[u8]) -> (Bytes, usize) {
+    let value_len = if value.is_empty() {
+        0
+    } else {
+        field_len(ANY_VALUE, value.len())
+    };
+    let any_len = string_field_len(ANY_TYPE_URL, type_url) + value_len;
+    let mut buf = BytesMut::with_capacity(field_len(RESPONSE_RESOURCES, any_len));
+    encode_key(RESPONSE_RESOURCES, WireType::LengthDelimited, &mut buf);
+    encode_varint(any_len as u64, &mut buf);
+    put_string_field(&mut buf, ANY_TYPE_URL, type_url);
+    if !value.is_empty() {
+        encode_key(ANY_VALUE, WireType::LengthDelimited, &mut buf);
+        encode_varint(value.len() as u64, &mut buf);
+    }
+    let value_at = buf.len();
+    buf.put_slice(value);
+    (buf.freeze(), value_at)
+}
+
+/// The per-stream parts of a response whose resource entries take
+/// `entries_len` bytes: the head (gRPC header, version_info) and the tail
+/// (type_url, nonce), and the message length (without the gRPC header).
+pub struct Frame {
+    pub head: Bytes,
+    pub tail: Bytes,
+    pub message_len: usize,
+}
+
+/// Message length of a response with these fields (gRPC header excluded).
+pub fn message_len(version: &str, type_url: &str, nonce: &str, entries_len: usize) -> usize {
+    string_field_len(RESPONSE_VERSION_INFO, version)
+        + entries_len
+        + string_field_len(RESPONSE_TYPE_URL, type_url)
+        + string_field_len(RESPONSE_NONCE, nonce)
+}
+
+/// Head and tail of a response (see [`Frame`]), in one allocation.
+pub fn frame(version: &str, type_url: &str, nonce: &str, entries_len: usize) -> Frame {
+    let message_len = message_len(version, type_url, nonce, entries_len);
+    let head_len = GRPC_HEADER + string_field_len(RESPONSE_VERSION_INFO, version);
+    let tail_len =
+        string_field_len(RESPONSE_TYPE_URL, type_url) + string_field_len(RESPONSE_NONCE, nonce);
+    let mut buf = BytesMut::with_capacity(head_len + tail_len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(message_len).unwrap_or(u32::MAX));
+    put_string_field(&mut buf, RESPONSE_VERSION_INFO, version);
+    put_string_field(&mut buf, RESPONSE_TYPE_URL, type_url);
+    put_string_field(&mut buf, RESPONSE_NONCE, nonce);
+    let mut all = buf.freeze();
+    let head = all.split_to(head_len);
+    Frame {
+        head,
+        tail: all,
+        message_len,
+    }
+}
+
+/// A DiscoveryRequest read without its node: Envoy sends its node (about
+/// 60 KB with the list of its extensions) on every request, ACKs included;
+/// kept as bytes, it costs a copy, not a parse of hundreds of messages.
+/// Same field numbers as DiscoveryRequest (`resource_locators` skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RequestView {
+    #[prost(string, tag = "1")]
+    pub version_info: String,
+    /// The encoded `Node`.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub node: Bytes,
+    #[prost(string, repeated, tag = "3")]
+    pub resource_names: Vec<String>,
+    #[prost(string, tag = "4")]
+    pub type_url: String,
+    #[prost(string, tag = "5")]
+    pub response_nonce: String,
+    #[prost(message, optional, tag = "6")]
+    pub error_detail: Option<RpcStatus>,
+}
+
+impl RequestView {
+    /// The request without its node, and the node's bytes.
+    pub fn split(self) -> (DiscoveryRequest, Bytes) {
+        (
+            DiscoveryRequest {
+                version_info: self.version_info,
+                node: None,
+                resource_names: self.resource_names,
+                type_url: self.type_url,
+                response_nonce: self.response_nonce,
+                error_detail: self.error_detail,
+                ..Default::default()
+            },
+            self.node,
+        )
+    }
+}
+
+/// Why a request stream cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageError {
+    /// The compressed flag: this server announces no compression.
+    Compressed,
+    /// A message longer than the limit (its announced length).
+    TooLarge(usize),
+}
+
+/// Cuts the next whole message (without its header) from `buf`; `None`
+/// until one is complete. A message announced longer than `max` is refused
+/// from its header, before its bytes are kept.
+pub fn next_message(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, MessageError> {
+    if buf.len() < GRPC_HEADER {
+        return Ok(None);
+    }
+    if buf[0] != 0 {
+        return Err(MessageError::Compressed);
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > max {
+        return Err(MessageError::TooLarge(len));
+    }
+    if buf.len() < GRPC_HEADER + len {
+        return Ok(None);
+    }
+    buf.advance(GRPC_HEADER);
+    Ok(Some(buf.split_to(len).freeze()))
+}
+
+/// The announced length of the message being received, if its header is in.
+pub fn announced_len(buf: &[u8]) -> Option<usize> {
+    (buf.len() >= GRPC_HEADER)
+        .then(|| u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+    use envoy_types::pb::google::protobuf::Any;
+    use prost::Message;
+
+    const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+    #[test]
+    fn assembled_responses_are_prosts_encoding() {
+        for values in [
+            vec![],
+            vec![vec![1u8, 2, 3]],
+            vec![vec![7u8; 300], vec![], vec![9u8; 70_000]],
+        ] {
+            for (version, nonce) in [("1700000000000-42", "7"), ("", "1")] {
+                let entries: Vec<Bytes> = values
+                    .iter()
+                    .map(|v| resource_entry(TYPE_URL, v).0)
+                    .collect();
+                let entries_len = entries.iter().map(Bytes::len).sum();
+                let f = frame(version, TYPE_URL, nonce, entries_len);
+                let mut wire = f.head.to_vec();
+                for e in &entries {
+                    wire.extend_from_slice(e);
+                }
+                wire.extend_from_slice(&f.tail);
+                let expected = DiscoveryResponse {
+                    version_info: version.into(),
+                    resources: values
+                        .iter()
+                        .map(|v| Any {
+                            type_url: TYPE_URL.into(),
+                            value: v.clone(),
+                        })
+                        .collect(),
+                    type_url: TYPE_URL.into(),
+                    nonce: nonce.into(),
+                    ..Default::default()
+                }
+                .encode_to_vec();
+                assert_eq!(wire[0], 0);
+                assert_eq!(
+                    u32::from_be_bytes(wire[1..5].try_into().unwrap()) as usize,
+                    expected.len()
+                );
+                assert_eq!(f.message_len, expected.len());
+                assert_eq!(&wire[GRPC_HEADER..], &expected[..]);
+            }
+        }
+    }
+
+    #[test]
+    fn the_value_is_found_inside_its_entry() {
+        let (entry, at) = resource_entry(TYPE_URL, b"assignment");
+        assert_eq!(&entry[at..], b"assignment");
+    }
+
+    #[test]
+    fn a_request_read_without_its_node_keeps_every_other_field() {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        let node = Node {
+            id: "envoy-1".into(),
+            cluster: "c".into(),
+            ..Default::default()
+        };
+        let req = DiscoveryRequest {
+            version_info: "v1".into(),
+            node: Some(node.clone()),
+            resource_names: vec!["a".into(), "b".into()],
+            type_url: TYPE_URL.into(),
+            response_nonce: "3".into(),
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: "bad".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        };
+        let (without, node_bytes) = RequestView::decode(req.encode_to_vec().as_slice())
+            .unwrap()
+            .split();
+        assert_eq!(Node::decode(node_bytes).unwrap(), node);
+        assert_eq!(without, DiscoveryRequest { node: None, ..req });
+    }
+
+    fn framed(payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![0];
+        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn messages_are_cut_whole_and_oversized_ones_refused_from_the_header() {
+        let mut buf = BytesMut::new();
+        let two = [framed(b"abc"), framed(b"")].concat();
+        buf.extend_from_slice(&two[..4]);
+        assert_eq!(next_message(&mut buf, 10), Ok(None));
+        buf.extend_from_slice(&two[4..7]);
+        assert_eq!(next_message(&mut buf, 10), Ok(None));
+        buf.extend_from_slice(&two[7..]);
+        assert_eq!(next_message(&mut buf, 10).unwrap().unwrap(), &b"abc"[..]);
+        assert_eq!(next_message(&mut buf, 10).unwrap().unwrap(), &b""[..]);
+        assert!(buf.is_empty());
+        // Only the header of a large message is needed to refuse it.
+        let mut big = BytesMut::from(&framed(&[0u8; 11])[..GRPC_HEADER]);
+        assert_eq!(announced_len(&big), Some(11));
+        assert_eq!(next_message(&mut big, 10), Err(MessageError::TooLarge(11)));
+        let mut compressed = BytesMut::from(&[1u8, 0, 0, 0, 1, 0][..]);
+        assert_eq!(
+            next_message(&mut compressed, 10),
+            Err(MessageError::Compressed)
+        );
+    }
+}

@@ -1,0 +1,420 @@
+//! Many xDS clients at once, over HTTP/2 (the `h2` crate), for the
+//! companion's tests and benchmarks.
+//!
+//! - [`subscribe`]: a stream that subscribes and ACKs every response as
+//!   Envoy does (the response's version_info and nonce, the same names, the
+//!   node on every request), recording when each version arrived.
+//! - [`stuck`]: a stream that never reads: a stream window of 0 (nothing
+//!   can be sent to it), or a window that fills and is never released (a
+//!   client that stops reading). Its connection still answers PINGs.
+//!
+//! Responses are read as Envoy's first look at them: version, nonce, type
+//! and the resources' bytes, not decoded further (the client's CPU is the
+//! server's competition on a small machine).
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use prost::Message;
+use tokio::net::TcpStream;
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Type URL of the EDS resource.
+pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// Envoy's default HTTP/2 stream and connection windows (256 MiB).
+pub const ENVOY_WINDOW: u32 = 256 << 20;
+
+/// Which service a stream uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `StreamAggregatedResources`.
+    Ads,
+    /// `StreamEndpoints`.
+    Eds,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Ads => {
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+            }
+            Api::Eds => "/envoy.service.endpoint.v3.EndpointDiscoveryService/StreamEndpoints",
+        }
+    }
+}
+
+/// What a stream asks for.
+#[derive(Clone, Debug)]
+pub struct Subscription {
+    pub api: Api,
+    pub node_id: String,
+    pub names: Vec<String>,
+    /// The node on the first request only (Envoy's
+    /// `set_node_on_first_message_only`); else on every request, Envoy's default.
+    pub node_on_first_only: bool,
+}
+
+impl Subscription {
+    pub fn ads(node_id: impl Into<String>, names: &[&str]) -> Subscription {
+        Subscription {
+            api: Api::Ads,
+            node_id: node_id.into(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            node_on_first_only: false,
+        }
+    }
+
+    /// A request as Envoy sends it (its node every time), gRPC-framed.
+    /// The node's bytes are encoded once per process ([`shared_node`]).
+    pub fn request_frame(&self, version: &str, nonce: &str) -> Bytes {
+        if self.node_on_first_only && !nonce.is_empty() {
+            return grpc_frame(&DiscoveryRequest {
+                version_info: version.into(),
+                resource_names: self.names.clone(),
+                type_url: CLA_TYPE_URL.into(),
+                response_nonce: nonce.into(),
+                ..Default::default()
+            });
+        }
+        let id_field = Node {
+            id: self.node_id.clone(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let node = shared_node();
+        let rest = DiscoveryRequest {
+            version_info: version.into(),
+            resource_names: self.names.clone(),
+            type_url: CLA_TYPE_URL.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        };
+        let node_len = id_field.len() + node.len();
+        let len = rest.encoded_len()
+            + prost::encoding::key_len(2)
+            + prost::encoding::encoded_len_varint(node_len as u64)
+            + node_len;
+        let mut buf = BytesMut::with_capacity(5 + len);
+        buf.extend_from_slice(&[0]);
+        buf.extend_from_slice(&(len as u32).to_be_bytes());
+        // Fields in any order: the node first, then the rest.
+        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut buf);
+        prost::encoding::encode_varint(node_len as u64, &mut buf);
+        buf.extend_from_slice(&id_field);
+        buf.extend_from_slice(node);
+        rest.encode(&mut buf).ok();
+        buf.freeze()
+    }
+}
+
+/// A node the shape and size of Envoy 1.40's (its `/server_info`): 516
+/// extensions, each a name (~33 bytes), a category (~24) and most a type
+/// URL (~64); about 60 KB encoded. Envoy sends it on every request.
+pub fn envoy_like_node(id: &str) -> Node {
+    let extensions = (0..516)
+        .map(|i| Extension {
+            name: format!("envoy.filters.synthetic.ext-{i:05}"),
+            category: format!("envoy.filters.category-{:02}", i % 60),
+            type_urls: if i % 6 == 5 {
+                vec![]
+            } else {
+                vec![format!(
+                    "envoy.extensions.filters.synthetic.v3.Extension{i:05}Config"
+                )]
+            },
+            ..Default::default()
+        })
+        .collect();
+    Node {
+        id: id.into(),
+        cluster: "xds-load".into(),
+        user_agent_name: "envoy".into(),
+        extensions,
+        ..Default::default()
+    }
+}
+
+/// [`envoy_like_node`] without its id, encoded once.
+fn shared_node() -> &'static Bytes {
+    static NODE: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    NODE.get_or_init(|| Bytes::from(envoy_like_node("").encode_to_vec()))
+}
+
+/// A message as gRPC frames it (uncompressed).
+pub fn grpc_frame(msg: &impl Message) -> Bytes {
+    let len = msg.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.extend_from_slice(&[0]);
+    buf.extend_from_slice(&(len as u32).to_be_bytes());
+    msg.encode(&mut buf).ok();
+    buf.freeze()
+}
+
+/// The fields of a DiscoveryResponse an ACK needs (the resources kept as bytes).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResponseHead {
+    #[prost(string, tag = "1")]
+    pub version_info: String,
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub resources: Vec<Bytes>,
+    #[prost(string, tag = "4")]
+    pub type_url: String,
+    #[prost(string, tag = "5")]
+    pub nonce: String,
+}
+
+/// The number a companion version ends with (`<boot>-<n>`).
+pub fn version_number(version: &str) -> u64 {
+    version
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What one subscriber received (read while it runs).
+#[derive(Debug, Default)]
+pub struct Received {
+    pub responses: AtomicU64,
+    pub bytes: AtomicU64,
+    /// [`version_number`] of the newest version received.
+    pub version: AtomicU64,
+    /// When it arrived, in nanoseconds since the fleet's epoch.
+    pub at_nanos: AtomicU64,
+    /// How the stream ended (gRPC status or error), once it has.
+    pub ended: Mutex<Option<String>>,
+}
+
+impl Received {
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    pub fn ended(&self) -> Option<String> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// An HTTP/2 connection, its driver task spawned (it answers PINGs), and
+/// whether it has closed.
+pub struct Connection {
+    pub client: h2::client::SendRequest<Bytes>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Connection {
+    /// Connects; `stream_window`: the initial stream window (0: nothing can
+    /// be sent to a stream until it is released; `None`: HTTP/2's 64 KiB).
+    pub async fn open(addr: SocketAddr, stream_window: Option<u32>) -> Result<Connection, Error> {
+        Connection::open_with(addr, stream_window, None).await
+    }
+
+    /// Connects with Envoy's HTTP/2 windows (its default
+    /// `initial_stream_window_size` and `initial_connection_window_size`,
+    /// 256 MiB): the server is never held up by a window it has to wait on.
+    pub async fn open_like_envoy(addr: SocketAddr) -> Result<Connection, Error> {
+        Connection::open_with(addr, Some(ENVOY_WINDOW), Some(ENVOY_WINDOW)).await
+    }
+
+    async fn open_with(
+        addr: SocketAddr,
+        stream_window: Option<u32>,
+        connection_window: Option<u32>,
+    ) -> Result<Connection, Error> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let mut b = h2::client::Builder::new();
+        if let Some(w) = stream_window {
+            b.initial_window_size(w);
+        }
+        if let Some(w) = connection_window {
+            b.initial_connection_window_size(w);
+        }
+        let (client, conn) = b.handshake::<_, Bytes>(tcp).await?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let c = closed.clone();
+        tokio::spawn(async move {
+            let _ = conn.await;
+            c.store(true, Ordering::SeqCst);
+        });
+        Ok(Connection { client, closed })
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Opens a stream of `sub.api` and sends its first request.
+    pub async fn stream(
+        &self,
+        sub: &Subscription,
+    ) -> Result<(h2::SendStream<Bytes>, h2::client::ResponseFuture), Error> {
+        let mut client = self.client.clone().ready().await?;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://xds{}", sub.api.path()))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+        let (resp, mut send) = client.send_request(req, false)?;
+        send.send_data(sub.request_frame("", ""), false)?;
+        Ok((send, resp))
+    }
+}
+
+/// The gRPC status of a trailers-only answer, or of the trailers.
+fn grpc_status(headers: &http::HeaderMap) -> Option<String> {
+    let code = headers.get("grpc-status")?.to_str().ok()?;
+    let message = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or("");
+    Some(format!("grpc-status {code}: {message}"))
+}
+
+/// Runs one subscriber on `conn` until its stream ends: every response is
+/// recorded in `received` and ACKed. Returns how it ended.
+pub async fn subscribe(
+    conn: &Connection,
+    sub: &Subscription,
+    received: &Received,
+    epoch: Instant,
+) -> String {
+    let end = run_subscriber(conn, sub, received, epoch)
+        .await
+        .unwrap_or_else(|e| format!("error: {e}"));
+    *received.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(end.clone());
+    end
+}
+
+async fn run_subscriber(
+    conn: &Connection,
+    sub: &Subscription,
+    received: &Received,
+    epoch: Instant,
+) -> Result<String, Error> {
+    let (mut send, resp) = conn.stream(sub).await?;
+    let resp = resp.await?;
+    if let Some(status) = grpc_status(resp.headers()) {
+        return Ok(status);
+    }
+    let mut body = resp.into_body();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+        while buf.len() >= 5 {
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if buf.len() < 5 + len {
+                break;
+            }
+            buf.advance(5);
+            let msg = buf.split_to(len).freeze();
+            let head = ResponseHead::decode(msg)?;
+            let at = epoch.elapsed().as_nanos() as u64;
+            received.responses.fetch_add(1, Ordering::SeqCst);
+            received.bytes.fetch_add(5 + len as u64, Ordering::SeqCst);
+            received.at_nanos.store(at, Ordering::SeqCst);
+            received
+                .version
+                .fetch_max(version_number(&head.version_info), Ordering::SeqCst);
+            send.send_data(sub.request_frame(&head.version_info, &head.nonce), false)?;
+        }
+    }
+    Ok(match body.trailers().await? {
+        Some(t) => grpc_status(&t).unwrap_or_else(|| "ended without grpc-status".into()),
+        None => "ended without trailers".into(),
+    })
+}
+
+/// How a stuck stream does not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stuck {
+    /// A stream window of 0: the server cannot send it anything.
+    ZeroWindow,
+    /// A normal window that is never released: the client stops reading.
+    StopsReading,
+}
+
+/// A stream that never reads, open until dropped (or closed by the server).
+pub struct StuckStream {
+    pub conn: Connection,
+    _send: h2::SendStream<Bytes>,
+    _body: Option<h2::RecvStream>,
+}
+
+impl StuckStream {
+    /// Opens it and subscribes; it reads nothing after the response headers.
+    pub async fn open(
+        addr: SocketAddr,
+        how: Stuck,
+        sub: &Subscription,
+    ) -> Result<StuckStream, Error> {
+        let window = match how {
+            Stuck::ZeroWindow => Some(0),
+            Stuck::StopsReading => None,
+        };
+        let conn = Connection::open(addr, window).await?;
+        let (send, resp) = conn.stream(sub).await?;
+        let resp = resp.await?;
+        if let Some(status) = grpc_status(resp.headers()) {
+            return Err(status.into());
+        }
+        Ok(StuckStream {
+            conn,
+            _send: send,
+            _body: Some(resp.into_body()),
+        })
+    }
+
+    /// The server closed its connection (`--send-timeout`).
+    pub fn is_closed(&self) -> bool {
+        self.conn.is_closed()
+    }
+}
+
+/// Raises this process's open-file limit to its hard limit (thousands of
+/// sockets); returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    rlimit::increase_nofile_limit(u64::MAX).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_is_about_the_size_of_envoys() {
+        let n = envoy_like_node("node-1").encoded_len();
+        assert!((55_000..70_000).contains(&n), "{n} bytes");
+    }
+
+    #[test]
+    fn request_frames_decode_to_envoys_request() {
+        let sub = Subscription::ads("node-1", &["a", "b"]);
+        let frame = sub.request_frame("v1", "7");
+        assert_eq!(frame[0], 0);
+        assert_eq!(
+            u32::from_be_bytes(frame[1..5].try_into().unwrap()) as usize,
+            frame.len() - 5
+        );
+        let req = DiscoveryRequest::decode(&frame[5..]).unwrap();
+        assert_eq!(req.node, Some(envoy_like_node("node-1")));
+        assert_eq!(req.resource_names, vec!["a", "b"]);
+        assert_eq!(
+            (req.version_info.as_str(), req.response_nonce.as_str()),
+            ("v1", "7")
+        );
+        assert_eq!(req.type_url, CLA_TYPE_URL);
+    }
+}
