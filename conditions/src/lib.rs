@@ -8,7 +8,7 @@
 //! - `slice`: an EndpointSlice as kept; `index`: slices by Service, endpoints
 //!   by address:port (which copy wins); `endpoint`: one endpoint's conditions,
 //!   health and priority; `assignment`: endpoints -> ClusterLoadAssignment;
-//!   `cluster`: `--cluster` specs; `view`: one Service port's endpoints
+//!   `cluster`: `--cluster` specs; `port_view`: one Service port's endpoints
 //!   kept up to date slice by slice.
 //! - `source::kube`, `source::files`: where slices come from.
 //! - `publish`: applies updates, publishes snapshots (never half built).
@@ -35,11 +35,11 @@ pub mod limits;
 pub mod listener;
 pub mod log_limit;
 pub mod metrics;
+pub mod port_view;
 pub mod publish;
 pub mod ratelog;
 pub mod serve;
 pub mod slice;
 pub mod source;
 pub mod tls;
-pub mod view;
 pub mod xds;

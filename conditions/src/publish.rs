@@ -19,8 +19,8 @@ use crate::assignment::{Encoder, Output, CLA_TYPE_URL};
 use crate::cluster::ClusterSpec;
 use crate::index::{Index, IpFamily};
 use crate::metrics::Metrics;
+use crate::port_view::{EndpointChange, PortView};
 use crate::slice::{ServiceKey, Slice, SliceKey};
-use crate::view::{EndpointChange, PortView};
 use crate::xds::wire::resource_entry;
 
 /// A change from a source.
