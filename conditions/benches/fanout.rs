@@ -42,6 +42,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serving_picker_xds_load::probe::{self, free_port};
 use serving_picker_xds_load::{
     raise_fd_limit, subscribe, Connection, Received, Stuck, StuckStream, Subscription,
 };
@@ -136,14 +137,6 @@ fn companion_bin() -> PathBuf {
         })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn slice_json(index: usize, flip: Option<usize>) -> String {
     let endpoints: Vec<serde_json::Value> = (0..PER_SLICE)
         .map(|i| {
@@ -187,14 +180,7 @@ impl Drop for Companion {
 
 impl Companion {
     fn status(&self, key: &str) -> f64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
+        probe::status_mb(self.child.id(), key)
     }
 
     fn rss_mb(&self) -> f64 {
@@ -203,47 +189,16 @@ impl Companion {
 
     /// (utime, stime), in seconds.
     fn cpu_split(&self) -> (f64, f64) {
-        cpu_split_of(&self.child.id().to_string())
+        probe::cpu_split(&self.child.id().to_string())
     }
 
     fn get(&self, path: &str) -> String {
-        let Ok(mut s) = TcpStream::connect(self.metrics) else {
-            return String::new();
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
+        probe::http_get(self.metrics, path)
     }
 
     fn metric(&self, name: &str) -> f64 {
-        self.get("/metrics")
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.rsplit_once(' '))
-            .filter(|(k, _)| *k == name || k.split('{').next() == Some(name))
-            .filter_map(|(_, v)| v.parse::<f64>().ok())
-            .sum()
+        probe::metric(&self.get("/metrics"), name)
     }
-}
-
-/// (utime, stime) of a process, in seconds, from /proc/<pid>/stat.
-fn cpu_split_of(pid: &str) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
-    let f: Vec<f64> = after
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0.0))
-        .collect();
-    // Fields 14 and 15 of /proc/pid/stat; `after` starts at field 3.
-    (
-        f.get(11).copied().unwrap_or(0.0) / 100.0,
-        f.get(12).copied().unwrap_or(0.0) / 100.0,
-    )
 }
 
 fn node_on_first_only() -> bool {
@@ -399,7 +354,7 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
     let mut deliveries = Vec::new();
     let mut bytes_per_change = Vec::new();
     let split0 = c.cpu_split();
-    let self0 = cpu_split_of("self");
+    let self0 = probe::cpu_split("self");
     for n in 0..s.changes {
         let before: Vec<u64> = received.iter().map(|r| r.version()).collect();
         let bytes0: u64 = received
@@ -431,7 +386,7 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
     }
     let split1 = c.cpu_split();
     let cpu = split1.0 + split1.1 - split0.0 - split0.1;
-    let self1 = cpu_split_of("self");
+    let self1 = probe::cpu_split("self");
     let rss_end = c.rss_mb();
     let rss_peak = c.status("VmHWM");
     all_by_change.sort_by(f64::total_cmp);

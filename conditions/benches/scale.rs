@@ -15,7 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -27,6 +27,7 @@ use serving_picker_conditions::publish::{Change, Publisher, Update};
 use serving_picker_conditions::slice::{
     AddressType, ServiceKey, Slice, SliceEndpoint, SliceKey, SlicePort,
 };
+use serving_picker_xds_load::probe::{self, free_port, metric};
 
 struct Counting;
 static HELD: AtomicIsize = AtomicIsize::new(0);
@@ -206,34 +207,9 @@ fn env_path(var: &str, fallback: &str) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
+/// `GET path` on a loopback port.
 fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+    probe::http_get(SocketAddr::from(([127, 0, 0, 1], port)), path)
 }
 
 fn stat(envoy_admin: u16, name: &str) -> Option<f64> {
@@ -399,13 +375,8 @@ fn with_envoy() {
         us(Duration::from_secs_f64(if acks > 0.0 { (sum1 - sum0) / acks } else { 0.0 })),
         us(Duration::from_secs_f64(if lag_n > 0.0 { lag_sum / lag_n } else { 0.0 })),
     );
-    let rss = std::fs::read_to_string(format!("/proc/{}/status", _c.0.id()))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS"))
-        .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
-        .unwrap_or_default();
-    println!("bench-conditions | envoy 1.40 | companion RSS with 10,000 endpoints: {rss} kB");
+    let rss = probe::status_mb(_c.0.id(), "VmRSS");
+    println!("bench-conditions | envoy 1.40 | companion RSS with 10,000 endpoints: {rss:.1} MB");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

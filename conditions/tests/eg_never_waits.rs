@@ -18,18 +18,11 @@ use serving_picker_conditions::envoy_gateway::proto::{
 };
 use serving_picker_conditions::envoy_gateway::testing::{rule_assignments, BackendRef, EgEndpoint};
 use serving_picker_conditions::slice::ServiceKey;
+use serving_picker_xds_load::probe::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The readinessProbe (path, port name) of the companion in the shipped

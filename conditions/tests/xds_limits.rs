@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
+use serving_picker_xds_load::probe::{self, free_port};
 use serving_picker_xds_load::{
     grpc_frame, raise_fd_limit, subscribe, Connection, Received, Stuck, StuckStream, Subscription,
     CLA_TYPE_URL,
@@ -23,14 +24,6 @@ use serving_picker_xds_load::{
 
 const SERVICE: &str = "big";
 const CLUSTER: &str = "big";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A slice of `n` endpoints of Service `big`; `flip` turns one of them
 /// terminating, so every value of it is a new assignment.
@@ -128,41 +121,16 @@ impl Companion {
     }
 
     fn get(&self, path: &str) -> String {
-        let Ok(mut s) = TcpStream::connect(self.metrics) else {
-            return String::new();
-        };
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let _ = write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
+        probe::http_get(self.metrics, path)
     }
 
     /// A metric (summed over its label sets unless `name` has labels).
     fn metric(&self, name: &str) -> f64 {
-        let text = self.get("/metrics");
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.rsplit_once(' '))
-            .filter(|(k, _)| {
-                *k == name || (!name.contains('{') && k.split('{').next() == Some(name))
-            })
-            .filter_map(|(_, v)| v.parse::<f64>().ok())
-            .sum()
+        probe::metric(&self.get("/metrics"), name)
     }
 
     fn rss_mb(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kb: f64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kb / 1024.0
+        probe::status_mb(self.child.id(), "VmRSS")
     }
 
     fn log_lines(&self, needle: &str) -> usize {

@@ -7,6 +7,7 @@
 //! - [`stuck`]: a stream that never reads: a stream window of 0 (nothing
 //!   can be sent to it), or a window that fills and is never released (a
 //!   client that stops reading). Its connection still answers PINGs.
+//! - [`probe`]: the companion read from outside (metrics port, /proc).
 //!
 //! Responses are read as Envoy's first look at them: version, nonce, type
 //! and the resources' bytes, not decoded further (the client's CPU is the
@@ -23,6 +24,8 @@ use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use prost::Message;
 use tokio::net::TcpStream;
+
+pub mod probe;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
