@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use serving_picker_xds_load::probe::{self, free_port};
 use serving_picker_xds_load::{
-    raise_fd_limit, subscribe, Connection, Received, Stuck, StuckStream, Subscription,
+    open_stuck, raise_fd_limit, subscribe, Connection, Received, Subscription,
 };
 
 const PER_SLICE: usize = 100;
@@ -324,25 +324,13 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
     }
     std::thread::sleep(Duration::from_millis(500));
     let rss_idle = c.rss_mb();
-    let stuck: Vec<StuckStream> = rt.block_on(async {
-        let mut v = Vec::new();
-        for i in 0..s.stuck {
-            let how = if i % 2 == 0 {
-                Stuck::ZeroWindow
-            } else {
-                Stuck::StopsReading
-            };
-            let sub = Subscription::ads(format!("stuck-{i}"), &["svc"]);
-            match StuckStream::open(grpc, how, &sub).await {
-                Ok(st) => v.push(st),
-                Err(e) => {
-                    println!("bench-conditions | fanout | stuck stream {i}: {e}");
-                    break;
-                }
-            }
-        }
-        v
-    });
+    let (stuck, error) = rt.block_on(open_stuck(grpc, s.stuck, &["svc"]));
+    if let Some(e) = error {
+        println!(
+            "bench-conditions | fanout | stuck stream {}: {e}",
+            stuck.len()
+        );
+    }
     let streams = (s.subscribers + stuck.len()) as f64;
     wait("every stream counted", Duration::from_secs(30), || {
         c.metric("serving_picker_conditions_xds_streams") >= streams

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use serving_picker_xds_load::probe::{self, free_port};
 use serving_picker_xds_load::{
-    grpc_frame, raise_fd_limit, subscribe, Connection, Received, Stuck, StuckStream, Subscription,
-    CLA_TYPE_URL,
+    grpc_frame, open_stuck, raise_fd_limit, subscribe, Connection, Received, Stuck, StuckStream,
+    Subscription, CLA_TYPE_URL,
 };
 
 const SERVICE: &str = "big";
@@ -223,22 +223,8 @@ fn a_flood_of_stuck_streams_holds_at_most_one_response_each() {
     );
     let healthy = spawn_subscriber(&rt, c.grpc, "healthy");
     wait_until("the first assignment", || healthy.version() > 0);
-    let stuck: Vec<StuckStream> = rt.block_on(async {
-        let mut v = Vec::new();
-        for i in 0..1000 {
-            let how = if i % 2 == 0 {
-                Stuck::ZeroWindow
-            } else {
-                Stuck::StopsReading
-            };
-            v.push(
-                StuckStream::open(c.grpc, how, &sub(&format!("stuck-{i}")))
-                    .await
-                    .unwrap(),
-            );
-        }
-        v
-    });
+    let (stuck, error) = rt.block_on(open_stuck(c.grpc, 1000, &[CLUSTER]));
+    assert!(error.is_none(), "opening stuck streams: {error:?}");
     wait_until("1,001 streams", || {
         c.metric("serving_picker_conditions_xds_streams") == 1001.0
     });

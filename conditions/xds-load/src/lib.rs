@@ -386,6 +386,29 @@ impl StuckStream {
     }
 }
 
+/// `n` stuck streams subscribed to `names`, of each kind in turn (node ids
+/// `stuck-<i>`), opened one after the other: the ones opened, and the error
+/// that stopped the opening, if one did.
+pub async fn open_stuck(
+    addr: SocketAddr,
+    n: usize,
+    names: &[&str],
+) -> (Vec<StuckStream>, Option<Error>) {
+    let mut streams = Vec::with_capacity(n);
+    for i in 0..n {
+        let how = if i % 2 == 0 {
+            Stuck::ZeroWindow
+        } else {
+            Stuck::StopsReading
+        };
+        match StuckStream::open(addr, how, &Subscription::ads(format!("stuck-{i}"), names)).await {
+            Ok(s) => streams.push(s),
+            Err(e) => return (streams, Some(e)),
+        }
+    }
+    (streams, None)
+}
+
 /// Raises this process's open-file limit to its hard limit (thousands of
 /// sockets); returns the limit now in force.
 pub fn raise_fd_limit() -> u64 {

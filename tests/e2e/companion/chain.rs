@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serving_picker_xds_load::{raise_fd_limit, Stuck, StuckStream, Subscription};
+use serving_picker_xds_load::{open_stuck, raise_fd_limit};
 
 use support::companion::{
     eds_from_companion, plain_round_robin, Companion, Expect, Picker, SliceDir, XdsApi,
@@ -286,19 +286,8 @@ fn seed_rows_beside_1000_stuck_streams() {
         .build()
         .unwrap();
     let addr = companion.listen_addr();
-    let stuck: Vec<StuckStream> = rt.block_on(async {
-        let mut v = Vec::new();
-        for i in 0..1000 {
-            let how = if i % 2 == 0 {
-                Stuck::ZeroWindow
-            } else {
-                Stuck::StopsReading
-            };
-            let sub = Subscription::ads(format!("stuck-{i}"), &[CLUSTER, "big"]);
-            v.push(StuckStream::open(addr, how, &sub).await.unwrap());
-        }
-        v
-    });
+    let (stuck, error) = rt.block_on(open_stuck(addr, 1000, &[CLUSTER, "big"]));
+    assert!(error.is_none(), "opening stuck streams: {error:?}");
     wait_until("1,000 stuck streams", Duration::from_secs(30), || {
         companion.metric("serving_picker_conditions_xds_streams") == Some(1000.0)
     });
