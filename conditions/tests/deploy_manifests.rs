@@ -58,10 +58,19 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
         let path = entry.unwrap().path();
         if path.is_dir() {
             collect(&path, out);
-        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml")
+            && !is_helm_values(&path)
+        {
             out.push(path);
         }
     }
+}
+
+/// Values for another project's Helm chart (`*-values.yaml`), not objects.
+fn is_helm_values(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with("-values.yaml"))
 }
 
 /// Reads `doc` as `T` and writes it back: what the type does not know is lost.
@@ -627,4 +636,67 @@ fn every_companion_build_is_secure_by_default() {
         .unwrap();
     assert_eq!(of_kind(&namespaced, "ClusterRole").count(), 0);
     assert_eq!(of_kind(&namespaced, "ClusterRoleBinding").count(), 0);
+}
+
+/// Envoy Gateway's Helm values set only the two keys serving-picker needs,
+/// under `config.envoyGateway` (the chart writes that map as EG's
+/// configuration): merged by Helm into a user's values, they change nothing
+/// else. The hook they configure is EG's post-Endpoints hook, fails open, and
+/// dials the envoy-gateway-mode companion's Service at its gRPC port, with an
+/// answer size the companion's `--max-message-size` matches.
+#[test]
+fn envoy_gateway_values_set_only_the_extension_keys() {
+    let path = repo().join("deploy/envoy-gateway/envoy-gateway-values.yaml");
+    let values: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let keys = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&values), ["config"]);
+    assert_eq!(keys(&values["config"]), ["envoyGateway"]);
+    let eg = &values["config"]["envoyGateway"];
+    assert_eq!(keys(eg), ["extensionApis", "extensionManager"]);
+    let manager = &eg["extensionManager"];
+    assert_eq!(
+        manager["hooks"]["xdsTranslator"]["post"],
+        serde_json::json!(["Endpoints"])
+    );
+    assert_eq!(manager["failOpen"], true);
+    assert_eq!(manager["maxMessageSize"], "16M");
+
+    let host = manager["service"]["fqdn"]["hostname"].as_str().unwrap();
+    let port = manager["service"]["fqdn"]["port"].as_u64().unwrap();
+    let mut labels = host.split('.');
+    let (name, namespace) = (labels.next().unwrap(), labels.next().unwrap());
+    let docs = documents();
+    let service = docs
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| {
+            d["kind"] == "Service"
+                && d["metadata"]["name"] == name
+                && d["metadata"]["namespace"] == namespace
+        })
+        .unwrap_or_else(|| panic!("no Service {namespace}/{name} for EG's {host}"));
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"].as_u64() == Some(port)),
+        "Service {namespace}/{name} has no port {port}"
+    );
+    let companion = docs
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| {
+            is_companion(d) && d["metadata"]["namespace"] == namespace && {
+                let args = strings(&d["spec"]["template"]["spec"]["containers"][0]["args"]);
+                args.first().map(String::as_str) == Some("envoy-gateway")
+            }
+        })
+        .expect("the envoy-gateway-mode companion Deployment");
+    let args = strings(&companion["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert_eq!(flag_values(&args, "--max-message-size"), ["16000000"]);
 }

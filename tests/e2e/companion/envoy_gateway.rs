@@ -585,13 +585,11 @@ fn unmanaged_assignments_come_back_byte_identical() {
 }
 
 /// The host EG dials: `extensionManager.service.fqdn.hostname` in the
-/// shipped envoy-gateway-config.yaml.
+/// shipped envoy-gateway-values.yaml.
 fn shipped_eg_fqdn() -> String {
-    let path = support::repo_root().join("deploy/envoy-gateway/envoy-gateway-config.yaml");
-    let config: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let inner: Value =
-        serde_saphyr::from_str(config["data"]["envoy-gateway.yaml"].as_str().unwrap()).unwrap();
-    inner["extensionManager"]["service"]["fqdn"]["hostname"]
+    let path = support::repo_root().join("deploy/envoy-gateway/envoy-gateway-values.yaml");
+    let values: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    values["config"]["envoyGateway"]["extensionManager"]["service"]["fqdn"]["hostname"]
         .as_str()
         .unwrap()
         .to_string()
