@@ -3,9 +3,9 @@
 //! serving-picker -> real backends.
 //!
 //! - the seed table's rows, walked through slice changes, with the wasm form
-//!   (ADS), the native form over mutual TLS (ADS, envoy-companion.yaml's
-//!   transport socket), and with the priority output and Envoy's plain
-//!   round robin (no module, plain EDS);
+//!   (ADS), both forms over mutual TLS (ADS, envoy-companion.yaml's
+//!   transport socket), the native form over EDS, and with the priority
+//!   output and Envoy's plain round robin (no module, plain EDS);
 //! - the seed rows again beside 1,000 xDS streams that never read (half
 //!   with a window of 0, half that stop reading), subscribed to the same
 //!   cluster and to a 2,000-endpoint one that changes all along: Envoy gets
@@ -198,10 +198,11 @@ fn seed_rows_wasm_form_over_ads() {
 
 /// The same over mutual TLS, as envoy-companion.yaml reaches the
 /// companion (its transport socket, SDS from files).
-#[test]
-fn seed_rows_native_form_over_ads_mtls() {
-    let m = Mtls::new("rows");
-    let c = seed_rows_over(Picker::Module(Form::Native), XdsApi::Ads, &[], Some(&m));
+/// Both forms over mutual TLS (envoy-companion.yaml's transport socket):
+/// handshakes counted, none refused.
+fn seed_rows_over_mtls(form: Form, name: &str) {
+    let m = Mtls::new(name);
+    let c = seed_rows_over(Picker::Module(form), XdsApi::Ads, &[], Some(&m));
     assert!(
         c.companion
             .metric("serving_picker_conditions_tls_handshakes_total")
@@ -213,6 +214,16 @@ fn seed_rows_native_form_over_ads_mtls() {
             .metric("serving_picker_conditions_tls_refusals_total"),
         None
     );
+}
+
+#[test]
+fn seed_rows_native_form_over_ads_mtls() {
+    seed_rows_over_mtls(Form::Native, "rows");
+}
+
+#[test]
+fn seed_rows_wasm_form_over_ads_mtls() {
+    seed_rows_over_mtls(Form::Wasm, "rows-wasm");
 }
 
 #[test]
