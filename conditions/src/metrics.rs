@@ -26,7 +26,8 @@ use crate::index::Index;
 use crate::limits::{names as limit, HttpLimits};
 use crate::ratelog::LogBudget;
 
-type Labels = Vec<(&'static str, &'static str)>;
+/// Label sets of fixed names and values (a metric family's key).
+pub type Labels = Vec<(&'static str, &'static str)>;
 type OwnedLabels = Vec<(&'static str, String)>;
 
 /// Every metric the companion exports (prefix `serving_picker_conditions_`).

@@ -57,7 +57,7 @@ use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::log_limit::PerKey;
-use crate::metrics::registered;
+use crate::metrics::{registered, Labels};
 
 /// A handshake not done by then is dropped (counted as `timeout`).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -456,8 +456,6 @@ impl ClientCertVerifier for SanAllowList {
         self.inner.supported_verify_schemes()
     }
 }
-
-type Labels = Vec<(&'static str, &'static str)>;
 
 /// The listener's TLS metrics (prefix `serving_picker_conditions_`).
 #[derive(Clone)]

@@ -49,7 +49,7 @@ use super::proto::{
 };
 use crate::assignment::Output;
 use crate::log_limit::PerKey;
-use crate::metrics::{registered, Metrics};
+use crate::metrics::{registered, Labels, Metrics};
 use crate::publish::Change;
 use crate::slice::{ServiceKey, Slice, SliceKey};
 
@@ -158,8 +158,6 @@ impl Reread for FilesReread {
         .map_err(|e| e.to_string())?
     }
 }
-
-type Labels = Vec<(&'static str, &'static str)>;
 
 /// The hook's metrics (prefix `serving_picker_conditions_eg_`).
 #[derive(Clone)]
