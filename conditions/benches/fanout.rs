@@ -275,6 +275,13 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         .spawn()
         .unwrap();
     let c = Companion { child, metrics };
+    println!(
+        "bench-conditions | fanout | {:<16} | companion: {} eds --cluster svc=bench/svc:http --slices-dir <{} slices of {PER_SLICE}> {}",
+        s.name,
+        companion_bin().display(),
+        slices,
+        extra.join(" ")
+    );
     if !wait("the companion", Duration::from_secs(30), || {
         c.get("/readyz").starts_with("HTTP/1.1 200")
     }) {
@@ -507,6 +514,13 @@ fn main() {
         );
         return;
     }
+    println!(
+        "bench-conditions | fanout | command: {}cargo bench -p serving-picker-conditions --bench fanout",
+        ["FANOUT_SCENARIOS", "FANOUT_CHANGES", "FANOUT_NODE", "FANOUT_EXTRA_ARGS"]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}='{v}' ")))
+            .collect::<String>()
+    );
     let nofile = raise_fd_limit();
     let one = loopback(1);
     let four = loopback(4);
