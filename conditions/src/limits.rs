@@ -14,6 +14,15 @@ pub struct GrpcLimits {
     /// RESOURCE_EXHAUSTED on every call, then closed.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_connections: usize,
+    /// gRPC connections whose TLS handshake is not done yet, at once. They
+    /// hold no `--max-connections` slot; when this is full, the oldest one
+    /// is dropped to admit a new one, so sockets that never finish a
+    /// handshake cannot lock out a client that does.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_pending_handshakes: usize,
+    /// A TLS handshake not done within this is dropped.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub handshake_timeout: Duration,
     /// Concurrent gRPC streams on one connection (HTTP/2
     /// SETTINGS_MAX_CONCURRENT_STREAMS; an xDS stream over it is refused
     /// with RESOURCE_EXHAUSTED).
@@ -31,6 +40,8 @@ impl Default for GrpcLimits {
     fn default() -> Self {
         GrpcLimits {
             max_connections: 1024,
+            max_pending_handshakes: 256,
+            handshake_timeout: Duration::from_secs(5),
             max_streams_per_connection: 128,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
@@ -139,6 +150,8 @@ pub struct ServeLimits {
 /// Label values of `limit_hits_total` and `limit`: the flag of each limit.
 pub mod names {
     pub const MAX_CONNECTIONS: &str = "max-connections";
+    pub const MAX_PENDING_HANDSHAKES: &str = "max-pending-handshakes";
+    pub const HANDSHAKE_TIMEOUT: &str = "handshake-timeout";
     pub const MAX_STREAMS_PER_CONNECTION: &str = "max-streams-per-connection";
     pub const MAX_STREAMS: &str = "max-streams";
     pub const MAX_RESOURCE_NAMES: &str = "max-resource-names";

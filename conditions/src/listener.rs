@@ -11,12 +11,21 @@
 //! A connection can be closed from outside ([`Conn::close`]): how a stream
 //! that does not read is cut (`--send-timeout`), since HTTP/2 gives a stream
 //! whose window is shut no chance to be reset.
+//!
+//! On a TLS listener a socket is first *pending*: it holds no
+//! `--max-connections` slot until its handshake is done
+//! ([`Ticket::established`]). Pending sockets have a bound of their own
+//! (`--max-pending-handshakes`) and a shorter life (`--handshake-timeout`);
+//! when the bound is full the oldest pending socket is dropped to admit the
+//! new one. Sockets that never finish a handshake therefore cannot lock out
+//! a client that does: a good client's handshake takes milliseconds, so it
+//! is established long before it could become the oldest.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -38,13 +47,22 @@ const REFUSING_AT_ONCE: usize = 64;
 const REFUSE_FOR: Duration = Duration::from_secs(1);
 
 static REFUSED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static DISPLACED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+
+/// Where a connection is counted (`Conn::slot`).
+const PENDING: u8 = 0;
+const OPEN: u8 = 1;
+const REFUSING: u8 = 2;
+const UNCOUNTED: u8 = 3;
 
 /// One accepted connection.
 #[derive(Debug)]
 pub struct Conn {
     pub peer: SocketAddr,
-    /// Over `--max-connections`: every call is refused.
-    pub over_cap: bool,
+    /// Accepted in this order (the oldest pending one is dropped first).
+    seq: u64,
+    /// PENDING, OPEN, REFUSING or UNCOUNTED.
+    slot: AtomicU8,
     /// xDS streams open on it.
     pub streams: AtomicUsize,
     closed: AtomicBool,
@@ -53,15 +71,21 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn new(peer: SocketAddr, over_cap: bool) -> Conn {
+    fn new(peer: SocketAddr, seq: u64) -> Conn {
         Conn {
             peer,
-            over_cap,
+            seq,
+            slot: AtomicU8::new(PENDING),
             streams: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             read_waker: AtomicWaker::new(),
             write_waker: AtomicWaker::new(),
         }
+    }
+
+    /// Over `--max-connections`: every call is refused.
+    pub fn over_cap(&self) -> bool {
+        self.slot.load(Ordering::SeqCst) == REFUSING
     }
 
     /// Closes the connection: its reads end and its writes fail, so the
@@ -80,9 +104,13 @@ impl Conn {
 /// The open connections of one gRPC listener.
 pub struct Connections {
     max: usize,
+    max_pending: usize,
     per_connection: usize,
     open: AtomicUsize,
     refusing: AtomicUsize,
+    next_seq: AtomicU64,
+    /// Sockets whose handshake is not done, oldest first.
+    pending: Mutex<BTreeMap<u64, Arc<Conn>>>,
     by_peer: Mutex<HashMap<SocketAddr, Arc<Conn>>>,
     metrics: Arc<Metrics>,
 }
@@ -91,14 +119,25 @@ impl Connections {
     pub fn new(limits: &GrpcLimits, metrics: Arc<Metrics>) -> Arc<Connections> {
         metrics.set_limit(names::MAX_CONNECTIONS, limits.max_connections as i64);
         metrics.set_limit(
+            names::MAX_PENDING_HANDSHAKES,
+            limits.max_pending_handshakes as i64,
+        );
+        metrics.set_limit(
+            names::HANDSHAKE_TIMEOUT,
+            limits.handshake_timeout.as_secs() as i64,
+        );
+        metrics.set_limit(
             names::MAX_STREAMS_PER_CONNECTION,
             i64::from(limits.max_streams_per_connection),
         );
         Arc::new(Connections {
             max: limits.max_connections,
+            max_pending: limits.max_pending_handshakes.max(1),
             per_connection: limits.max_streams_per_connection as usize,
             open: AtomicUsize::new(0),
             refusing: AtomicUsize::new(0),
+            next_seq: AtomicU64::new(0),
+            pending: Mutex::new(BTreeMap::new()),
             by_peer: Mutex::new(HashMap::new()),
             metrics,
         })
@@ -135,41 +174,85 @@ impl Connections {
             .cloned()
     }
 
-    /// An accepted socket: registered, or `None` when it is closed at once.
-    fn admit(self: &Arc<Self>, io: TcpStream, peer: SocketAddr) -> Option<LimitedIo> {
+    /// An accepted socket: registered as pending (its handshake not done),
+    /// the oldest pending one dropped when `--max-pending-handshakes` are.
+    fn admit(self: &Arc<Self>, io: TcpStream, peer: SocketAddr) -> LimitedIo {
         let _ = io.set_nodelay(true);
-        let over_cap = self.open.fetch_add(1, Ordering::SeqCst) >= self.max;
-        if over_cap {
-            self.open.fetch_sub(1, Ordering::SeqCst);
-            self.metrics.limit_hit(names::MAX_CONNECTIONS);
-            self.metrics.xds_refused(names::MAX_CONNECTIONS);
-            if let Some(left_out) = REFUSED_LOG.allow() {
-                tracing::warn!(peer = %peer, max = self.max, left_out, "gRPC connection over --max-connections: refused");
+        let conn = Arc::new(Conn::new(
+            peer,
+            self.next_seq.fetch_add(1, Ordering::SeqCst),
+        ));
+        let displaced = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let displaced = if pending.len() >= self.max_pending {
+                pending.pop_first().map(|(_, c)| c)
+            } else {
+                None
+            };
+            pending.insert(conn.seq, conn.clone());
+            self.metrics.set_pending_handshakes(pending.len());
+            displaced
+        };
+        if let Some(old) = displaced {
+            // Counted nowhere from now on; its handshake ends with the close.
+            old.slot.store(UNCOUNTED, Ordering::SeqCst);
+            old.close();
+            self.metrics.limit_hit(names::MAX_PENDING_HANDSHAKES);
+            if let Some(left_out) = DISPLACED_LOG.allow() {
+                tracing::warn!(
+                    peer = %old.peer,
+                    max = self.max_pending,
+                    left_out,
+                    "gRPC connection dropped before its handshake was done: --max-pending-handshakes are pending (the oldest is dropped first)"
+                );
             }
-            if self.refusing.fetch_add(1, Ordering::SeqCst) >= REFUSING_AT_ONCE {
-                self.refusing.fetch_sub(1, Ordering::SeqCst);
-                return None;
-            }
-        } else {
-            self.metrics.connection_opened();
         }
-        let conn = Arc::new(Conn::new(peer, over_cap));
         self.by_peer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(peer, conn.clone());
-        if over_cap {
-            let c = conn.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(REFUSE_FOR).await;
-                c.close();
-            });
-        }
-        Some(LimitedIo {
+        LimitedIo {
             io,
             conn,
             connections: self.clone(),
-        })
+        }
+    }
+
+    /// The handshake of `conn` is done: it takes a `--max-connections`
+    /// slot, or is refused over the cap (answered RESOURCE_EXHAUSTED for a
+    /// moment, then closed; closed at once past a few of those).
+    fn establish(&self, conn: &Arc<Conn>) {
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if pending.remove(&conn.seq).is_none() {
+                // Displaced meanwhile (closed), or established already.
+                return;
+            }
+            self.metrics.set_pending_handshakes(pending.len());
+        }
+        if self.open.fetch_add(1, Ordering::SeqCst) < self.max {
+            conn.slot.store(OPEN, Ordering::SeqCst);
+            self.metrics.connection_opened();
+            return;
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.limit_hit(names::MAX_CONNECTIONS);
+        self.metrics.xds_refused(names::MAX_CONNECTIONS);
+        if let Some(left_out) = REFUSED_LOG.allow() {
+            tracing::warn!(peer = %conn.peer, max = self.max, left_out, "gRPC connection over --max-connections: refused");
+        }
+        if self.refusing.fetch_add(1, Ordering::SeqCst) >= REFUSING_AT_ONCE {
+            self.refusing.fetch_sub(1, Ordering::SeqCst);
+            conn.slot.store(UNCOUNTED, Ordering::SeqCst);
+            conn.close();
+            return;
+        }
+        conn.slot.store(REFUSING, Ordering::SeqCst);
+        let c = conn.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(REFUSE_FOR).await;
+            c.close();
+        });
     }
 
     fn release(&self, conn: &Arc<Conn>) {
@@ -178,11 +261,20 @@ impl Connections {
             map.remove(&conn.peer);
         }
         drop(map);
-        if conn.over_cap {
-            self.refusing.fetch_sub(1, Ordering::SeqCst);
-        } else {
-            self.open.fetch_sub(1, Ordering::SeqCst);
-            self.metrics.connection_closed();
+        match conn.slot.swap(UNCOUNTED, Ordering::SeqCst) {
+            PENDING => {
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                pending.remove(&conn.seq);
+                self.metrics.set_pending_handshakes(pending.len());
+            }
+            OPEN => {
+                self.open.fetch_sub(1, Ordering::SeqCst);
+                self.metrics.connection_closed();
+            }
+            REFUSING => {
+                self.refusing.fetch_sub(1, Ordering::SeqCst);
+            }
+            _ => {}
         }
     }
 
@@ -205,6 +297,44 @@ pub struct LimitedIo {
 impl LimitedIo {
     pub fn conn(&self) -> &Arc<Conn> {
         &self.conn
+    }
+}
+
+/// What the handshake layer reports of a socket, kept apart from the socket
+/// (which the handshake consumes).
+pub struct Ticket {
+    conn: Arc<Conn>,
+    connections: Arc<Connections>,
+}
+
+impl Ticket {
+    /// The handshake is done (or there is none: plaintext).
+    pub fn established(&self) {
+        self.connections.establish(&self.conn);
+    }
+
+    /// Dropped to admit a newer socket (`--max-pending-handshakes`).
+    pub fn displaced(&self) -> bool {
+        self.conn.slot.load(Ordering::SeqCst) == UNCOUNTED && self.conn.is_closed()
+    }
+
+    /// Not done within `--handshake-timeout` (counted as that limit's hit).
+    pub fn timed_out(&self) {
+        self.connections.metrics.limit_hit(names::HANDSHAKE_TIMEOUT);
+    }
+}
+
+/// A socket that goes through a handshake before it counts as a connection.
+pub trait Admitted {
+    fn ticket(&self) -> Ticket;
+}
+
+impl Admitted for LimitedIo {
+    fn ticket(&self) -> Ticket {
+        Ticket {
+            conn: self.conn.clone(),
+            connections: self.connections.clone(),
+        }
     }
 }
 
@@ -310,9 +440,8 @@ pub fn incoming(
             loop {
                 match listener.accept().await {
                     Ok((io, peer)) => {
-                        if let Some(io) = connections.admit(io, peer) {
-                            return Some((Ok(io), (listener, connections)));
-                        }
+                        let io = connections.admit(io, peer);
+                        return Some((Ok(io), (listener, connections)));
                     }
                     Err(e) => {
                         // Out of file descriptors, mostly: wait instead of spinning.

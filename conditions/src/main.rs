@@ -221,7 +221,11 @@ async fn run_eds(args: EdsArgs) -> anyhow::Result<()> {
         .add_service(ads)
         .add_service(eds)
         .serve_with_incoming_shutdown(
-            tls::incoming(tls, serve::incoming(grpc, connections)),
+            tls::incoming(
+                tls,
+                serve::incoming(grpc, connections),
+                args.limits.grpc.handshake_timeout,
+            ),
             serve::serving_until(metrics.clone(), shutdown_signal()),
         );
     serve::until_source_ends(server, "xDS server", source_task).await

@@ -61,6 +61,7 @@ pub struct Metrics {
     largest_request_bytes: Gauge,
     request_buffer_bytes: Gauge,
     connections: Gauge,
+    pending_handshakes: Gauge,
     limit_hits: Family<Labels, Counter>,
     limits: Family<Labels, Gauge>,
     http_connections: Gauge,
@@ -240,10 +241,16 @@ impl Metrics {
             "gRPC connections open (see limit{limit=\"max-connections\"})",
             Gauge::default(),
         );
+        let pending_handshakes = registered(
+            r,
+            "grpc_pending_handshakes",
+            "gRPC connections accepted whose TLS handshake is not done yet; they hold no max-connections slot (see limit{limit=\"max-pending-handshakes\"})",
+            Gauge::default(),
+        );
         let limit_hits = registered(
             r,
             "limit_hits",
-            "Times a limit was hit, by its flag (max-connections, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)",
+            "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)",
             Family::default(),
         );
         let limits = registered(
@@ -271,6 +278,7 @@ impl Metrics {
             largest_request_bytes,
             request_buffer_bytes,
             connections,
+            pending_handshakes,
             limit_hits,
             limits,
             http_connections,
@@ -366,6 +374,11 @@ impl Metrics {
 
     pub fn connection_closed(&self) {
         self.connections.dec();
+    }
+
+    /// Connections waiting for their TLS handshake (`grpc_pending_handshakes`).
+    pub fn set_pending_handshakes(&self, n: usize) {
+        self.pending_handshakes.set(n as i64);
     }
 
     /// A request message of `bytes`.

@@ -36,7 +36,10 @@ pub async fn bind_listeners(
 /// common and below what `--max-connections` allows); warns when it stays
 /// under what the limits need.
 pub fn raise_fd_limit(limits: &ServeLimits) {
-    let need = (limits.grpc.max_connections + limits.http.metrics_max_connections + 64) as u64;
+    let need = (limits.grpc.max_connections
+        + limits.grpc.max_pending_handshakes
+        + limits.http.metrics_max_connections
+        + 64) as u64;
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(n) if n < need => tracing::warn!(
             open_files = n,
@@ -63,7 +66,7 @@ pub struct RefuseOverCap(Arc<Connections>);
 impl Interceptor for RefuseOverCap {
     fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         match self.0.of(&req) {
-            Some(c) if c.over_cap => Err(self.0.over_cap_status()),
+            Some(c) if c.over_cap() => Err(self.0.over_cap_status()),
             _ => Ok(req),
         }
     }

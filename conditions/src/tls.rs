@@ -20,7 +20,8 @@
 //! - The accept path: `incoming` takes the accepted sockets (any stream of
 //!   them, e.g. one a connection cap already wraps) and hands tonic the
 //!   connections whose handshake succeeded. Handshakes run on their own
-//!   tasks, bounded by `HANDSHAKE_TIMEOUT`; a refusal (no client
+//!   tasks, bounded by `--handshake-timeout` (and, in number, by the
+//!   listener's `--max-pending-handshakes`); a refusal (no client
 //!   certificate, another CA, a SAN not allowed, plaintext to this port, a
 //!   timeout...) is counted by reason and logged at most once per peer
 //!   address per `REFUSAL_LOG_EVERY`.
@@ -56,11 +57,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::listener::{Admitted, Ticket};
 use crate::log_limit::PerKey;
 use crate::metrics::{registered, Labels};
 
-/// A handshake not done by then is dropped (counted as `timeout`).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// At most one log line per refused peer address per this interval.
 pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 /// The files are re-read this often even without a change event.
@@ -481,7 +481,7 @@ impl TlsMetrics {
                 r,
                 "tls_refusals",
                 "Connections refused at the TLS handshake, by reason (no_client_cert, unknown_ca, \
-                 san_not_allowed, bad_client_cert, not_tls, client_alert, timeout, incomplete, other)",
+                 san_not_allowed, bad_client_cert, not_tls, client_alert, timeout, displaced, incomplete, other)",
                 Family::default(),
             ),
             reloads: registered(
@@ -646,28 +646,44 @@ impl TlsServer {
         }
     }
 
-    /// One connection's handshake; `None` when refused (counted, logged at
-    /// a bounded rate).
+    /// One connection's handshake within `timeout`; `None` when refused
+    /// (counted, logged at a bounded rate). The ticket learns the outcome.
     async fn handshake<IO>(
         &self,
         io: IO,
         peer: Option<IpAddr>,
+        timeout: Duration,
+        ticket: &Ticket,
     ) -> Option<tokio_rustls::server::TlsStream<IO>>
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.current());
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
             Ok(Ok(stream)) => {
                 self.metrics.handshakes.inc();
+                ticket.established();
                 Some(stream)
+            }
+            Ok(Err(_)) if ticket.displaced() => {
+                // Logged by the listener (--max-pending-handshakes).
+                self.metrics
+                    .refusals
+                    .get_or_create(&vec![("reason", "displaced")])
+                    .inc();
+                None
             }
             Ok(Err(e)) => {
                 self.refused(refusal_reason(&e), &e.to_string(), peer);
                 None
             }
             Err(_) => {
-                self.refused("timeout", "no complete handshake in time", peer);
+                ticket.timed_out();
+                self.refused(
+                    "timeout",
+                    "no complete handshake within --handshake-timeout",
+                    peer,
+                );
                 None
             }
         }
@@ -832,18 +848,31 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
 }
 
 /// The connections tonic serves: `sockets` as they are (plaintext), or
-/// those whose TLS handshake succeeded. Handshakes run concurrently, each
-/// on its own task, so a slow one holds up nobody.
+/// those whose TLS handshake succeeded within `handshake_timeout`.
+/// Handshakes run concurrently, each on its own task, so a slow one holds up
+/// nobody; each socket's ticket learns when it is established.
 pub fn incoming<S, IO>(
     tls: Option<Arc<TlsServer>>,
     sockets: S,
+    handshake_timeout: Duration,
 ) -> Pin<Box<dyn Stream<Item = io::Result<Conn<IO>>> + Send>>
 where
     S: Stream<Item = io::Result<IO>> + Send + 'static,
-    IO: AsyncRead + AsyncWrite + Connected<ConnectInfo = TcpConnectInfo> + Unpin + Send + 'static,
+    IO: AsyncRead
+        + AsyncWrite
+        + Connected<ConnectInfo = TcpConnectInfo>
+        + Admitted
+        + Unpin
+        + Send
+        + 'static,
 {
     let Some(tls) = tls else {
-        return Box::pin(sockets.map(|s| s.map(Conn::Plain)));
+        return Box::pin(sockets.map(|s| {
+            s.map(|io| {
+                io.ticket().established();
+                Conn::Plain(io)
+            })
+        }));
     };
     let (tx, rx) = mpsc::channel::<Conn<IO>>(64);
     tokio::spawn(async move {
@@ -860,7 +889,10 @@ where
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         let peer = io.connect_info().remote_addr().map(|a| a.ip());
-                        if let Some(stream) = tls.handshake(io, peer).await {
+                        let ticket = io.ticket();
+                        if let Some(stream) =
+                            tls.handshake(io, peer, handshake_timeout, &ticket).await
+                        {
                             let _ = tx.send(Conn::Tls(Box::new(stream))).await;
                         }
                     });

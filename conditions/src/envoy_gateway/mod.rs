@@ -260,7 +260,11 @@ pub async fn run(
         .max_concurrent_streams(streams)
         .add_service(svc)
         .serve_with_incoming_shutdown(
-            crate::tls::incoming(tls, serve::incoming(grpc, connections)),
+            crate::tls::incoming(
+                tls,
+                serve::incoming(grpc, connections),
+                args.limits.grpc.handshake_timeout,
+            ),
             serve::serving_until(metrics.clone(), shutdown),
         );
     serve::until_source_ends(server, "extension server", source_task).await

@@ -297,7 +297,7 @@ fn open_stream(
         .map(|c| c.peer.to_string())
         .unwrap_or_else(|| "-".to_string());
     if let (Some(c), Some(connections)) = (&conn, &core.connections) {
-        if c.over_cap {
+        if c.over_cap() {
             return connections.over_cap_status().into_http();
         }
     }

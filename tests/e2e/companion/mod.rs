@@ -3,6 +3,7 @@
 
 mod chain;
 mod envoy_gateway;
+mod handshake_flood;
 mod release;
 mod soak;
 mod tls;
