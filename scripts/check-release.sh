@@ -241,7 +241,7 @@ for dirpath, _, files in os.walk(root):
         for i, line in enumerate(lines):
             m = re.search(r"url: .*serving-picker-wasm@sha256:([0-9a-f]{64})", line)
             if m:
-                sha = re.search(r"sha256: ([0-9a-f]{64})", lines[i + 1])
+                sha = re.search(r"sha256: \"?([0-9a-f]{64})", lines[i + 1])
                 assert sha and sha[1] == m[1] == digest, (f, line, lines[i + 1])
                 found += 1
 assert found >= 2, found

@@ -59,7 +59,7 @@ def main() -> int:
                         url = URL_LINE.match(line)
                         if m["name"] == "serving-picker-wasm" and url:
                             hexdigest = digest.split(":", 1)[1]
-                            lines_out.append(f"{url['indent']}sha256: {hexdigest}   # the image's manifest digest\n")
+                            lines_out.append(f"{url['indent']}sha256: \"{hexdigest}\"   # the image's manifest digest (quoted: all-digit hex is a YAML number)\n")
                 with open(dst, "w") as f:
                     f.writelines(lines_out)
     for e in errors:

@@ -638,16 +638,20 @@ fn every_companion_build_is_secure_by_default() {
     assert_eq!(of_kind(&namespaced, "ClusterRoleBinding").count(), 0);
 }
 
-/// Envoy Gateway's Helm values set only the two keys serving-picker needs,
-/// under `config.envoyGateway` (the chart writes that map as EG's
-/// configuration): merged by Helm into a user's values, they change nothing
-/// else. The hook they configure is EG's post-Endpoints hook, fails open, and
-/// dials the envoy-gateway-mode companion's Service at its gRPC port, with an
-/// answer size the companion's `--max-message-size` matches.
+/// Envoy Gateway's Helm values are those of a dedicated instance: its own
+/// controllerName (the shipped GatewayClass's), one named entry of
+/// `extensionManagers`, and nothing else under `config.envoyGateway`;
+/// EnvoyPatchPolicy stays off unless the native form's opt-in file is added,
+/// which sets that one key only. The hook is EG's post-Endpoints hook, fails
+/// open, and dials the envoy-gateway-mode companion's Service at its gRPC
+/// port, with an answer size the companion's `--max-message-size` matches.
 #[test]
-fn envoy_gateway_values_set_only_the_extension_keys() {
-    let path = repo().join("deploy/envoy-gateway/envoy-gateway-values.yaml");
-    let values: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+fn envoy_gateway_values_configure_a_dedicated_instance() {
+    let read = |f: &str| -> Value {
+        let path = repo().join("deploy/envoy-gateway").join(f);
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let values = read("envoy-gateway-values.yaml");
     let keys = |v: &Value| -> Vec<String> {
         let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         k.sort();
@@ -656,8 +660,19 @@ fn envoy_gateway_values_set_only_the_extension_keys() {
     assert_eq!(keys(&values), ["config"]);
     assert_eq!(keys(&values["config"]), ["envoyGateway"]);
     let eg = &values["config"]["envoyGateway"];
-    assert_eq!(keys(eg), ["extensionApis", "extensionManager"]);
-    let manager = &eg["extensionManager"];
+    assert_eq!(keys(eg), ["extensionManagers", "gateway"]);
+    let controller = eg["gateway"]["controllerName"].as_str().unwrap();
+    assert_ne!(controller, "gateway.envoyproxy.io/gatewayclass-controller");
+    let class = read("gatewayclass.yaml");
+    assert_eq!(class["spec"]["controllerName"], controller);
+    let native = read("envoy-gateway-patch-policy-values.yaml");
+    assert_eq!(
+        native,
+        serde_json::json!({"config": {"envoyGateway": {"extensionApis": {"enableEnvoyPatchPolicy": true}}}})
+    );
+    assert_eq!(eg["extensionManagers"].as_array().unwrap().len(), 1);
+    let manager = &eg["extensionManagers"][0];
+    assert_eq!(manager["name"], "serving-picker");
     assert_eq!(
         manager["hooks"]["xdsTranslator"]["post"],
         serde_json::json!(["Endpoints"])

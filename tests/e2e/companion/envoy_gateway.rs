@@ -584,12 +584,12 @@ fn unmanaged_assignments_come_back_byte_identical() {
     );
 }
 
-/// The host EG dials: `extensionManager.service.fqdn.hostname` in the
+/// The host EG dials: `extensionManagers[0].service.fqdn.hostname` in the
 /// shipped envoy-gateway-values.yaml.
 fn shipped_eg_fqdn() -> String {
     let path = support::repo_root().join("deploy/envoy-gateway/envoy-gateway-values.yaml");
     let values: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    values["config"]["envoyGateway"]["extensionManager"]["service"]["fqdn"]["hostname"]
+    values["config"]["envoyGateway"]["extensionManagers"][0]["service"]["fqdn"]["hostname"]
         .as_str()
         .unwrap()
         .to_string()
@@ -604,7 +604,7 @@ fn shipped_eg_fqdn() -> String {
 fn the_hook_over_mutual_tls_with_a_client_shaped_as_eg() {
     use support::pki::{refs, Ca, SecretVolume};
     let host = shipped_eg_fqdn();
-    let eg_id = "spiffe://cluster.local/ns/envoy-gateway-system/sa/envoy-gateway";
+    let eg_id = "spiffe://cluster.local/ns/serving-picker-gateway/sa/envoy-gateway";
     let ca = Ca::new("eg hook CA");
     let server = ca.server(&[&host]);
     let volume = SecretVolume::create(

@@ -1,0 +1,179 @@
+//! Every object serving-picker ships (deploy/, examples/, their
+//! kustomizations, the release's rendered manifests) against the CRDs of
+//! every platform release it claims, and the EnvoyPatchPolicies against
+//! what Envoy Gateway generates. A summary per release is printed
+//! (`cargo test -p serving-picker-platforms -- --nocapture`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use serving_picker_platforms::crds::{self, platform_of};
+use serving_picker_platforms::objects::{self, repo, Shipped};
+use serving_picker_platforms::patch::{apply_as_eg, proto_names};
+use serving_picker_platforms::rules::{Rules, RulesSeen};
+use serving_picker_platforms::schema::validate;
+
+/// API groups of Kubernetes' own kinds: checked against k8s-openapi's types
+/// by conditions/tests/deploy_manifests.rs.
+const BUILT_IN_GROUPS: &[&str] = &[
+    "",
+    "apps",
+    "rbac.authorization.k8s.io",
+    "networking.k8s.io",
+    "policy",
+];
+
+fn all_shipped(tag: &str) -> Vec<Shipped> {
+    let root = repo();
+    let mut all = objects::shipped(&root).unwrap();
+    let rendered = std::env::temp_dir().join(format!(
+        "serving-picker-platforms-{}-{tag}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&rendered);
+    objects::render_release(&root, &rendered).unwrap();
+    for file in objects::yaml_files(&rendered.join("manifests")) {
+        let name = format!(
+            "release: {}",
+            file.strip_prefix(&rendered).unwrap().display()
+        );
+        let text = std::fs::read_to_string(&file).unwrap();
+        all.extend(objects::parse(&name, &text).unwrap());
+    }
+    let _ = std::fs::remove_dir_all(&rendered);
+    all
+}
+
+#[test]
+fn every_shipped_object_is_accepted_by_every_release_it_claims() {
+    let releases = crds::releases(&crds::root()).unwrap();
+    let rules = Rules::new();
+    let shipped = all_shipped("schemas");
+    assert!(
+        shipped.len() > 20,
+        "too few objects found: {}",
+        shipped.len()
+    );
+    let mut failures = Vec::new();
+    let mut per_release: BTreeMap<String, (usize, usize, RulesSeen)> = BTreeMap::new();
+    for s in &shipped {
+        let (group, version, kind) = s.gvk();
+        let Some(platform) = platform_of(&group) else {
+            if !BUILT_IN_GROUPS.contains(&group.as_str()) {
+                failures.push(format!(
+                    "{}: {}: no platform CRDs here for {group} (add its CRDs under platforms/crds/)",
+                    s.source,
+                    s.name()
+                ));
+            }
+            continue;
+        };
+        let mine: Vec<_> = releases.iter().filter(|r| r.platform == platform).collect();
+        assert!(
+            !mine.is_empty(),
+            "no release of {platform} under platforms/crds/"
+        );
+        for r in mine {
+            let entry = per_release
+                .entry(format!("{} {}", r.platform, r.tag))
+                .or_default();
+            entry.0 += 1;
+            match r.schema(&group, &version, &kind) {
+                Err(e) => failures.push(format!("{}: {}: {e}", s.source, s.name())),
+                Ok((schema, _)) => {
+                    let report = validate(schema, &s.object, &rules);
+                    if report.errors.is_empty() {
+                        entry.1 += 1;
+                    }
+                    for e in &report.errors {
+                        failures.push(format!(
+                            "{} {}: {}: {}: {e}",
+                            r.platform,
+                            r.tag,
+                            s.source,
+                            s.name()
+                        ));
+                    }
+                    let seen = &mut entry.2;
+                    seen.evaluated.extend(report.rules.evaluated);
+                    seen.not_evaluated.extend(report.rules.not_evaluated);
+                    seen.transition.extend(report.rules.transition);
+                }
+            }
+        }
+    }
+    println!("| release | objects checked | accepted | CEL rules evaluated | not evaluated | transition rules (update only) |");
+    println!("|---|---|---|---|---|---|");
+    for (release, (checked, ok, seen)) in &per_release {
+        println!(
+            "| {release} | {checked} | {ok} | {} | {} | {} |",
+            seen.evaluated.len(),
+            seen.not_evaluated.len(),
+            seen.transition.len()
+        );
+    }
+    for (release, (_, _, seen)) in &per_release {
+        for (rule, why) in &seen.not_evaluated {
+            println!("not evaluated ({release}): `{rule}`: {why}");
+        }
+    }
+    let failures: BTreeSet<String> = failures.into_iter().collect();
+    assert!(
+        failures.is_empty(),
+        "{} refusals:\n{}",
+        failures.len(),
+        failures.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// The Cluster EG's translator generates for an HTTPRoute to a Service at
+/// `tag` (its own testdata), with protojson UseProtoNames names.
+fn eg_cluster(tag: &str) -> Value {
+    let path = repo().join(format!("platforms/eg-xds/{tag}/http-route.clusters.yaml"));
+    let clusters: Vec<Value> =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    proto_names(&clusters[0])
+}
+
+#[test]
+fn every_envoy_patch_policy_applies_to_what_envoy_gateway_generates() {
+    let policies: BTreeMap<String, Value> = all_shipped("patches")
+        .into_iter()
+        .filter(|s| s.object["kind"] == "EnvoyPatchPolicy" && !s.source.starts_with("release"))
+        .map(|s| (s.name(), s.object))
+        .collect();
+    assert!(!policies.is_empty(), "no EnvoyPatchPolicy shipped");
+    for tag in ["v1.8.3", "v1.9.0"] {
+        for (name, policy) in &policies {
+            let ops: Vec<Value> = policy["spec"]["jsonPatches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+                .map(|p| p["operation"].clone())
+                .collect();
+            if ops.is_empty() {
+                continue;
+            }
+            let mut cluster = eg_cluster(tag);
+            let errors = apply_as_eg(&mut cluster, &ops);
+            assert!(
+                errors.is_empty(),
+                "EG {tag}: {name}: translation errors: {errors:?}"
+            );
+            let policies = &cluster["load_balancing_policy"]["policies"];
+            assert_eq!(
+                policies[0]["typed_extension_config"]["name"],
+                "envoy.load_balancing_policies.dynamic_modules",
+                "EG {tag}: {name}: the cluster is not on the dynamic-module policy: {cluster}"
+            );
+            println!(
+                "EG {tag}: {name}: {} ops applied to {}",
+                ops.len(),
+                cluster["name"]
+            );
+        }
+    }
+}
