@@ -7,3 +7,4 @@ mod handshake_flood;
 mod release;
 mod soak;
 mod tls;
+mod unreachable;
