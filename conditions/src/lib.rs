@@ -36,6 +36,7 @@ pub mod listener;
 pub mod log_limit;
 pub mod metrics;
 pub mod port_view;
+pub mod preflight;
 pub mod publish;
 pub mod ratelog;
 pub mod serve;

@@ -9,6 +9,9 @@
 //! `serving-picker-conditions envoy-gateway --listen ADDR:PORT [--manage SELECTOR]
 //! [--slices-dir DIR] [--priorities]`: Envoy Gateway's PostEndpointsModify hook
 //! (`envoy_gateway`).
+//!
+//! `serving-picker-conditions preflight [--mode eds|envoy-gateway] [--kubeconfig FILE]`:
+//! checks a cluster before installing (`preflight`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -64,6 +67,10 @@ enum Command {
     Eds(EdsArgs),
     /// Answer Envoy Gateway's PostEndpointsModify hook (an EG extension server).
     EnvoyGateway(serving_picker_conditions::envoy_gateway::Args),
+    /// Check a cluster before installing: API, RBAC, CRDs, Envoy Gateway's
+    /// settings, certificates, labelled Services; prints each fix (exit 1 on
+    /// a failed check).
+    Preflight(serving_picker_conditions::preflight::gather::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -245,20 +252,29 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    serve::raise_fd_limit(match &cli.command {
-        Command::Eds(args) => &args.limits,
-        Command::EnvoyGateway(args) => &args.limits,
-    });
+    let limits = match &cli.command {
+        Command::Eds(args) => Some(&args.limits),
+        Command::EnvoyGateway(args) => Some(&args.limits),
+        Command::Preflight(_) => None,
+    };
+    if let Some(limits) = limits {
+        serve::raise_fd_limit(limits);
+    }
+    // Ok(false): ran, and found the cluster not ready (preflight).
     let result = rt.block_on(async {
         match cli.command {
-            Command::Eds(args) => run_eds(args).await,
+            Command::Eds(args) => run_eds(args).await.map(|()| true),
             Command::EnvoyGateway(args) => {
-                serving_picker_conditions::envoy_gateway::run(args, shutdown_signal()).await
+                serving_picker_conditions::envoy_gateway::run(args, shutdown_signal())
+                    .await
+                    .map(|()| true)
             }
+            Command::Preflight(args) => serving_picker_conditions::preflight::run(args).await,
         }
     });
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "serving-picker-conditions failed");
             eprintln!("serving-picker-conditions: {e:#}");

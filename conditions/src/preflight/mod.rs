@@ -1,0 +1,34 @@
+//! `serving-picker-conditions preflight`: what a platform team runs before
+//! installing. It reads the cluster through a kubeconfig ([`gather`]: the
+//! API's version, the companion's RBAC as a SubjectAccessReview, the CRDs,
+//! Envoy Gateway's configuration, the Secrets, the labelled Services), judges
+//! what it read ([`checks`]: plain functions, tested without a cluster) and
+//! prints one line per check with the fix. Exit code 1 when a check fails.
+
+pub mod checks;
+pub mod gather;
+
+use checks::{Finding, Level};
+
+/// Runs the preflight and prints its findings; whether none failed.
+pub async fn run(args: gather::Args) -> anyhow::Result<bool> {
+    let facts = gather::gather(&args).await?;
+    let findings = checks::judge(&args.expect(), &facts, std::time::SystemTime::now());
+    print(&findings);
+    Ok(findings.iter().all(|f| f.level != Level::Fail))
+}
+
+fn print(findings: &[Finding]) {
+    for f in findings {
+        println!("{:<4} {:<12} {}", f.level.word(), f.check, f.detail);
+        if let Some(fix) = &f.fix {
+            println!("     {:<12} fix: {fix}", "");
+        }
+    }
+    let fails = findings.iter().filter(|f| f.level == Level::Fail).count();
+    let warns = findings.iter().filter(|f| f.level == Level::Warn).count();
+    println!(
+        "preflight: {} checks, {fails} failed, {warns} warnings",
+        findings.len()
+    );
+}
