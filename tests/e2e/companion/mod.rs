@@ -5,6 +5,7 @@ mod chain;
 mod envoy_gateway;
 mod handshake_flood;
 mod release;
+mod sessions;
 mod soak;
 mod tls;
 mod unreachable;
