@@ -51,7 +51,7 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
+.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate monitoring unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
 build: build-wasm build-native build-native-older
 
@@ -156,7 +156,7 @@ DEMO_TLS := .run/tls
 demo-certs:
 	cargo run -q --example demo-certs -- $(DEMO_TLS)
 
-test: build envoy lint validate unit integration test-compat-quick
+test: build envoy lint validate monitoring unit integration test-compat-quick
 	@echo "make test: all checks passed"
 
 # Both forms on every Envoy release in COMPAT_ENVOYS: the table's rows, the one-replica soak,
@@ -170,6 +170,13 @@ test-compat: build envoy $(call compat-envoys,$(COMPAT_ENVOYS))
 # the rolling-update walk through every row in both forms and the native ABI checks.
 test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
 	scripts/test-compat.sh --quick --out $(TARGET)/compatibility-quick.md $(COMPAT_QUICK_ENVOYS)
+
+# The shipped alerts: promtool (Debian's prometheus package) checks them and runs them on input
+# series; tests/e2e/companion/monitoring.rs checks their metric names against the running processes.
+monitoring:
+	@command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus" >&2; exit 1; }
+	promtool check rules deploy/monitoring/serving-picker.rules.yaml
+	promtool test rules tests/monitoring/serving-picker.test.yaml
 
 lint:
 	cargo fmt --all --check

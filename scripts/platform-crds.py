@@ -4,7 +4,7 @@ local clone of each platform's repository at a release tag. Each file starts wit
 naming repo@tag:path and the commit.
 
 usage: platform-crds.py PLATFORM GIT_DIR TAG OUT_ROOT
-PLATFORM: envoy-gateway | istio | cert-manager
+PLATFORM: envoy-gateway | istio | cert-manager | prometheus-operator
 """
 import subprocess
 import sys
@@ -23,6 +23,9 @@ SOURCES = {
     "istio": ("istio/istio", [
         ("manifests/charts/base/files/crd-all.gen.yaml",
          {"WasmPlugin", "EnvoyFilter", "VirtualService", "DestinationRule"}),
+    ]),
+    "prometheus-operator": ("prometheus-operator/prometheus-operator", [
+        ("example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml", None),
     ]),
     "cert-manager": ("cert-manager/cert-manager", [
         ("deploy/crds/cert-manager.io_certificates.yaml", None),

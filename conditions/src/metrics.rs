@@ -356,6 +356,8 @@ impl Metrics {
     /// A limit's configured value (`limit` gauge).
     pub fn set_limit(&self, name: &'static str, value: i64) {
         self.limits.get_or_create(&vec![("limit", name)]).set(value);
+        // Its hits from 0, so that an alert on increase() sees the first one.
+        drop(self.limit_hits.get_or_create(&vec![("limit", name)]));
     }
 
     /// A limit was hit.

@@ -563,6 +563,10 @@ pub fn start(
     let contents = read_all(&files)?;
     let loaded = load(&files, &contents, SystemTime::now())?;
     metrics.loaded(&loaded);
+    // Both results from 0, so that an alert on increase() sees the first one.
+    for result in ["ok", "error"] {
+        drop(metrics.reloads.get_or_create(&vec![("result", result)]));
+    }
     tracing::info!(
         listen = %listen,
         cert = %files.cert.display(),

@@ -173,9 +173,20 @@ pub struct HookMetrics {
     max_bytes_held: Gauge,
 }
 
+/// The `result` label values of `eg_hook_calls_total`.
+const CALL_RESULTS: [&str; 7] = [
+    "managed",
+    "unmanaged",
+    "not_ready",
+    "undecodable",
+    "over_calls",
+    "over_bytes",
+    "answer_too_big",
+];
+
 impl HookMetrics {
     pub fn register(registry: &mut Registry) -> HookMetrics {
-        HookMetrics {
+        let metrics = HookMetrics {
             calls: registered(
                 registry,
                 "eg_hook_calls",
@@ -233,7 +244,12 @@ impl HookMetrics {
                 "Bytes the calls being answered may hold (--max-bytes-held); more are answered unchanged",
                 Gauge::default(),
             ),
+        };
+        // Every result from 0, so that an alert on increase() sees the first one.
+        for result in CALL_RESULTS {
+            drop(metrics.calls.get_or_create(&vec![("result", result)]));
         }
+        metrics
     }
 
     fn call(&self, result: &'static str) {

@@ -4,6 +4,7 @@
 mod chain;
 mod envoy_gateway;
 mod handshake_flood;
+mod monitoring;
 mod release;
 mod sessions;
 mod soak;
