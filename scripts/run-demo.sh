@@ -41,7 +41,10 @@ stop() {
 }
 trap stop EXIT
 trap 'exit 130' INT TERM
-python3 scripts/demo-backends.py pod-a=18081 pod-b=18082 pod-c=18083 &
+# Each process logs to a file of its own under .run/logs, so the screen ends on what to try.
+logs=.run/logs
+mkdir -p "$logs"
+python3 scripts/demo-backends.py pod-a=18081 pod-b=18082 pod-c=18083 >"$logs/backends.log" 2>&1 &
 pids+=($!)
 scripts/demo-slices.sh .run/slices
 # Over mutual TLS (certificates from `make demo-certs`): Envoy shows the demo client
@@ -51,8 +54,28 @@ tls=.run/tls/companion
   --listen 127.0.0.1:18000 --metrics-listen 127.0.0.1:9102 --slices-dir .run/slices \
   --cluster backend=demo/web:http --cluster backend-native=demo/web:http \
   --tls-cert $tls/tls.crt --tls-key $tls/tls.key --client-ca $tls/ca.crt \
-  --client-san spiffe://cluster.local/ns/demo/sa/envoy &
+  --client-san spiffe://cluster.local/ns/demo/sa/envoy >"$logs/companion.log" 2>&1 &
 pids+=($!)
+run_envoy() { # log name, config, extra args...
+  local log="$logs/$1.log" config="$2"
+  shift 2
+  if command -v func-e >/dev/null 2>&1; then
+    func-e run -c "$config" --concurrency 2 "$@" >"$log" 2>&1 &
+  else
+    "${ENVOY_BIN:-.venv/bin/envoy}" -c "$config" --concurrency 2 --disable-hot-restart "$@" >"$log" 2>&1 &
+  fi
+  pids+=($!)
+}
+# Two Envoys on one machine: the second needs its own base id (shared memory) under func-e.
+run_envoy envoy-wasm envoy.yaml --component-log-level wasm:info
+run_envoy envoy-native envoy-native.yaml --base-id 1 --component-log-level dynamic_modules:info
+run_envoy envoy-companion envoy-companion.yaml --base-id 2 --component-log-level wasm:info
+# Said once the Envoys answer their admin port (or after 20 s).
+for _ in $(seq 100); do
+  curl -sf -o /dev/null localhost:9901/ready && curl -sf -o /dev/null localhost:9902/ready &&
+    curl -sf -o /dev/null localhost:9903/ready && break
+  sleep 0.2
+done
 cat <<'MSG'
 serving-picker demo, both forms in front of the same three pods:
   wasm filter    Envoy on http://127.0.0.1:10000, admin on http://127.0.0.1:9901 (envoy.yaml)
@@ -70,20 +93,8 @@ Companion chain: .run/slices/web.yaml -> serving-picker-conditions -> Envoy on :
      curl -s localhost:10002/ ; curl -s localhost:10002/native/   (pod-a: wasm / native form)
      edit .run/slices/web.yaml (pod-a ready: false, serving: false) -> both answer pod-b
      curl -s localhost:9102/metrics | grep serving_picker_conditions
+Logs: .run/logs/{backends,companion,envoy-wasm,envoy-native,envoy-companion}.log
+Alerts: deploy/monitoring/serving-picker.rules.yaml (docs/runbook.md)
 Ctrl-C stops everything (under func-e, Envoy gets SIGKILL: no graceful drain).
 MSG
-run_envoy() { # config, extra args...
-  local config="$1"
-  shift
-  if command -v func-e >/dev/null 2>&1; then
-    func-e run -c "$config" --concurrency 2 "$@" &
-  else
-    "${ENVOY_BIN:-.venv/bin/envoy}" -c "$config" --concurrency 2 --disable-hot-restart "$@" &
-  fi
-  pids+=($!)
-}
-# Two Envoys on one machine: the second needs its own base id (shared memory) under func-e.
-run_envoy envoy.yaml --component-log-level wasm:info
-run_envoy envoy-native.yaml --base-id 1 --component-log-level dynamic_modules:info
-run_envoy envoy-companion.yaml --base-id 2 --component-log-level wasm:info
 wait -n
