@@ -190,12 +190,14 @@ validate: build envoy demo-certs
 	  $(ENVOY_BIN) --mode validate -c $$c --disable-hot-restart -l warning || exit 1; \
 	done
 
+# Every suite that needs no Envoy: each crate's unit, property and integration tests (the
+# companion's run its binary; platforms/ checks the manifests), all but the end-to-end crate.
 unit:
-	cargo test --workspace --lib
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --exclude serving-picker-e2e -- --test-threads 2
 
-# Every crate's tests; the end-to-end ones are the one binary of tests/ (serving-picker-e2e).
+# The end-to-end tests: the one binary of tests/ (serving-picker-e2e), real Envoy.
 integration: build envoy
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --tests -- --test-threads 2
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --tests -- --test-threads 2
 
 soak: build envoy
 	scripts/soak.sh
