@@ -43,7 +43,7 @@ export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
-SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml $(wildcard examples/*.yaml)
+SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml envoy-sessions-header.yaml $(wildcard examples/*.yaml)
 # Envoy finds the native module (`dynamic_module_config: {name: serving_picker}`) as
 # lib<name>.so in this directory: validate, run and the tests set it.
 export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))

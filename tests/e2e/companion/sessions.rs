@@ -2,8 +2,8 @@
 //! filter (`envoy.filters.http.stateful_session`, cookie or header) in front
 //! of either form, the endpoints from the real companion (serving+terminating
 //! HEALTHY with its conditions in metadata, not serving UNHEALTHY), the
-//! cluster's `override_host_status` as the shipped examples set it
-//! (`[UNKNOWN, HEALTHY]`: examples/sessions/):
+//! cluster's `override_host_status` as the shipped configs set it
+//! (`[UNKNOWN, HEALTHY]`: envoy-sessions.yaml, envoy-sessions-header.yaml):
 //!
 //! - 50 sessions pinned across a one-replica rolling update under load: no
 //!   request fails; a session stays on the old pod while it is
@@ -16,7 +16,12 @@
 //! - the DRAINING-only marking (Envoy Gateway >= 1.6 without the companion:
 //!   a not-ready pod is DRAINING too): with `override_host_status` that
 //!   admits DRAINING, a cookie naming the not-ready pod reaches it (why the
-//!   examples never admit DRAINING); with the shipped set it never does.
+//!   examples never admit DRAINING); with the shipped set, or Envoy's
+//!   default as Envoy Gateway leaves it, it never does, and a session on the
+//!   draining pod is not kept either;
+//! - Istio's marking (serving+terminating DRAINING, not ready UNHEALTHY,
+//!   istiod's override set with DRAINING): sessions drain with their pod and
+//!   never reach the not-ready one.
 //!
 //! Figures (requests per session per pod, re-pins, failures) are printed
 //! with `--nocapture`.
@@ -49,7 +54,8 @@ enum State {
 }
 
 /// The stateful session filter, first of the HTTP filters, and the
-/// cluster's `override_host_status`.
+/// cluster's `override_host_status` (`ENVOY_DEFAULT`: left unset, as Envoy
+/// Gateway leaves it).
 fn sessions(
     state: State,
     strict: bool,
@@ -76,6 +82,9 @@ fn sessions(
                 }
             }
         }
+        if statuses.is_empty() {
+            return;
+        }
         for c in b["static_resources"]["clusters"].as_array_mut().unwrap() {
             if c["name"] == CLUSTER || c["name"] == OTHER {
                 c["common_lb_config"]["override_host_status"] = json!({"statuses": statuses});
@@ -86,6 +95,13 @@ fn sessions(
 
 /// The examples' set: sessions kept on UNKNOWN and HEALTHY hosts only.
 const SHIPPED: &[&str] = &["UNKNOWN", "HEALTHY"];
+/// No `override_host_status` on the cluster: Envoy's default (UNKNOWN,
+/// HEALTHY, DEGRADED), what Envoy Gateway generates.
+const ENVOY_DEFAULT: &[&str] = &[];
+/// The set istiod gives the clusters of a Service labelled
+/// `istio.io/persistent-session` (istio 1.29.6,
+/// pilot/pkg/networking/core/cluster.go).
+const ISTIO: &[&str] = &["HEALTHY", "DRAINING", "UNKNOWN", "DEGRADED"];
 
 struct Setup {
     slices: SliceDir,
@@ -480,85 +496,176 @@ both_forms!(
     seed_rows_with_the_session_filter,
 );
 
-/// Envoy Gateway >= 1.6 without the companion marks every not-ready pod
-/// DRAINING (a new pod before readiness looks like an old pod in preStop):
-/// Envoy honours a session on a DRAINING host before any module runs when
-/// `override_host_status` admits DRAINING, so a session can reach a pod that
-/// is not ready. With the examples' set it cannot (and a session on a
-/// draining pod is not kept either: the trade-off docs/sessions.md states).
+/// Envoy Gateway >= 1.6 without the companion marks every pod that is not
+/// ready DRAINING: an old pod in preStop (serving+terminating) and a new pod
+/// before readiness look alike. Envoy honours a session on a DRAINING host
+/// before any module runs when `override_host_status` admits DRAINING, so a
+/// session then reaches the pod that is not ready; with the examples' set or
+/// Envoy's default (what EG generates) it never does, and a session on the
+/// draining old pod is not kept either (it moves to the ready pod at once):
+/// the trade-off docs/sessions.md states. No set keeps the one and refuses
+/// the other: both pods carry the same status.
 #[test]
 fn draining_only_marking_sends_sessions_to_a_not_ready_pod_unless_draining_is_refused() {
     set_current_form(Form::Wasm);
-    let a = Backend::start("A");
+    let draining = Backend::start("A");
+    let ready = Backend::start("B");
     let not_ready = Backend::start("N");
-    for (statuses, reaches) in [
+    let mut figures = Vec::new();
+    for (statuses, admitted) in [
         (&["UNKNOWN", "HEALTHY", "DRAINING"][..], true),
         (SHIPPED, false),
+        (ENVOY_DEFAULT, false),
     ] {
-        // EDS as EG sends it: no conditions, the not-ready pod DRAINING.
+        // EDS as EG sends it: no conditions, a ready pod UNKNOWN, the pod in
+        // preStop and the pod not ready yet both DRAINING.
         let envoy = EnvoyBuilder::new()
             .tag("sessions-draining-only")
             .eds_cluster(
                 CLUSTER,
                 &[
-                    Endpoint::no_metadata(a.addr()),
-                    Endpoint::no_metadata(not_ready.addr()).health_status("DRAINING"),
+                    Endpoint::health(draining.addr(), "DRAINING"),
+                    Endpoint::no_metadata(ready.addr()),
+                    Endpoint::health(not_ready.addr(), "DRAINING"),
                 ],
             )
             .bootstrap_hook(sessions(State::Header, false, statuses))
             .form(Form::Wasm)
             .start();
-        settle(&envoy, PATH, &[], "A", served_by(&a));
+        settle(&envoy, PATH, &[], "B", served_by(&ready));
         let template = issued(&request(&envoy, State::Header, None), State::Header).unwrap();
-        let value = naming(&template, &a, &not_ready.addr().to_string());
-        let hits = (0..20)
-            .filter(|_| {
-                request(&envoy, State::Header, Some(&value)).header(BACKEND_HEADER)
-                    == Some(not_ready.name())
-            })
-            .count();
-        println!("DRAINING-only marking, override_host_status {statuses:?}: {hits}/20 to the not-ready pod");
-        if reaches {
-            assert_eq!(
-                hits, 20,
-                "Envoy honours a session on a DRAINING host when DRAINING is admitted"
-            );
+        let hits = |target: &Backend| {
+            let value = naming(&template, &ready, &target.addr().to_string());
+            (0..20)
+                .filter(|i| {
+                    let r = request(&envoy, State::Header, Some(&value));
+                    assert_eq!(r.status, 200, "{statuses:?}, request {i}: {r:?}");
+                    r.header(BACKEND_HEADER) == Some(target.name())
+                })
+                .count()
+        };
+        let (kept, reached) = (hits(&draining), hits(&not_ready));
+        let set = if statuses.is_empty() {
+            "unset (Envoy's default, as EG generates)".to_string()
         } else {
-            assert_eq!(
-                hits, 0,
-                "with {statuses:?} a session never reaches the not-ready pod"
-            );
-        }
+            format!("{statuses:?}")
+        };
+        figures.push(format!(
+            "  override_host_status {set}: a session on the draining pod kept {kept}/20; a session naming the not-ready pod reached it {reached}/20"
+        ));
+        let want = if admitted { 20 } else { 0 };
+        assert_eq!(
+            (kept, reached),
+            (want, want),
+            "{set}: sessions on the DRAINING pods (the draining one kept, the not-ready one reached)"
+        );
+    }
+    println!("DRAINING-only marking (EG >= 1.6 without the companion):");
+    for f in figures {
+        println!("{f}");
     }
 }
 
-/// envoy-sessions.yaml is the shape these tests run: the stateful session
-/// filter first, cookie `sp-session`, not strict, and both clusters'
+/// Istio's way in: istiod, for a Service labelled
+/// `istio.io/persistent-session`, sends a serving+terminating pod DRAINING
+/// (no conditions), a pod that is not ready UNHEALTHY (with
+/// PILOT_SEND_UNHEALTHY_ENDPOINTS, else not at all) and drops a pod that is
+/// terminating and not serving, and gives the cluster `[HEALTHY, DRAINING,
+/// UNKNOWN, DEGRADED]`. With the wasm form: a session stays on its draining
+/// pod, new sessions go to the ready one, a session naming the not-ready pod
+/// never reaches it, and once the draining pod is dropped its sessions are
+/// re-pinned.
+#[test]
+fn istio_marking_keeps_sessions_on_draining_pods_and_never_reaches_not_ready_ones() {
+    set_current_form(Form::Wasm);
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let not_ready = Backend::start("N");
+    let envoy = EnvoyBuilder::new()
+        .tag("sessions-istio")
+        .eds_cluster(CLUSTER, &[Endpoint::health(a.addr(), "HEALTHY")])
+        .bootstrap_hook(sessions(State::Cookie, false, ISTIO))
+        .form(Form::Wasm)
+        .start();
+    settle(&envoy, PATH, &[], "A", served_by(&a));
+    let on_a = issued(&request(&envoy, State::Cookie, None), State::Cookie).unwrap();
+    envoy.set_endpoints(
+        CLUSTER,
+        &[
+            Endpoint::health(a.addr(), "DRAINING"),
+            Endpoint::health(b.addr(), "HEALTHY"),
+            Endpoint::health(not_ready.addr(), "UNHEALTHY"),
+        ],
+    );
+    settle(&envoy, PATH, &[], "B ready, A draining", served_by(&b));
+    let naming_n = naming(&on_a, &a, &not_ready.addr().to_string());
+    let (mut kept, mut reached, mut new_on_b) = (0, 0, 0);
+    for i in 0..20 {
+        let r = request(&envoy, State::Cookie, Some(&on_a));
+        assert_eq!(r.status, 200, "session on A, request {i}: {r:?}");
+        kept += usize::from(served_by(&a)(&r));
+        let r = request(&envoy, State::Cookie, Some(&naming_n));
+        assert!(served_by(&b)(&r), "session naming N, request {i}: {r:?}");
+        reached += usize::from(r.header(BACKEND_HEADER) == Some(not_ready.name()));
+        new_on_b += usize::from(served_by(&b)(&request(&envoy, State::Cookie, None)));
+    }
+    envoy.set_endpoints(CLUSTER, &[Endpoint::health(b.addr(), "HEALTHY")]);
+    settle(&envoy, PATH, &[], "A dropped", |_: &Response| {
+        served_by(&b)(&request(&envoy, State::Cookie, Some(&on_a)))
+    });
+    let r = request(&envoy, State::Cookie, Some(&on_a));
+    let repinned = issued(&r, State::Cookie).is_some_and(|v| v != on_a);
+    println!(
+        "Istio marking, override_host_status {ISTIO:?}: session on the draining pod kept {kept}/20; session naming the not-ready pod reached it {reached}/20; new sessions to the ready pod {new_on_b}/20; re-pinned once the draining pod is dropped: {repinned}"
+    );
+    assert_eq!((kept, reached, new_on_b), (20, 0, 20));
+    assert!(repinned, "a new session value once A is dropped: {r:?}");
+}
+
+/// envoy-sessions.yaml (cookie `sp-session`) and envoy-sessions-header.yaml
+/// (header `x-sp-session`) are the shape these tests run: the stateful
+/// session filter first, not strict, and both clusters'
 /// `override_host_status` the set tested here.
 #[test]
-fn the_shipped_session_config_is_the_tested_one() {
-    let path = support::repo_root().join("envoy-sessions.yaml");
-    let config: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"];
-    let first = &hcm["http_filters"][0];
-    assert_eq!(first["name"], "envoy.filters.http.stateful_session");
-    assert_eq!(first["typed_config"]["strict"], false);
-    assert_eq!(
-        first["typed_config"]["session_state"]["typed_config"]["cookie"]["name"],
-        COOKIE
-    );
-    for name in ["backend", "backend-native"] {
-        let cluster = config["static_resources"]["clusters"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap();
+fn the_shipped_session_configs_are_the_tested_ones() {
+    for (file, kind, key, name) in [
+        ("envoy-sessions.yaml", "cookie", "cookie", COOKIE),
+        ("envoy-sessions-header.yaml", "header", "name", HEADER),
+    ] {
+        let path = support::repo_root().join(file);
+        let config: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"];
+        let first = &hcm["http_filters"][0];
         assert_eq!(
-            cluster["common_lb_config"]["override_host_status"]["statuses"],
-            json!(SHIPPED),
-            "{name}"
+            first["name"], "envoy.filters.http.stateful_session",
+            "{file}"
         );
+        assert_eq!(first["typed_config"]["strict"], false, "{file}");
+        let state = &first["typed_config"]["session_state"];
+        assert_eq!(
+            state["name"],
+            format!("envoy.http.stateful_session.{kind}"),
+            "{file}"
+        );
+        let value = match kind {
+            "cookie" => &state["typed_config"][key]["name"],
+            _ => &state["typed_config"][key],
+        };
+        assert_eq!(value, name, "{file}");
+        for cluster_name in ["backend", "backend-native"] {
+            let cluster = config["static_resources"]["clusters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == cluster_name)
+                .unwrap();
+            assert_eq!(
+                cluster["common_lb_config"]["override_host_status"]["statuses"],
+                json!(SHIPPED),
+                "{file}: {cluster_name}"
+            );
+        }
     }
 }
