@@ -82,12 +82,17 @@ fn sessions(
                 }
             }
         }
-        if statuses.is_empty() {
-            return;
-        }
         for c in b["static_resources"]["clusters"].as_array_mut().unwrap() {
             if c["name"] == CLUSTER || c["name"] == OTHER {
-                c["common_lb_config"]["override_host_status"] = json!({"statuses": statuses});
+                let lb = &mut c["common_lb_config"];
+                if statuses.is_empty() {
+                    // The harness sets a set of its own: Envoy's default is no field.
+                    if let Some(lb) = lb.as_object_mut() {
+                        lb.remove("override_host_status");
+                    }
+                } else {
+                    lb["override_host_status"] = json!({"statuses": statuses});
+                }
             }
         }
     }
