@@ -478,7 +478,10 @@ mod tests {
         assert!(html.contains("&lt;bad&gt;") && !html.contains("<bad>"));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
-        assert!(text.contains("service_serving_endpoints{cluster=\"web\"} 2"), "{text}");
+        assert!(
+            text.contains("service_serving_endpoints{cluster=\"web\"} 2"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod chain;
 mod envoy_gateway;
 mod handshake_flood;
 mod monitoring;
+mod prometheus;
 mod release;
 mod sessions;
 mod soak;
