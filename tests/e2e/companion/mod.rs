@@ -9,5 +9,6 @@ mod prometheus;
 mod release;
 mod sessions;
 mod soak;
+mod status_page;
 mod tls;
 mod unreachable;
