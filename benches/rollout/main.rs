@@ -141,8 +141,11 @@ fn walk(setup: Setup, p: Duration, rate: f64) -> LoadReport {
     report
 }
 
+/// A curve: (seconds, requests/s).
+type Curve = Vec<(f64, f64)>;
+
 /// Per bucket: requests per second to each pod, and failed ones.
-fn series(report: &LoadReport) -> (BTreeMap<String, Vec<(f64, f64)>>, Vec<(f64, f64)>) {
+fn series(report: &LoadReport) -> (BTreeMap<String, Curve>, Curve) {
     // Whole bins only: a last partial one would read as a drop.
     let n = (report.end.as_secs_f64() / BUCKET.as_secs_f64()).floor() as usize;
     let per_s = 1.0 / BUCKET.as_secs_f64();
@@ -158,7 +161,7 @@ fn series(report: &LoadReport) -> (BTreeMap<String, Vec<(f64, f64)>>, Vec<(f64, 
             None => failed[i] += per_s,
         }
     }
-    let xy = |v: Vec<f64>| -> Vec<(f64, f64)> {
+    let xy = |v: Vec<f64>| -> Curve {
         // Steps: each bin's rate over its whole width.
         let w = BUCKET.as_secs_f64();
         v.into_iter()
