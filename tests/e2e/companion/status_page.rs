@@ -2,7 +2,10 @@
 //! in a real headless Chromium (Debian's `chromium`): it loads, shows every
 //! endpoint of the managed Service port with its conditions and tier, and
 //! the Envoy subscribed (by node id) with the version it ACKed; after a
-//! slice change, a new load shows the new tiers and the new version.
+//! slice change, a new load shows the new tiers and the new version. A
+//! second subscriber (an EDS client speaking the xDS protocol, since a real
+//! Envoy NACKs nothing the companion sends) refuses a response: the page
+//! shows its NACK with the error message it sent.
 //! Fails when Chromium is not installed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -163,6 +166,27 @@ fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
     );
     assert!(dom.contains(&v2) && !dom.contains(&v1), "versions:\n{dom}");
 
+    // A subscriber that refuses: its NACK and message on the page.
+    nack_once(
+        companion.listen_addr(),
+        "status-page-nacker",
+        "rejected by the test: <bad> & co",
+    );
+    let start = Instant::now();
+    while !status(&companion)
+        .to_string()
+        .contains("rejected by the test")
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "no NACK shown");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dom = chromium(&["--dump-dom"], &url);
+    assert!(dom.contains("status-page-nacker"), "{dom}");
+    assert!(
+        dom.contains("rejected by the test: &lt;bad&gt; &amp; co"),
+        "NACK message:\n{dom}"
+    );
+
     // And it renders: a screenshot (kept with the test's files).
     let png = fresh_dir("status-screenshot").join("status-page.png");
     chromium(
@@ -179,4 +203,58 @@ fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
         png.display()
     );
     eprintln!("status page screenshot: {}", png.display());
+}
+
+/// Subscribes to `backend` as `node` over EDS, takes the first response and
+/// NACKs it with `message`.
+fn nack_once(addr: std::net::SocketAddr, node: &str, message: &str) {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_client::EndpointDiscoveryServiceClient;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = EndpointDiscoveryServiceClient::new(channel);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let request = |nonce: &str, error: Option<RpcStatus>| DiscoveryRequest {
+            node: Some(Node {
+                id: node.to_string(),
+                ..Default::default()
+            }),
+            resource_names: vec!["backend".to_string()],
+            type_url: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+                .to_string(),
+            response_nonce: nonce.to_string(),
+            error_detail: error,
+            ..Default::default()
+        };
+        tx.send(request("", None)).await.unwrap();
+        let mut responses = client
+            .stream_endpoints(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(10), responses.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let error = RpcStatus {
+            code: 3,
+            message: message.to_string(),
+            ..Default::default()
+        };
+        tx.send(request(&first.nonce, Some(error))).await.unwrap();
+        // Held open until the companion has read it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
 }
