@@ -105,7 +105,7 @@ Companion chain: .run/slices/web.yaml -> serving-picker-conditions -> Envoy on :
      edit .run/slices/web.yaml (pod-a ready: false, serving: false) -> both answer pod-b
      curl -s localhost:9102/metrics | grep serving_picker_conditions
      every endpoint serving: false in .run/slices/web.yaml -> the status page shows no_serving,
-       ServingPickerServiceWithoutServingEndpoint fires in Prometheus within ~10 s
+       ServingPickerServiceWithoutServingEndpoint fires in Prometheus within ~15 s
 MSG
 cat <<MSG
 Status page: http://127.0.0.1:9102/debug/services.html (JSON: /debug/services)
