@@ -227,6 +227,13 @@ bench-e2e: build envoy
 	cargo build --release --manifest-path benches/latency-client/Cargo.toml
 	cargo run -q -p serving-picker-benches --bin bench-e2e
 
+# The picture on the README: the one-replica rolling update under load through plain Envoy
+# (terminating endpoints dropped), the wasm form and the native form, requests/s per pod and
+# failed requests over time (benches/rollout/main.rs, with the e2e harness). About 40 s.
+.PHONY: rollout-picture
+rollout-picture: build envoy
+	cargo run -q -p serving-picker-benches --bin rollout-picture -- docs/img/rollout.svg
+
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
 # files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency, and
 # the main-thread CPU of one change-driven refresh (every cluster changing, or one).

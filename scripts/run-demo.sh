@@ -70,6 +70,17 @@ run_envoy() { # log name, config, extra args...
 run_envoy envoy-wasm envoy.yaml --component-log-level wasm:info
 run_envoy envoy-native envoy-native.yaml --base-id 1 --component-log-level dynamic_modules:info
 run_envoy envoy-companion envoy-companion.yaml --base-id 2 --component-log-level wasm:info
+# Prometheus (Debian's, when installed) with the shipped rules, scraping the companion and the
+# three Envoys every 5 s: scripts/prometheus.sh, as its test starts it.
+prometheus_url=""
+if command -v prometheus >/dev/null 2>&1; then
+  scripts/prometheus.sh .run/prometheus 127.0.0.1:9090 5s \
+    serving-picker-conditions@127.0.0.1:9102/metrics \
+    envoy@127.0.0.1:9901/stats/prometheus envoy@127.0.0.1:9902/stats/prometheus \
+    envoy@127.0.0.1:9903/stats/prometheus >"$logs/prometheus.log" 2>&1 &
+  pids+=($!)
+  prometheus_url="http://127.0.0.1:9090/alerts"
+fi
 # Said once the Envoys answer their admin port (or after 20 s).
 for _ in $(seq 100); do
   curl -sf -o /dev/null localhost:9901/ready && curl -sf -o /dev/null localhost:9902/ready &&
@@ -93,8 +104,14 @@ Companion chain: .run/slices/web.yaml -> serving-picker-conditions -> Envoy on :
      curl -s localhost:10002/ ; curl -s localhost:10002/native/   (pod-a: wasm / native form)
      edit .run/slices/web.yaml (pod-a ready: false, serving: false) -> both answer pod-b
      curl -s localhost:9102/metrics | grep serving_picker_conditions
-Logs: .run/logs/{backends,companion,envoy-wasm,envoy-native,envoy-companion}.log
+     every endpoint serving: false in .run/slices/web.yaml -> the status page shows no_serving,
+       ServingPickerServiceWithoutServingEndpoint fires in Prometheus within ~15 s
+MSG
+cat <<MSG
+Status page: http://127.0.0.1:9102/debug/services.html (JSON: /debug/services)
+Prometheus:  ${prometheus_url:-not installed (apt-get install prometheus): alerts not evaluated}
 Alerts: deploy/monitoring/serving-picker.rules.yaml (docs/runbook.md)
+Logs: .run/logs/{backends,companion,envoy-wasm,envoy-native,envoy-companion${prometheus_url:+,prometheus}}.log
 Ctrl-C stops everything (under func-e, Envoy gets SIGKILL: no graceful drain).
 MSG
 wait -n

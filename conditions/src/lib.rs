@@ -42,5 +42,6 @@ pub mod ratelog;
 pub mod serve;
 pub mod slice;
 pub mod source;
+pub mod status;
 pub mod tls;
 pub mod xds;

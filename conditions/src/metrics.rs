@@ -65,6 +65,8 @@ pub struct Metrics {
     limit_hits: Family<Labels, Counter>,
     limits: Family<Labels, Gauge>,
     http_connections: Gauge,
+    // status page (crate::status): its state and gauge
+    status: Arc<crate::status::Board>,
 }
 
 fn seconds_buckets() -> Histogram {
@@ -265,7 +267,10 @@ impl Metrics {
             "Connections open on the metrics port (see limit{limit=\"metrics-max-connections\"})",
             Gauge::default(),
         );
+        // status page (crate::status)
+        let status = Arc::new(crate::status::Board::new(r));
         Metrics {
+            status,
             registry,
             responses_sent,
             sent_bytes,
@@ -443,6 +448,11 @@ impl Metrics {
         self.nacks.inc();
     }
 
+    /// The status page's state (`/debug/services`).
+    pub fn status(&self) -> &crate::status::Board {
+        &self.status
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut s = String::new();
@@ -468,6 +478,17 @@ fn route(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.render(),
+        ),
+        // status page (crate::status)
+        "/debug/services" => respond(
+            StatusCode::OK,
+            "application/json",
+            metrics.status.json().to_string(),
+        ),
+        "/debug/services.html" => respond(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            metrics.status.html(),
         ),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if metrics.is_ready() => respond(StatusCode::OK, "text/plain", "ready\n".into()),
@@ -503,7 +524,7 @@ impl HttpConnections {
     }
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until the process
+/// Serves `/metrics`, `/healthz`, `/readyz`, `/debug/services` on `listener` until the process
 /// ends. Bounded: headers must arrive within `--metrics-header-timeout`, and
 /// past `--metrics-max-connections` a new connection closes the oldest, so
 /// half-sent requests cannot keep the probes out.

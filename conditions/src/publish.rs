@@ -184,6 +184,22 @@ impl Publisher {
         self.ready
     }
 
+    /// Each cluster with its endpoints now (the status page), and whether
+    /// the priority output is on.
+    pub fn port_endpoints(
+        &self,
+    ) -> (
+        bool,
+        impl Iterator<Item = (&ClusterSpec, Vec<crate::endpoint::Endpoint>)>,
+    ) {
+        let ports = self
+            .clusters
+            .iter()
+            .zip(&self.served)
+            .map(|(c, s)| (c, s.view.endpoints()));
+        (self.output.priorities, ports)
+    }
+
     /// Applies updates; returns the new snapshot when something an Envoy
     /// would see changed (an assignment, or readiness).
     pub fn apply(&mut self, updates: Vec<Update>) -> Option<Snapshot> {
@@ -351,6 +367,8 @@ pub async fn run(
                 "snapshot published"
             );
             metrics.published();
+            let (priorities, ports) = publisher.port_endpoints();
+            metrics.status().set_services(&s.version, priorities, ports);
             snapshots.send_replace(Arc::new(s));
         }
     }

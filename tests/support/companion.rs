@@ -203,6 +203,11 @@ impl Companion {
         self.listen
     }
 
+    /// The metrics port (`/metrics`, `/debug/services`).
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics
+    }
+
     pub fn get(&self, path: &str) -> http::Response {
         http::request(self.metrics, "GET", path, &[], Duration::from_secs(2))
     }

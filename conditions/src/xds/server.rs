@@ -522,6 +522,7 @@ fn handle(
                 Ok(n) if !n.id.is_empty() => n.id.chars().take(NODE_ID_MAX).collect(),
                 _ => "-".to_string(),
             };
+            core.metrics.status().stream_opened(&node, &shared.peer);
         }
     }
     let snap = core.snapshots.borrow().clone();
@@ -535,10 +536,12 @@ fn handle(
         }
         RequestKind::Ack { version } => {
             core.metrics.acked(h.ack_after);
+            core.metrics.status().acked(&node, version);
             tracing::debug!(node = %node, version = %version, "xDS ACK");
         }
         RequestKind::Nack { version, message } => {
             core.metrics.nacked();
+            core.metrics.status().nacked(&node, version, message);
             if let Some(left_out) = NACK_LOG.allow() {
                 let message: String = message.chars().take(1024).collect();
                 tracing::warn!(node = %node, version = %version, error = %message, left_out, "xDS NACK: Envoy rejected an assignment");
@@ -676,6 +679,10 @@ impl Drop for ResponseBody {
             c.streams.fetch_sub(1, Ordering::SeqCst);
         }
         core.metrics.stream_closed();
+        let node = self.shared.node();
+        if !node.is_empty() {
+            core.metrics.status().stream_closed(&node);
+        }
         self.shared.closed.notify_one();
         if let Some(left_out) = OPEN_LOG.allow() {
             tracing::info!(api = self.shared.api, node = %self.shared.node(), peer = %self.shared.peer, left_out, "xDS stream closed");

@@ -1,0 +1,499 @@
+//! The status page on the metrics port: what the companion decided and who
+//! took it. `/debug/services` (JSON) and `/debug/services.html` (the same,
+//! as a page) show, per managed Service port (each `--cluster`), every
+//! endpoint with its conditions, zone, node and hints, the tier it is in
+//! and the priority it gets; per subscriber (each Envoy, by node id) the
+//! version it last ACKed and how long ago, its last NACK with Envoy's error
+//! message, and how many streams it has open.
+//!
+//! Bounded like every other answer of the companion: at most
+//! [`MAX_ENDPOINT_ROWS`] endpoint rows over all ports, [`MAX_SUBSCRIBERS`]
+//! subscriber records (the oldest disconnected one goes first), strings cut
+//! to [`MAX_TEXT`] characters, a NACK message to [`MAX_NACK_MESSAGE`]; the
+//! answer says how many rows it left out. Served on the metrics listener
+//! only, with its limits (`--metrics-max-connections`,
+//! `--metrics-header-timeout`).
+//!
+//! Also the gauge `serving_picker_conditions_service_serving_endpoints`
+//! per cluster: 0 is a Service port with no serving endpoint.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+
+use serving_picker_core::contract::Tier;
+
+use crate::cluster::ClusterSpec;
+use crate::endpoint::Endpoint;
+
+/// Endpoint rows shown, over all ports.
+pub const MAX_ENDPOINT_ROWS: usize = 1000;
+/// Subscriber records kept (by node id).
+pub const MAX_SUBSCRIBERS: usize = 256;
+/// Any name shown is cut to this many characters.
+pub const MAX_TEXT: usize = 253;
+/// A NACK's error message is cut to this many characters.
+pub const MAX_NACK_MESSAGE: usize = 512;
+
+type ClusterLabel = Vec<(&'static str, String)>;
+
+/// One endpoint as the page shows it.
+#[derive(Clone, Debug)]
+struct EndpointRow {
+    address: String,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+    zone: Option<String>,
+    node_name: Option<String>,
+    hints_zones: Option<String>,
+    hints_nodes: Option<String>,
+    tier: Tier,
+    /// With the priority output: the priority written, `None` when left out.
+    priority: Option<u32>,
+}
+
+/// One managed Service port.
+#[derive(Clone, Debug)]
+struct PortRow {
+    cluster: String,
+    service: String,
+    port_name: String,
+    total: usize,
+    serving: usize,
+    /// The tier Envoy serves this port from (its best non-empty one).
+    serves_from: Tier,
+    endpoints: Vec<EndpointRow>,
+}
+
+#[derive(Clone, Debug)]
+struct Nack {
+    version: String,
+    message: String,
+    at: Instant,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Subscriber {
+    peer: String,
+    streams: usize,
+    acked: Option<(String, Instant)>,
+    nack: Option<Nack>,
+    last_seen: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Services {
+    ports: Vec<PortRow>,
+    left_out: usize,
+    priorities: bool,
+    published: Option<(String, Instant)>,
+}
+
+/// The page's state: written by the publisher and the xDS streams, read by
+/// the metrics listener.
+pub struct Board {
+    services: Mutex<Services>,
+    subscribers: Mutex<BTreeMap<String, Subscriber>>,
+    serving_endpoints: Family<ClusterLabel, Gauge>,
+}
+
+fn cut(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Board {
+    /// A board whose gauge is registered in `registry`.
+    pub fn new(registry: &mut Registry) -> Board {
+        let serving_endpoints = crate::metrics::registered(
+            registry,
+            "service_serving_endpoints",
+            "Serving endpoints of each managed Service port, by cluster (0: requests get the no-serving 503)",
+            Family::default(),
+        );
+        Board {
+            services: Mutex::new(Services::default()),
+            subscribers: Mutex::new(BTreeMap::new()),
+            serving_endpoints,
+        }
+    }
+
+    /// The assignment of every cluster, as published in snapshot `version`.
+    pub fn set_services<'a>(
+        &self,
+        version: &str,
+        priorities: bool,
+        ports: impl Iterator<Item = (&'a ClusterSpec, Vec<Endpoint>)>,
+    ) {
+        let mut rows = Vec::new();
+        let mut budget = MAX_ENDPOINT_ROWS;
+        let mut left_out = 0;
+        for (spec, mut eps) in ports {
+            eps.sort_by_key(|e| (e.conditions.tier() as u8, e.addr));
+            let serving = eps.iter().filter(|e| e.conditions.serving).count();
+            let serves_from = eps
+                .iter()
+                .map(|e| e.conditions.tier())
+                .min_by_key(|t| *t as u8)
+                .unwrap_or(Tier::NoServing);
+            self.serving_endpoints
+                .get_or_create(&vec![("cluster", cut(&spec.name, MAX_TEXT))])
+                .set(serving as i64);
+            let total = eps.len();
+            let shown = total.min(budget);
+            budget -= shown;
+            left_out += total - shown;
+            let opt = |s: &Option<Arc<str>>| s.as_deref().map(|v| cut(v, MAX_TEXT));
+            let endpoints = eps
+                .iter()
+                .take(shown)
+                .map(|e| EndpointRow {
+                    address: e.addr.to_string(),
+                    ready: e.conditions.ready,
+                    serving: e.conditions.serving,
+                    terminating: e.conditions.terminating,
+                    zone: opt(&e.zone),
+                    node_name: opt(&e.node_name),
+                    hints_zones: opt(&e.hints_zones),
+                    hints_nodes: opt(&e.hints_nodes),
+                    tier: e.conditions.tier(),
+                    priority: e.conditions.tier().priority(),
+                })
+                .collect();
+            rows.push(PortRow {
+                cluster: cut(&spec.name, MAX_TEXT),
+                service: cut(&spec.service.to_string(), MAX_TEXT),
+                port_name: cut(&spec.port_name, MAX_TEXT),
+                total,
+                serving,
+                serves_from,
+                endpoints,
+            });
+        }
+        *lock(&self.services) = Services {
+            ports: rows,
+            left_out,
+            priorities,
+            published: Some((cut(version, MAX_TEXT), Instant::now())),
+        };
+    }
+
+    fn subscriber<'a>(
+        subs: &'a mut BTreeMap<String, Subscriber>,
+        node: &str,
+    ) -> &'a mut Subscriber {
+        if !subs.contains_key(node) && subs.len() >= MAX_SUBSCRIBERS {
+            // Room for a new node: the disconnected one seen longest ago goes.
+            let oldest = subs
+                .iter()
+                .filter(|(_, s)| s.streams == 0)
+                .min_by_key(|(_, s)| s.last_seen)
+                .map(|(k, _)| k.clone())
+                .or_else(|| subs.keys().next().cloned());
+            if let Some(k) = oldest {
+                subs.remove(&k);
+            }
+        }
+        subs.entry(cut(node, MAX_TEXT)).or_default()
+    }
+
+    /// A stream of `node` (from `peer`) sent its first request with a node.
+    pub fn stream_opened(&self, node: &str, peer: &str) {
+        let mut subs = lock(&self.subscribers);
+        let s = Board::subscriber(&mut subs, node);
+        s.streams += 1;
+        s.peer = cut(peer, MAX_TEXT);
+        s.last_seen = Some(Instant::now());
+    }
+
+    /// A stream of `node` ended.
+    pub fn stream_closed(&self, node: &str) {
+        let mut subs = lock(&self.subscribers);
+        if let Some(s) = subs.get_mut(node) {
+            s.streams = s.streams.saturating_sub(1);
+            s.last_seen = Some(Instant::now());
+        }
+    }
+
+    /// `node` ACKed `version`.
+    pub fn acked(&self, node: &str, version: &str) {
+        let mut subs = lock(&self.subscribers);
+        let s = Board::subscriber(&mut subs, node);
+        let now = Instant::now();
+        s.acked = Some((cut(version, MAX_TEXT), now));
+        s.last_seen = Some(now);
+    }
+
+    /// `node` refused the response after `version` with `message`.
+    pub fn nacked(&self, node: &str, version: &str, message: &str) {
+        let mut subs = lock(&self.subscribers);
+        let s = Board::subscriber(&mut subs, node);
+        let now = Instant::now();
+        s.nack = Some(Nack {
+            version: cut(version, MAX_TEXT),
+            message: cut(message, MAX_NACK_MESSAGE),
+            at: now,
+        });
+        s.last_seen = Some(now);
+    }
+
+    /// The page as JSON.
+    pub fn json(&self) -> Value {
+        let ago = |t: Instant| round(t.elapsed());
+        let services = lock(&self.services);
+        let subs = lock(&self.subscribers);
+        let tier = |t: Tier| t.name();
+        let ports: Vec<Value> = services
+            .ports
+            .iter()
+            .map(|p| {
+                json!({
+                    "cluster": p.cluster,
+                    "service": p.service,
+                    "port_name": p.port_name,
+                    "endpoints_total": p.total,
+                    "serving": p.serving,
+                    "serves_from_tier": tier(p.serves_from),
+                    "endpoints": p.endpoints.iter().map(|e| json!({
+                        "address": e.address,
+                        "ready": e.ready,
+                        "serving": e.serving,
+                        "terminating": e.terminating,
+                        "zone": e.zone,
+                        "node_name": e.node_name,
+                        "hints_zones": e.hints_zones,
+                        "hints_nodes": e.hints_nodes,
+                        "tier": tier(e.tier),
+                        "priority": if services.priorities { json!(e.priority) } else { json!(0) },
+                        "health": if e.serving { "HEALTHY" } else { "UNHEALTHY" },
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let subscribers: Vec<Value> = subs
+            .iter()
+            .map(|(node, s)| {
+                json!({
+                    "node": node,
+                    "peer": s.peer,
+                    "open_streams": s.streams,
+                    "acked_version": s.acked.as_ref().map(|a| a.0.clone()),
+                    "acked_seconds_ago": s.acked.as_ref().map(|a| ago(a.1)),
+                    "last_nack": s.nack.as_ref().map(|n| json!({
+                        "version": n.version,
+                        "message": n.message,
+                        "seconds_ago": ago(n.at),
+                    })),
+                })
+            })
+            .collect();
+        json!({
+            "snapshot_version": services.published.as_ref().map(|p| p.0.clone()),
+            "published_seconds_ago": services.published.as_ref().map(|p| ago(p.1)),
+            "priority_output": services.priorities,
+            "services": ports,
+            "subscribers": subscribers,
+            "bounds": {
+                "max_endpoint_rows": MAX_ENDPOINT_ROWS,
+                "endpoint_rows_left_out": services.left_out,
+                "max_subscribers": MAX_SUBSCRIBERS,
+                "max_text_chars": MAX_TEXT,
+                "max_nack_message_chars": MAX_NACK_MESSAGE,
+            },
+        })
+    }
+
+    /// The page as HTML (rendered here, no script: every load is current).
+    pub fn html(&self) -> String {
+        page(&self.json())
+    }
+}
+
+fn round(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+fn esc(v: &Value) -> String {
+    let s = match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn page(j: &Value) -> String {
+    let mut h = String::with_capacity(16 * 1024);
+    h.push_str("<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">\
+<title>serving-picker-conditions: services</title><style>\
+body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.4em 0 1.4em}\
+td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{background:#f0f0f0}\
+.ready{background:#dff5df}.terminating_fallback{background:#fff3cd}.no_serving{background:#f8d7da}\
+.nack{color:#a00}.small{color:#666;font-size:12px}</style></head><body>\n");
+    let _ = writeln!(
+        h,
+        "<h1>serving-picker-conditions</h1><p>Snapshot <b id=\"version\">{}</b>, published {} s ago. Priority output: {}.</p>",
+        esc(&j["snapshot_version"]),
+        esc(&j["published_seconds_ago"]),
+        esc(&j["priority_output"])
+    );
+    h.push_str("<h2>Managed Service ports</h2>\n");
+    for p in j["services"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            h,
+            "<h3 class=\"port\" data-cluster=\"{c}\">cluster {c}: {s} port {pn}</h3><p>{n} endpoints, {sv} serving; Envoy serves from tier <b class=\"serves-from\">{t}</b>.</p>",
+            c = esc(&p["cluster"]),
+            s = esc(&p["service"]),
+            pn = esc(&p["port_name"]),
+            n = esc(&p["endpoints_total"]),
+            sv = esc(&p["serving"]),
+            t = esc(&p["serves_from_tier"]),
+        );
+        h.push_str("<table><tr><th>address</th><th>ready</th><th>serving</th><th>terminating</th><th>zone</th><th>node</th><th>hints (zones)</th><th>hints (nodes)</th><th>tier</th><th>priority</th><th>health</th></tr>\n");
+        for e in p["endpoints"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                h,
+                "<tr class=\"{t}\" data-address=\"{a}\"><td>{a}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"tier\">{t}</td><td>{}</td><td>{}</td></tr>",
+                esc(&e["ready"]),
+                esc(&e["serving"]),
+                esc(&e["terminating"]),
+                esc(&e["zone"]),
+                esc(&e["node_name"]),
+                esc(&e["hints_zones"]),
+                esc(&e["hints_nodes"]),
+                esc(&e["priority"]),
+                esc(&e["health"]),
+                a = esc(&e["address"]),
+                t = esc(&e["tier"]),
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    h.push_str("<h2>Subscribers</h2><table><tr><th>node</th><th>peer</th><th>open streams</th><th>last ACKed version</th><th>ACKed (s ago)</th><th>last NACK</th></tr>\n");
+    for s in j["subscribers"].as_array().into_iter().flatten() {
+        let nack = match &s["last_nack"] {
+            Value::Null => "-".to_string(),
+            n => format!(
+                "<span class=\"nack\">version {} {} s ago: {}</span>",
+                esc(&n["version"]),
+                esc(&n["seconds_ago"]),
+                esc(&n["message"])
+            ),
+        };
+        let _ = writeln!(
+            h,
+            "<tr class=\"subscriber\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{nack}</td></tr>",
+            esc(&s["node"]),
+            esc(&s["peer"]),
+            esc(&s["open_streams"]),
+            esc(&s["acked_version"]),
+            esc(&s["acked_seconds_ago"]),
+        );
+    }
+    h.push_str("</table>\n");
+    let b = &j["bounds"];
+    let _ = writeln!(
+        h,
+        "<p class=\"small\">Bounded: at most {} endpoint rows (left out here: {}), {} subscribers, names cut to {} characters, NACK messages to {}. JSON: <a href=\"/debug/services\">/debug/services</a>. Refreshes every 5 s.</p></body></html>",
+        esc(&b["max_endpoint_rows"]),
+        esc(&b["endpoint_rows_left_out"]),
+        esc(&b["max_subscribers"]),
+        esc(&b["max_text_chars"]),
+        esc(&b["max_nack_message_chars"]),
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::fixtures::endpoint;
+
+    fn ep(ip: &str, serving: bool, terminating: bool) -> Endpoint {
+        let mut e = endpoint(ip);
+        e.serving = Some(serving);
+        e.ready = Some(serving && !terminating);
+        e.terminating = Some(terminating);
+        Endpoint::new(&e, 80)
+    }
+
+    #[test]
+    fn rows_tiers_bounds_and_subscribers() {
+        let mut r = Registry::default();
+        let b = Board::new(&mut r);
+        let spec: ClusterSpec = "web=ns/web:http".parse().unwrap();
+        let many: Vec<Endpoint> = (0..1200)
+            .map(|i| ep(&format!("10.1.{}.{}", i / 250, i % 250 + 1), true, false))
+            .collect();
+        let spec2: ClusterSpec = "big=ns/big:http".parse().unwrap();
+        b.set_services(
+            "v1",
+            true,
+            [
+                (
+                    &spec,
+                    vec![
+                        ep("10.0.0.3", false, false),
+                        ep("10.0.0.2", true, true),
+                        ep("10.0.0.1", true, false),
+                    ],
+                ),
+                (&spec2, many),
+            ]
+            .into_iter(),
+        );
+        b.stream_opened("envoy-1", "127.0.0.1:5000");
+        b.acked("envoy-1", "v1");
+        b.nacked("envoy-1", "v1", &"<bad>".repeat(200));
+        let j = b.json();
+        let web = &j["services"][0];
+        assert_eq!(web["serves_from_tier"], "ready");
+        assert_eq!(web["endpoints"][0]["address"], "10.0.0.1:80");
+        assert_eq!(web["endpoints"][1]["tier"], "terminating_fallback");
+        assert_eq!(web["endpoints"][1]["priority"], 1);
+        assert_eq!(web["endpoints"][2]["priority"], Value::Null);
+        assert_eq!(j["services"][1]["endpoints"].as_array().unwrap().len(), 997);
+        assert_eq!(j["bounds"]["endpoint_rows_left_out"], 203);
+        let s = &j["subscribers"][0];
+        assert_eq!(s["acked_version"], "v1");
+        assert_eq!(
+            s["last_nack"]["message"].as_str().unwrap().len(),
+            MAX_NACK_MESSAGE
+        );
+        let html = b.html();
+        assert!(html.contains("&lt;bad&gt;") && !html.contains("<bad>"));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        assert!(
+            text.contains("service_serving_endpoints{cluster=\"web\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn subscriber_records_are_bounded() {
+        let b = Board::new(&mut Registry::default());
+        for i in 0..(MAX_SUBSCRIBERS + 50) {
+            b.stream_opened(&format!("n{i}"), "p");
+            b.stream_closed(&format!("n{i}"));
+        }
+        assert_eq!(
+            b.json()["subscribers"].as_array().unwrap().len(),
+            MAX_SUBSCRIBERS
+        );
+    }
+}
