@@ -195,7 +195,7 @@ validate: build envoy demo-certs
 # integration tests (the companion's run the debug binary cargo builds for them; platforms/
 # checks the manifests), the harness's own tests (its layout guard) and the end-to-end
 # binary's tests that read no Envoy (E2E_WITHOUT_ENVOY: filters of `cargo test`).
-E2E_WITHOUT_ENVOY = both::contract::
+E2E_WITHOUT_ENVOY = both::contract:: harness::backend_ harness::http_client_
 unit:
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --exclude serving-picker-e2e -- --test-threads 2
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 $(E2E_WITHOUT_ENVOY)
