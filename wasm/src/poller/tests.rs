@@ -157,14 +157,14 @@ fn a_change_of_leader_forgets_what_the_last_term_published() {
     assert!(!a.lease(&keys(&data), &config, ttl + 1, false));
     let other = codec::encode(&plans("10.0.0.9:80"));
     assert!(b.publish(&keys(&data), other, &[], false, |_| Ok(())));
-    // a leads again and reads a's old endpoints: they are published anew,
-    // since a no longer compares against its own last term.
+    // a leads again: nothing of its last term is left to patch, and a's old
+    // endpoints are published anew, since a no longer compares against its
+    // own last term.
     assert!(a.lease(&keys(&data), &config, 3 * ttl, false));
+    assert_eq!(a.patched(&plans("10.0.0.5:80")), None);
     assert!(a.publish(&keys(&data), bytes.clone(), &[], false, |_| Ok(())));
     assert_eq!(keys(&data).snapshot(), Some(bytes));
     assert_eq!(keys(&data).version().as_deref(), Some(&b"1.2"[..]));
-    // And its next narrowed refresh has nothing to patch until a full one.
-    assert!(a.lease(&keys(&data), &config, 3 * ttl + 1, false));
 }
 
 #[test]
@@ -227,18 +227,18 @@ fn a_poll_is_due_each_interval_or_at_once_without_a_snapshot() {
     // The stats call's answer is pending: busy until it comes (or is lost).
     assert_eq!(p.poll(&mut admin, &config, 5_100, false), Start::Busy);
 
-    // Without a snapshot yet a poll starts before the interval.
-    let mut p = Poller::new(1);
+    // Within the interval: only while there is no snapshot yet.
     let mut admin = FakeAdmin::default();
-    assert_eq!(p.poll(&mut admin, &config, 1_000, false), Start::Started);
-    let mut p2 = Poller::new(2);
-    let mut admin2 = FakeAdmin::default();
     assert_eq!(
-        p2.poll(&mut admin2, &config, 0, true),
-        Start::Started,
-        "first: at once"
+        Poller::new(2).poll(&mut admin, &config, 500, false),
+        Start::NotDue
     );
-    assert_eq!(admin2.asked.len(), 1);
+    assert!(admin.asked.is_empty());
+    assert_eq!(
+        Poller::new(2).poll(&mut admin, &config, 500, true),
+        Start::Started
+    );
+    assert_eq!(admin.asked.len(), 1);
 }
 
 #[test]
