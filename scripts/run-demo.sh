@@ -44,7 +44,7 @@ trap 'exit 130' INT TERM
 # Each process logs to a file of its own under .run/logs, so the screen ends on what to try.
 logs=.run/logs
 mkdir -p "$logs"
-python3 scripts/demo-backends.py pod-a=18081 pod-b=18082 pod-c=18083 >"$logs/backends.log" 2>&1 &
+"${DEMO_BACKENDS:-target/debug/demo-backends}" pod-a=18081 pod-b=18082 pod-c=18083 >"$logs/backends.log" 2>&1 &
 pids+=($!)
 scripts/demo-slices.sh .run/slices
 # Over mutual TLS (certificates from `make demo-certs`): Envoy shows the demo client

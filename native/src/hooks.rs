@@ -9,8 +9,8 @@ use std::sync::Arc;
 use crate::abi::{
     self, AbiVersionPtr, ConfigHandle, Context, EnvoyBuffer, EnvoyPtr, Lb, ModulePtr, OutU32,
 };
+use crate::envoy_host::{self, Envoy, EnvoyHosts, EnvoyLbInstance, EnvoyPolicy, EnvoyRequest};
 use crate::envoy_version::{self, Verdict, BUILT_FOR, CHECK_VAR};
-use crate::host::{self, Envoy, EnvoyHosts, EnvoyLbInstance, EnvoyPolicy, EnvoyRequest};
 use crate::policy::Level;
 
 /// Runs `f`, or logs the panic and returns `fallback`.
@@ -20,7 +20,7 @@ fn guarded<T>(hook: &str, fallback: T, f: impl FnOnce() -> T) -> T {
         Err(_) => {
             // Logging itself must not panic again: `log` only formats a &str.
             let _ = catch_unwind(|| {
-                host::log(
+                envoy_host::log(
                     Level::Error,
                     &format!("serving_picker: internal error (panic) in {hook}; answered safely"),
                 )
@@ -38,17 +38,17 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionPtr {
         let warn_only = match envoy_version::warn_only(std::env::var(CHECK_VAR).ok().as_deref()) {
             Ok(w) => w,
             Err(line) => {
-                host::log(Level::Warn, &line);
+                envoy_host::log(Level::Warn, &line);
                 false
             }
         };
         match envoy_version::verdict(&envoy_version::running_envoy(), BUILT_FOR, warn_only) {
             Verdict::Load { message, warning } => {
-                host::log(if warning { Level::Warn } else { Level::Info }, &message);
+                envoy_host::log(if warning { Level::Warn } else { Level::Info }, &message);
                 abi::abi_version_ptr(BUILT_FOR.abi_version)
             }
             Verdict::Refuse(message) => {
-                host::log(Level::Error, &message);
+                envoy_host::log(Level::Error, &message);
                 abi::NO_ABI_VERSION
             }
         }
@@ -65,7 +65,7 @@ pub extern "C" fn envoy_dynamic_module_on_lb_config_new(
 ) -> ModulePtr {
     guarded("on_lb_config_new", abi::NO_MODULE, || {
         let Some(handle) = ConfigHandle::new(config_envoy) else {
-            host::log(Level::Error, "serving_picker: no config object from Envoy");
+            envoy_host::log(Level::Error, "serving_picker: no config object from Envoy");
             return abi::NO_MODULE;
         };
         // SAFETY: Envoy's buffers are valid for this call.

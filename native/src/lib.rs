@@ -17,9 +17,9 @@
 
 pub mod abi;
 pub mod config;
+pub mod envoy_host;
 pub mod envoy_version;
 pub mod hooks;
-pub mod host;
 pub mod metrics;
 pub mod policy;
 pub mod table;

@@ -30,6 +30,8 @@ impl RecordedRequest {
 
 struct Inner {
     name: String,
+    /// What every answer carries: the name, unless started with a body.
+    body: String,
     stopping: AtomicBool,
     count: AtomicU64,
     requests: Mutex<Vec<RecordedRequest>>,
@@ -63,6 +65,12 @@ impl Backend {
     /// Starts a backend on `addr` (port 0: a fresh one; or the address of a
     /// stopped backend: a pod that comes back at the same IP:port).
     pub fn start_at(name: &str, addr: SocketAddr) -> Backend {
+        Backend::start_answering(name, addr, name)
+    }
+
+    /// `start_at`, answering `body` instead of the name (the demo's
+    /// backends end theirs with a newline, for a terminal).
+    pub fn start_answering(name: &str, addr: SocketAddr, body: &str) -> Backend {
         let listener =
             TcpListener::bind(addr).unwrap_or_else(|e| panic!("backend {name}: bind {addr}: {e}"));
         let addr = listener
@@ -73,6 +81,7 @@ impl Backend {
             .unwrap_or_else(|e| panic!("backend {name}: set_nonblocking: {e}"));
         let inner = Arc::new(Inner {
             name: name.to_string(),
+            body: body.to_string(),
             stopping: AtomicBool::new(false),
             count: AtomicU64::new(0),
             requests: Mutex::new(Vec::new()),
@@ -297,7 +306,7 @@ fn serve_connection(stream: TcpStream, inner: &Inner) {
         } else {
             saw.join(",")
         };
-        let body = inner.name.as_bytes();
+        let body = inner.body.as_bytes();
         let resp = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nx-backend: {}\r\n{}: {}\r\n{}\r\n",
             body.len(),

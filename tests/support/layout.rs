@@ -1,6 +1,7 @@
-//! The crate's layout guard: every end-to-end test lives in the one test
-//! binary (`tests/e2e/`), every harness file in this library, each declared
-//! by its parent module. A test file left in the old layout (`tests/*.rs`,
+//! The layout guard of the end-to-end crate and its harness: every
+//! end-to-end test lives in the one test binary (`tests/e2e/`), every
+//! harness file in this library, each declared by its parent module (or,
+//! under `bin/`, a `[[bin]]` of the harness's Cargo.toml). A test file left in the old layout (`tests/*.rs`,
 //! one binary per file) or a file no `mod` names would never be compiled, so
 //! its tests would silently not run: this makes that loud.
 
@@ -10,8 +11,10 @@ use std::path::{Path, PathBuf};
 const FAMILIES: &str = "wasm (the filter only), native (the LB policy only), \
 companion (the conditions companion in the chain) or both (a scenario run against both forms)";
 
+/// The end-to-end crate's folder, `tests/` (the harness is `tests/support/`).
 fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let support = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    support.parent().map_or(support.clone(), Path::to_path_buf)
 }
 
 /// `.rs` files below `dir`, recursively.
@@ -120,7 +123,7 @@ fn no_test_file_outside_the_e2e_binary() {
             "{} is a test file in the old layout (one binary per file): nothing builds it, so its \
              tests do not run. Move it to tests/e2e/<family>/{module}.rs, family one of {FAMILIES}; \
              add `mod {module};` to tests/e2e/<family>/mod.rs and drop its `mod support;` line \
-             (the harness is this crate's library: `use support::*;` works as before). Run it \
+             (the harness is the `support` crate: `use support::*;` works as before). Run it \
              with `cargo test -p serving-picker-e2e --test e2e <family>::{module}::`.\n",
             relative(p)
         ));
@@ -132,7 +135,23 @@ fn no_test_file_outside_the_e2e_binary() {
 fn every_file_of_the_binary_and_the_harness_is_a_declared_module() {
     let dir = crate_dir();
     let mut bad = undeclared(&dir.join("e2e"), "main.rs");
-    bad.extend(undeclared(&dir.join("support"), "lib.rs"));
+    let support = dir.join("support");
+    bad.extend(
+        undeclared(&support, "lib.rs")
+            .into_iter()
+            .filter(|b| !b.starts_with("tests/support/bin/")),
+    );
+    // The harness's binaries are targets of its Cargo.toml instead.
+    let manifest = std::fs::read_to_string(support.join("Cargo.toml")).unwrap();
+    for bin in rust_files(&support.join("bin")) {
+        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !manifest.contains(&format!("path = \"bin/{name}\"")) {
+            bad.push(format!(
+                "{} is not compiled: no [[bin]] with path = \"bin/{name}\" in tests/support/Cargo.toml",
+                relative(&bin)
+            ));
+        }
+    }
     let families: Vec<String> = declared_modules(&dir.join("e2e/main.rs"));
     for family in ["wasm", "native", "companion", "both"] {
         if !families.iter().any(|f| f == family) {
@@ -148,8 +167,9 @@ fn every_file_of_the_binary_and_the_harness_is_a_declared_module() {
     );
 }
 
-/// `env!("CARGO_MANIFEST_DIR")` is this crate's folder, `tests/`: a path to
-/// a file of the repository starts at `support::repo_root()` instead.
+/// `env!("CARGO_MANIFEST_DIR")` is the crate's folder (`tests/` for the
+/// tests, `tests/support/` for the harness): a path to a file of the
+/// repository starts at `support::repo_root()` instead.
 #[test]
 fn repository_paths_start_at_the_repo_root() {
     let dir = crate_dir();
@@ -164,7 +184,7 @@ fn repository_paths_start_at_the_repo_root() {
         .collect();
     assert!(
         bad.is_empty(),
-        "{bad:?} use CARGO_MANIFEST_DIR, which is tests/ in this crate: start repository paths at \
+        "{bad:?} use CARGO_MANIFEST_DIR, which is tests/ or tests/support/: start repository paths at \
          support::repo_root() (crate::repo_root() in the harness)"
     );
 }

@@ -1,8 +1,10 @@
-//! The end-to-end harness, the `serving-picker-e2e` crate's library: real
-//! backends, a real Envoy with the real serving_picker.wasm or native module,
-//! EDS files Envoy watches, the companion, paced load, and a tiny HTTP client.
+//! The harness of every real-Envoy run (crate `serving-picker-harness`, lib
+//! `support`): real backends, a real Envoy with the real serving_picker.wasm
+//! or native module, EDS files Envoy watches, the companion, paced load, and
+//! a tiny HTTP client.
 //!
-//! The crate's one test binary (`tests/e2e/`) uses it as `support`.
+//! The end-to-end test binary (`tests/e2e/`), the benchmarks (`benches/`)
+//! and the demo's backends (`bin/demo_backends.rs`) use it as `support`.
 // Test harness: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -77,11 +79,11 @@ macro_rules! scenarios {
     };
 }
 
-/// The repository's root (this crate is its `tests/` folder): where the
-/// default paths of Envoy, the modules and the shipped configs start.
+/// The repository's root (this crate is its `tests/support/` folder): where
+/// the default paths of Envoy, the modules and the shipped configs start.
 pub fn repo_root() -> &'static std::path::Path {
-    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    tests.parent().unwrap_or(tests)
+    let support = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    support.ancestors().nth(2).unwrap_or(support)
 }
 
 pub fn set_current_form(form: Form) {

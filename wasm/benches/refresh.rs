@@ -31,10 +31,10 @@
 mod common;
 
 use serde::de::IgnoredAny;
+use serving_picker_core::plan::Tier;
 use serving_picker_wasm::admin_json::{parse_clusters, parse_config_dump};
 use serving_picker_wasm::codec;
 use serving_picker_wasm::config::PluginConfig;
-use serving_picker_wasm::plan::Tier;
 use serving_picker_wasm::plans::build_plans;
 use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,15 +1,15 @@
 //! Parsing Envoy admin output: `/config_dump?include_eds` (endpoints and
 //! metadata) and `/clusters?format=json` (live health).
 
-use crate::contract::EdsHealth;
-use crate::health::Health;
-use crate::metadata::{MetaReading, NamespaceSeed, OddValue};
 use rustc_hash::FxBuildHasher;
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
 use serde::Deserialize;
+use serving_picker_core::contract::EdsHealth;
 use serving_picker_core::de::{once, Each, Field, KeyIs, OptionOf, Str};
+use serving_picker_core::health::Health;
+use serving_picker_core::metadata::{MetaReading, NamespaceSeed, OddValue};
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
@@ -969,7 +969,7 @@ pub fn join_live_health(dump: EndpointsDump, live: Option<&LiveHealth>) -> Vec<C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{Conditions, MetaFlags};
+    use serving_picker_core::contract::{Conditions, MetaFlags};
 
     const NS: &str = "k8s.endpointslice";
     // Real Envoy 1.40 output; see tests/fixtures/README.md for how it was made.

@@ -1,7 +1,7 @@
 //! The compact snapshot the leader publishes through shared data: plans only,
 //! length-prefixed binary, so workers never parse JSON.
 
-use crate::plan::{ClusterPlan, PlannedHost, Tier, Topology};
+use serving_picker_core::plan::{ClusterPlan, PlannedHost, Tier, Topology};
 
 const MAGIC: &[u8; 4] = b"SPK1";
 

@@ -2,7 +2,7 @@
 
 use crate::admin_json::{join_live_health, EndpointsDump, LiveHealth};
 use crate::config::PluginConfig;
-use crate::plan::{plan_cluster_at, sort_by_name, ClusterPlan};
+use serving_picker_core::plan::{plan_cluster_at, sort_by_name, ClusterPlan};
 
 /// Plans for every managed cluster, sorted by name so that equal endpoints
 /// encode to equal bytes (and an unchanged refresh publishes nothing).
@@ -29,7 +29,7 @@ mod tests {
     use super::*;
     use crate::admin_json::{parse_clusters, parse_config_dump};
     use crate::config::parse_config;
-    use crate::plan::Tier;
+    use serving_picker_core::plan::Tier;
 
     const DUMP: &str = r#"{"configs":[{"static_endpoint_configs":[
       {"endpoint_config":{"cluster_name":"zeta","endpoints":[{"lb_endpoints":[

@@ -11,9 +11,9 @@ use crate::admin_json::{
 use crate::change_gate::{hidden_cluster, ChangeGate, Reason, Verdict};
 use crate::config::PluginConfig;
 use crate::narrow::{merge, narrowed_path, worth_narrowing, KnownClusters, Scope};
-use crate::plan::ClusterPlan;
 use crate::plans::build_plans;
 use rustc_hash::FxBuildHasher;
+use serving_picker_core::plan::ClusterPlan;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -587,7 +587,7 @@ fn read_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Tier;
+    use serving_picker_core::plan::Tier;
 
     /// Envoy's admin API with canned answers: records what is asked.
     #[derive(Default)]

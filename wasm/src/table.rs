@@ -3,9 +3,9 @@
 //! whose part of it changed.
 
 use crate::codec::{self, DecodeError};
-use crate::picker::Picker;
-use crate::plan::{ClusterPlan, Tier, Topology};
 use rustc_hash::FxBuildHasher;
+use serving_picker_core::picker::Picker;
+use serving_picker_core::plan::{ClusterPlan, Tier, Topology};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -184,7 +184,7 @@ fn header_values(addresses: &[String], alternates: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::PlannedHost;
+    use serving_picker_core::plan::PlannedHost;
 
     fn plans() -> Vec<ClusterPlan> {
         let host = |a: &str, w| PlannedHost {

@@ -9,6 +9,9 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Map, Value};
+use serving_picker_core::contract::{EdsHealth, MetaFlags};
+use serving_picker_core::health::Health;
+use serving_picker_core::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker_wasm::admin_json::{
     join_live_health, parse_clusters, parse_config_dump, ClusterHosts, EndpointsDump, HostRecord,
     LiveCluster, LiveHealth, LiveHost,
@@ -17,9 +20,6 @@ use serving_picker_wasm::codec;
 use serving_picker_wasm::config::{
     parse_config, BeforeFirstSnapshot, OnNoServing, PluginConfig, SelectionConfig,
 };
-use serving_picker_wasm::contract::{EdsHealth, MetaFlags};
-use serving_picker_wasm::health::Health;
-use serving_picker_wasm::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker_wasm::plans::build_plans;
 use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::collections::{BTreeMap, HashMap, HashSet};

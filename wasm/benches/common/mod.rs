@@ -6,8 +6,8 @@
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+use serving_picker_core::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker_wasm::codec;
-use serving_picker_wasm::plan::{ClusterPlan, PlannedHost, Tier};
 use serving_picker_wasm::table::RoutingTable;
 
 /// SplitMix64: small, fast, and good enough for test data.

@@ -1,7 +1,7 @@
 //! The refresh's `AdminApi` through proxy-wasm host calls: admin calls are
 //! HTTP calls to the admin cluster, answers read from the call's response.
 
-use super::host;
+use super::hostcalls;
 use crate::refresh::AdminApi;
 use proxy_wasm::hostcalls::dispatch_http_call;
 use proxy_wasm::types::{BufferType, MapType};
@@ -21,11 +21,11 @@ impl AdminApi for HostAdmin {
     }
 
     fn response_status(&self) -> Option<Vec<u8>> {
-        host::header(MapType::HttpCallResponseHeaders, ":status")
+        hostcalls::header(MapType::HttpCallResponseHeaders, ":status")
     }
 
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {
-        host::buffer(BufferType::HttpCallResponseBody, size)
+        hostcalls::buffer(BufferType::HttpCallResponseBody, size)
     }
 
     fn now_us(&self) -> u64 {

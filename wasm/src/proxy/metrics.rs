@@ -1,11 +1,10 @@
 //! Counters and gauges through the host, under stable `serving_picker.*` names
-//! (Envoy shows them with its `wasmcustom.` prefix); the ones the native
-//! form keeps too are named in the core (`counters`).
+//! (Envoy shows them with its `wasmcustom.` prefix); the request path's are
+//! named in `steer` (those the native form keeps too, in the core's `counters`).
 
+use crate::steer::{RequestCounts, COUNTER_NAMES};
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
-use serving_picker_core::counters;
-use std::cell::Cell;
 
 #[derive(Clone, Copy, Default)]
 pub struct Metric(Option<u32>);
@@ -38,85 +37,21 @@ impl Metric {
     }
 }
 
-/// A per-request counter counted in the VM and handed to the host on each
-/// tick: one host call per tick instead of one per request.
-#[derive(Default)]
-pub struct Batched {
-    metric: Metric,
-    pending: Cell<u64>,
-}
-
-impl Batched {
-    fn define(name: &str) -> Batched {
-        Batched {
-            metric: Metric::define(MetricType::Counter, name),
-            pending: Cell::new(0),
-        }
-    }
-
-    #[inline]
-    pub fn inc(&self) {
-        self.pending.set(self.pending.get() + 1);
-    }
-
-    fn flush(&self) {
-        let n = self.pending.replace(0);
-        if n > 0 {
-            self.metric.add(n);
-        }
-    }
-}
-
-/// The request path's counters (visible in /stats within one tick).
-#[derive(Default)]
-pub struct RequestCounters {
-    pub pick_ready: Batched,
-    pub pick_terminating_fallback: Batched,
-    /// Picks by topology mode, indexed by `Topology` (none, node, zone).
-    pub pick_topology: [Batched; 3],
-    pub reject_no_serving: Batched,
-    pub reject_no_snapshot: Batched,
-    pub held_no_snapshot: Batched,
-    pub passthrough_no_serving: Batched,
-    pub passthrough_unknown_cluster: Batched,
-    pub passthrough_unmanaged: Batched,
-    pub override_header_stripped: Batched,
-}
+/// The request path's counters in the host: `steer::RequestCounts`, counted
+/// in the VM and added here on each tick (visible in /stats within one tick).
+pub struct RequestCounters([Metric; 12]);
 
 impl RequestCounters {
     pub fn define() -> RequestCounters {
-        RequestCounters {
-            pick_ready: Batched::define(counters::PICK_READY),
-            pick_terminating_fallback: Batched::define(counters::PICK_TERMINATING_FALLBACK),
-            pick_topology: counters::PICK_TOPOLOGY.map(Batched::define),
-            reject_no_serving: Batched::define(counters::REJECT_NO_SERVING),
-            reject_no_snapshot: Batched::define("serving_picker.reject.no_snapshot"),
-            held_no_snapshot: Batched::define("serving_picker.hold.no_snapshot"),
-            passthrough_no_serving: Batched::define("serving_picker.passthrough.no_serving"),
-            passthrough_unknown_cluster: Batched::define(
-                "serving_picker.passthrough.unknown_cluster",
-            ),
-            passthrough_unmanaged: Batched::define("serving_picker.passthrough.unmanaged_cluster"),
-            override_header_stripped: Batched::define("serving_picker.override_header.stripped"),
-        }
+        RequestCounters(COUNTER_NAMES.map(|name| Metric::define(MetricType::Counter, name)))
     }
 
-    pub fn flush(&self) {
-        for c in [
-            &self.pick_ready,
-            &self.pick_terminating_fallback,
-            &self.pick_topology[0],
-            &self.pick_topology[1],
-            &self.pick_topology[2],
-            &self.reject_no_serving,
-            &self.reject_no_snapshot,
-            &self.held_no_snapshot,
-            &self.passthrough_no_serving,
-            &self.passthrough_unknown_cluster,
-            &self.passthrough_unmanaged,
-            &self.override_header_stripped,
-        ] {
-            c.flush();
+    pub fn flush(&self, counts: &RequestCounts) {
+        for (metric, tally) in self.0.iter().zip(counts.all()) {
+            let n = tally.take();
+            if n > 0 {
+                metric.add(n);
+            }
         }
     }
 }

@@ -1,16 +1,18 @@
 //! proxy-wasm glue: thin contexts around the pure logic in the crate root.
 //!
-//! Imports point one way: `root` (the root context) uses `http` (a
-//! request's context), and both use `worker` (what a worker's requests
-//! share).
+//! Every decision is in the crate root (`steer` for a request, `poller` for
+//! the root context); these files translate host events and calls. Imports
+//! point one way: `root` (the root context) uses `http` (a request's
+//! context), and both use `worker` (what a worker's requests share).
+//! `hostcalls` is the only file with raw pointers.
 
 mod admin;
-mod host;
+mod hostcalls;
 mod http;
 mod logger;
 mod metrics;
 mod root;
-mod shared;
+mod shared_data;
 mod worker;
 
 use proxy_wasm::traits::RootContext;

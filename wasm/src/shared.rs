@@ -1,21 +1,37 @@
 //! Shared data between this Envoy's VMs (one per worker): the leader lease,
-//! the published snapshot, and its version.
+//! the published snapshot, and its version, behind `SharedData` (proxy-wasm's
+//! shared-data calls in Envoy, a map in tests).
 
 use crate::election::{lease_action, Lease, LeaseAction, RELEASED};
-use proxy_wasm::hostcalls::{get_shared_data, set_shared_data};
-use proxy_wasm::types::Status;
 
-pub struct SharedKeys {
+/// Why a shared-data write failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetError {
+    /// Another VM wrote the key since this one read it.
+    CasMismatch,
+    Other(String),
+}
+
+/// proxy-wasm's shared data: values with a compare-and-swap token. A key
+/// never written reads as `(None, None)`.
+pub trait SharedData {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), String>;
+    fn set(&self, key: &str, value: Option<&[u8]>, cas: Option<u32>) -> Result<(), SetError>;
+}
+
+pub struct SharedKeys<S> {
+    data: S,
     lease: String,
     idle: String,
     version: String,
     snapshot: String,
 }
 
-impl SharedKeys {
-    pub fn for_config(fingerprint: u64) -> SharedKeys {
+impl<S: SharedData> SharedKeys<S> {
+    pub fn for_config(data: S, fingerprint: u64) -> SharedKeys<S> {
         let prefix = format!("serving_picker.{fingerprint:016x}");
         SharedKeys {
+            data,
             lease: format!("{prefix}.lease"),
             idle: format!("{prefix}.idle"),
             version: format!("{prefix}.version"),
@@ -25,12 +41,14 @@ impl SharedKeys {
 
     /// An idle context (one that serves no requests) says it is alive.
     pub fn idle_heartbeat(&self, now_ms: u64) {
-        let _ = set_shared_data(&self.idle, Some(now_ms.to_string().as_bytes()), None);
+        let _ = self
+            .data
+            .set(&self.idle, Some(now_ms.to_string().as_bytes()), None);
     }
 
     /// Whether an idle context said so within `fresh_ms`.
     pub fn idle_alive(&self, now_ms: u64, fresh_ms: u64) -> bool {
-        let seen = get_shared_data(&self.idle).ok().and_then(|(v, _)| v);
+        let seen = self.data.get(&self.idle).ok().and_then(|(v, _)| v);
         let at = seen.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok());
         at.is_some_and(|at| now_ms.saturating_sub(at) < fresh_ms)
     }
@@ -45,7 +63,7 @@ impl SharedKeys {
         serving: bool,
         idle_alive: bool,
     ) -> bool {
-        let (value, cas) = match get_shared_data(&self.lease) {
+        let (value, cas) = match self.data.get(&self.lease) {
             Ok(found) => found,
             Err(e) => {
                 log::debug!("lease read failed: {e:?}");
@@ -65,16 +83,19 @@ impl SharedKeys {
         let cas = match cas {
             Some(cas) if value.is_some() => cas,
             _ => {
-                let _ = set_shared_data(&self.lease, Some(b""), None);
-                match get_shared_data(&self.lease) {
+                let _ = self.data.set(&self.lease, Some(b""), None);
+                match self.data.get(&self.lease) {
                     Ok((_, Some(cas))) => cas,
                     _ => return false,
                 }
             }
         };
-        match set_shared_data(&self.lease, Some(written.encode().as_bytes()), Some(cas)) {
+        match self
+            .data
+            .set(&self.lease, Some(written.encode().as_bytes()), Some(cas))
+        {
             Ok(()) => written.holder == me,
-            Err(Status::CasMismatch) => false,
+            Err(SetError::CasMismatch) => false,
             Err(e) => {
                 log::debug!("lease write failed: {e:?}");
                 false
@@ -83,16 +104,19 @@ impl SharedKeys {
     }
 
     pub fn version(&self) -> Option<Vec<u8>> {
-        get_shared_data(&self.version).ok().and_then(|(v, _)| v)
+        self.data.get(&self.version).ok().and_then(|(v, _)| v)
     }
 
     pub fn snapshot(&self) -> Option<Vec<u8>> {
-        get_shared_data(&self.snapshot).ok().and_then(|(v, _)| v)
+        self.data.get(&self.snapshot).ok().and_then(|(v, _)| v)
     }
 
     /// Writes the snapshot, then its version (readers look at the version first).
-    pub fn publish(&self, snapshot: &[u8], version: &[u8]) -> Result<(), Status> {
-        set_shared_data(&self.snapshot, Some(snapshot), None)?;
-        set_shared_data(&self.version, Some(version), None)
+    pub fn publish(&self, snapshot: &[u8], version: &[u8]) -> Result<(), SetError> {
+        self.data.set(&self.snapshot, Some(snapshot), None)?;
+        self.data.set(&self.version, Some(version), None)
     }
 }
+
+#[cfg(test)]
+mod tests;
