@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
-use serving_picker_conditions::assignment::Output;
+use serving_picker_conditions::eds::assignment::Output;
 use serving_picker_conditions::envoy_gateway::apply_updates;
 use serving_picker_conditions::envoy_gateway::hook;
 use serving_picker_conditions::envoy_gateway::prepared::PreparedIndex;
@@ -35,8 +35,8 @@ use serving_picker_conditions::envoy_gateway::service::{
 use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
-use serving_picker_conditions::publish::{Change, Update};
-use serving_picker_conditions::slice::{ServiceKey, Slice};
+use serving_picker_conditions::model::slice::{ServiceKey, Slice};
+use serving_picker_conditions::source::{Change, Update};
 
 const ENDPOINTS: usize = 1000;
 const PER_SLICE: usize = 100;

@@ -442,9 +442,10 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
 fn encoding_cost() {
     use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
     use prost::Message;
-    use serving_picker_conditions::eds::{EdsStream, Names};
-    use serving_picker_conditions::publish::{Change, Publisher, Update};
-    use serving_picker_conditions::slice::Slice;
+    use serving_picker_conditions::eds::publish::Publisher;
+    use serving_picker_conditions::eds::stream::{EdsStream, Names};
+    use serving_picker_conditions::model::slice::Slice;
+    use serving_picker_conditions::source::{Change, Update};
 
     let slices: Vec<Slice> = (0..10)
         .map(|i| {
@@ -454,7 +455,7 @@ fn encoding_cost() {
         .collect();
     let mut p = Publisher::new(
         vec!["svc=bench/svc:http".parse().unwrap()],
-        serving_picker_conditions::index::IpFamily::Auto,
+        serving_picker_conditions::model::index::IpFamily::Auto,
         Default::default(),
     );
     let snap = p.apply(vec![Update::now(Change::Replace(slices))]).unwrap();
@@ -462,7 +463,7 @@ fn encoding_cost() {
     let names = Arc::new(Names::new(["svc"]));
     let req = DiscoveryRequest {
         resource_names: vec!["svc".into()],
-        type_url: serving_picker_conditions::assignment::CLA_TYPE_URL.into(),
+        type_url: serving_picker_conditions::eds::assignment::CLA_TYPE_URL.into(),
         ..Default::default()
     };
     let n = 2000;

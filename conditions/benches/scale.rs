@@ -21,12 +21,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-use serving_picker_conditions::eds::{EdsStream, Names};
-use serving_picker_conditions::index::{Index, IpFamily};
-use serving_picker_conditions::publish::{Change, Publisher, Update};
-use serving_picker_conditions::slice::{
+use serving_picker_conditions::eds::publish::Publisher;
+use serving_picker_conditions::eds::stream::{EdsStream, Names};
+use serving_picker_conditions::model::index::{Index, IpFamily};
+use serving_picker_conditions::model::slice::{
     AddressType, ServiceKey, Slice, SliceEndpoint, SliceKey, SlicePort,
 };
+use serving_picker_conditions::source::{Change, Update};
 use serving_picker_xds_load::probe::{self, free_port, metric};
 
 struct Counting;
@@ -154,7 +155,7 @@ fn in_process(one_service: bool) {
     let mut stream = EdsStream::new(std::sync::Arc::new(Names::new(names.clone())));
     let req = envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
         resource_names: names,
-        type_url: serving_picker_conditions::assignment::CLA_TYPE_URL.into(),
+        type_url: serving_picker_conditions::eds::assignment::CLA_TYPE_URL.into(),
         ..Default::default()
     };
     stream.on_request(&req, &snap, Instant::now());

@@ -26,9 +26,9 @@ use serving_picker_conditions::envoy_gateway::service::{
 use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
-use serving_picker_conditions::metrics::Metrics;
-use serving_picker_conditions::publish::{Change, Update};
-use serving_picker_conditions::slice::{ServiceKey, Slice};
+use serving_picker_conditions::model::slice::{ServiceKey, Slice};
+use serving_picker_conditions::source::{Change, Update};
+use serving_picker_conditions::telemetry::metrics::Metrics;
 
 type Cond = (bool, bool, bool);
 const READY: Cond = (true, true, false);

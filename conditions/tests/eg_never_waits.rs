@@ -17,7 +17,7 @@ use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::testing::{rule_assignments, BackendRef, EgEndpoint};
-use serving_picker_conditions::slice::ServiceKey;
+use serving_picker_conditions::model::slice::ServiceKey;
 use serving_picker_xds_load::probe::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use serving_picker_conditions::metrics::Metrics;
-use serving_picker_conditions::publish::{self, Change, Publisher, Snapshot, Update};
+use serving_picker_conditions::eds::publish::{self, Publisher, Snapshot};
 use serving_picker_conditions::source::kube::{run, ExpBackoff};
+use serving_picker_conditions::source::{Change, Update};
+use serving_picker_conditions::telemetry::metrics::Metrics;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};

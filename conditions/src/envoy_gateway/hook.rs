@@ -58,8 +58,8 @@ use super::wire::{
 };
 use serving_picker_core::contract::SliceConditions;
 
-use crate::assignment::{health_status, Output, OVERPROVISIONING_FACTOR};
-use crate::slice::ServiceKey;
+use crate::eds::assignment::{health_status, Output, OVERPROVISIONING_FACTOR};
+use crate::model::slice::ServiceKey;
 
 /// An endpoint the index and EG do not agree on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -557,8 +557,8 @@ mod tests {
     use crate::envoy_gateway::testing::{
         eg_draining, resource_metadata, rule_assignments, BackendRef, EgEndpoint, ResourceRef,
     };
-    use crate::publish::Change;
-    use crate::slice::Slice;
+    use crate::model::slice::Slice;
+    use crate::source::Change;
     use envoy_types::pb::envoy::config::core::v3::Metadata;
     use envoy_types::pb::envoy::config::endpoint::v3::{
         cluster_load_assignment::Policy, ClusterLoadAssignment,
@@ -1044,8 +1044,8 @@ mod tests {
         assert!(written.windows(3).any(|w| w == unknown));
         // What setting the conditions on the decoded endpoint gives.
         let mut expected = lb;
-        let ep = ix.endpoints(&svc("web"), "http", crate::index::IpFamily::Ipv4);
-        crate::assignment::set_conditions(&mut expected, &ep[0], &out);
+        let ep = ix.endpoints(&svc("web"), "http", crate::model::index::IpFamily::Ipv4);
+        crate::eds::assignment::set_conditions(&mut expected, &ep[0], &out);
         assert_eq!(LbEndpoint::decode(written.as_slice()).unwrap(), expected);
     }
 

@@ -41,22 +41,17 @@ pub mod service;
 pub mod testing;
 pub mod wire;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use crate::assignment::Output;
-use crate::listener::Connections;
-use crate::metrics::{self, Metrics};
-use crate::publish::{next_batch, Change, Update};
-use crate::serve;
-use crate::source;
-use service::{FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared};
+use crate::source::{next_batch, Change, Update};
+use crate::telemetry::metrics::Metrics;
+use service::Shared;
 
 /// The default `--manage` selector.
 pub const DEFAULT_MANAGE_SELECTOR: &str = "serving-picker.io/conditions=true";
@@ -111,7 +106,7 @@ pub struct Args {
     #[command(flatten)]
     pub limits: crate::limits::ServeLimits,
     #[command(flatten)]
-    pub tls: crate::tls::TlsArgs,
+    pub tls: crate::net::tls::TlsArgs,
 }
 
 /// Applies a batch of source updates to the shared index; true once ready.
@@ -128,7 +123,13 @@ pub fn apply_updates(shared: &Shared, updates: Vec<Update>) -> bool {
     shared.ready.load(Ordering::SeqCst)
 }
 
-async fn consume(shared: Arc<Shared>, mut updates: mpsc::Receiver<Update>, metrics: Arc<Metrics>) {
+/// Applies every batch of updates to the index, and shows it in the
+/// metrics; the mode's consumer of the source.
+pub async fn consume(
+    shared: Arc<Shared>,
+    mut updates: mpsc::Receiver<Update>,
+    metrics: Arc<Metrics>,
+) {
     while let Some(batch) = next_batch(&mut updates).await {
         let n = batch.len();
         let started = Instant::now();
@@ -144,128 +145,4 @@ async fn consume(shared: Arc<Shared>, mut updates: mpsc::Receiver<Update>, metri
             );
         }
     }
-}
-
-/// Runs the mode until `shutdown`.
-pub async fn run(
-    args: Args,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    if args.slices_dir.is_some() && args.manage.is_some() {
-        anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
-    }
-    if args.max_concurrent_calls == 0 {
-        anyhow::bail!("--max-concurrent-calls must be at least 1");
-    }
-    if args.max_bytes_held < args.max_message_size.saturating_mul(2) {
-        anyhow::bail!(
-            "--max-bytes-held {} is less than twice --max-message-size {}: a request of the largest size could never be answered",
-            args.max_bytes_held,
-            args.max_message_size
-        );
-    }
-    let selector = args
-        .manage
-        .clone()
-        .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
-    let mut metrics = Metrics::new();
-    let hook_metrics = HookMetrics::register(metrics.registry_mut());
-    let tls = crate::tls::start(&args.tls, args.listen, metrics.registry_mut())?;
-    let metrics = Arc::new(metrics);
-    let (grpc, http) = serve::bind_listeners(args.listen, args.metrics_listen).await?;
-    tracing::info!(
-        listen = %args.listen,
-        metrics = %args.metrics_listen,
-        manage = %args.slices_dir.as_ref().map(|_| "every Service in the directory".to_string()).unwrap_or_else(|| selector.clone()),
-        priorities = args.priorities,
-        source = %args.slices_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "kubernetes".into()),
-        "serving-picker-conditions envoy-gateway starting"
-    );
-
-    let shared = Arc::new(Shared::default());
-    let (updates_tx, updates_rx) = mpsc::channel(1024);
-    tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
-    tokio::spawn(metrics::serve(
-        http,
-        metrics.clone(),
-        args.limits.http.clone(),
-    ));
-    let connections = Connections::new(&args.limits.grpc, metrics.clone());
-
-    let source_metrics = metrics.clone();
-    let (source_task, reread): (tokio::task::JoinHandle<anyhow::Result<()>>, Arc<dyn Reread>) =
-        match args.slices_dir.clone() {
-            Some(dir) => {
-                let reread = Arc::new(FilesReread::new(dir.clone(), metrics.clone()));
-                (
-                    tokio::spawn(async move {
-                        source::files::run(dir, updates_tx, source_metrics).await
-                    }),
-                    reread,
-                )
-            }
-            None => {
-                let client = serve::kube_client().await?;
-                let sel = source::kube::Selection {
-                    namespace: None,
-                    label_selector: selector.clone(),
-                };
-                let watch_client = client.clone();
-                (
-                    tokio::spawn(async move {
-                        source::kube::run_selection(
-                            watch_client,
-                            sel,
-                            updates_tx,
-                            source_metrics,
-                            source::kube::ExpBackoff::default(),
-                        )
-                        .await;
-                        Ok(())
-                    }),
-                    Arc::new(KubeReread { client, selector }),
-                )
-            }
-        };
-
-    let config = HookConfig {
-        output: Output {
-            metadata_namespace: args.metadata_namespace.clone(),
-            priorities: args.priorities,
-        },
-        reread_timeout: Duration::from_millis(args.reread_timeout_ms),
-        max_calls: args.max_concurrent_calls,
-        max_bytes_held: args.max_bytes_held,
-        max_message_size: args.max_message_size,
-        ..HookConfig::default()
-    };
-    let hook = HookService::new(shared, config, Some(reread), hook_metrics);
-    let svc = proto::EnvoyGatewayExtensionServer::new(hook)
-        .max_decoding_message_size(args.max_message_size)
-        .max_encoding_message_size(args.max_message_size);
-    // TCP_NODELAY (`serve::incoming`): without it, the answer's last segment
-    // waits for EG's delayed ACK, twenty times the call itself. Streams per
-    // connection bounded: requests being received hold at most this many
-    // times --max-message-size; calls beyond --max-concurrent-calls among
-    // them are answered unchanged at once.
-    let streams = u32::try_from(args.max_concurrent_calls.saturating_mul(2))
-        .unwrap_or(u32::MAX)
-        .min(
-            args.limits
-                .grpc
-                .max_streams_per_connection
-                .saturating_add(1),
-        );
-    let server = serve::grpc_server(&args.limits.grpc, &connections)
-        .max_concurrent_streams(streams)
-        .add_service(svc)
-        .serve_with_incoming_shutdown(
-            crate::tls::incoming(
-                tls,
-                serve::incoming(grpc, connections),
-                args.limits.grpc.handshake_timeout,
-            ),
-            serve::serving_until(metrics.clone(), shutdown),
-        );
-    serve::until_source_ends(server, "extension server", source_task).await
 }

@@ -32,7 +32,7 @@ use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::config::endpoint::v3::LocalityLbEndpoints;
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 
-use crate::slice::ServiceKey;
+use crate::model::slice::ServiceKey;
 
 /// EG's filter_metadata namespace.
 pub const EG_METADATA_NAMESPACE: &str = "envoy-gateway";

@@ -14,10 +14,10 @@ use std::ops::Deref;
 use super::wire::{len_field_size, put_len_head, put_varint, varint_field_size};
 use serving_picker_core::contract::{MetadataValue, SliceConditions};
 
-use crate::endpoint::Endpoint;
-use crate::index::{Index, IpFamily};
-use crate::publish::Change;
-use crate::slice::{AddressType, ServiceKey};
+use crate::model::endpoint::Endpoint;
+use crate::model::index::{Index, IpFamily};
+use crate::model::slice::{AddressType, ServiceKey};
+use crate::source::Change;
 
 /// What the hook writes for one endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,8 +199,8 @@ impl PreparedIndex {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::fixtures::{endpoint, slice, slice_key, svc};
-    use crate::slice::SliceEndpoint;
+    use crate::model::fixtures::{endpoint, slice, slice_key, svc};
+    use crate::model::slice::SliceEndpoint;
     use envoy_types::pb::google::protobuf::{value::Kind, Struct};
     use prost::Message;
 
@@ -256,7 +256,7 @@ mod tests {
             Some(Kind::BoolValue(true)),
             "merged copies"
         );
-        let expected = crate::assignment::conditions_struct(
+        let expected = crate::eds::assignment::conditions_struct(
             &ix.endpoints(&svc("web"), "http", IpFamily::Ipv4)[0],
         );
         assert_eq!(md, expected);
@@ -267,7 +267,7 @@ mod tests {
         full.hints_nodes = Some("".into());
         assert_eq!(
             Struct::decode(&*encode_conditions(&full)).unwrap(),
-            crate::assignment::conditions_struct(&full)
+            crate::eds::assignment::conditions_struct(&full)
         );
         assert!(web.get(&"10.0.0.1:9090".parse().unwrap()).is_some());
         assert!(web.get(&"[fd00::1]:8080".parse().unwrap()).is_some());

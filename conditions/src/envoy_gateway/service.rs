@@ -47,11 +47,12 @@ use super::prepared::PreparedIndex;
 use super::proto::{
     PostEndpointsModify, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
 };
-use crate::assignment::Output;
-use crate::log_limit::PerKey;
-use crate::metrics::{registered, Labels, Metrics};
-use crate::publish::Change;
-use crate::slice::{ServiceKey, Slice, SliceKey};
+use crate::eds::assignment::Output;
+use crate::model::slice::{ServiceKey, Slice, SliceKey};
+use crate::source::Change;
+use crate::telemetry::log_limit::PerKey;
+use crate::telemetry::metrics::{Labels, Metrics};
+use crate::telemetry::registered;
 
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]
@@ -105,7 +106,11 @@ impl Reread for KubeReread {
         use k8s_openapi::api::discovery::v1::EndpointSlice;
         let api: kube::Api<EndpointSlice> =
             kube::Api::namespaced(self.client.clone(), &service.namespace);
-        let mut sel = format!("{}={}", crate::slice::SERVICE_NAME_LABEL, service.name);
+        let mut sel = format!(
+            "{}={}",
+            crate::model::slice::SERVICE_NAME_LABEL,
+            service.name
+        );
         if !self.selector.is_empty() {
             sel.push(',');
             sel.push_str(&self.selector);

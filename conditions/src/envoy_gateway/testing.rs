@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, UInt32Value, Value};
 
 use super::naming::{EG_METADATA_NAMESPACE, EG_RESOURCES_KEY};
-use crate::slice::ServiceKey;
+use crate::model::slice::ServiceKey;
 
 /// One entry of EG's `resources` metadata list.
 #[derive(Clone, Debug, PartialEq, Eq)]

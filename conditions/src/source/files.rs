@@ -19,9 +19,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
-use crate::publish::{Change, Update};
-use crate::slice::{Slice, SliceKey};
+use crate::model::slice::{Slice, SliceKey};
+use crate::source::{Change, Update};
+use crate::telemetry::metrics::Metrics;
 
 const RESCAN_EVERY: Duration = Duration::from_secs(2);
 /// Events that come together (a rename is several) are read as one.

@@ -34,10 +34,10 @@ use kube::runtime::watcher::{self, Event};
 use kube::Client;
 use tokio::sync::mpsc;
 
-use crate::cluster::ClusterSpec;
-use crate::metrics::Metrics;
-use crate::publish::{Change, Update};
-use crate::slice::{SliceKey, SERVICE_NAME_LABEL};
+use crate::model::cluster::ClusterSpec;
+use crate::model::slice::{SliceKey, SERVICE_NAME_LABEL};
+use crate::source::{Change, Update};
+use crate::telemetry::metrics::Metrics;
 
 /// How long the source must make progress without an error before the
 /// back-off starts over from its minimum.
@@ -157,7 +157,7 @@ pub async fn run_selection<B: Backoff + 'static>(
     // The watcher does nothing unless polled: sleeping between polls after
     // an error is the back-off.
     let mut stream = watcher::watcher(api, config).boxed();
-    let mut listing: Option<Vec<crate::slice::Slice>> = None;
+    let mut listing: Option<Vec<crate::model::slice::Slice>> = None;
     let mut healthy_since: Option<Instant> = None;
     while let Some(item) = stream.next().await {
         if matches!(

@@ -1,14 +1,54 @@
 //! Where EndpointSlices come from: the Kubernetes API (`kube`) or a
-//! directory of files (`files`). Both send `publish::Update`s: a full list
+//! directory of files (`files`). Both send [`Update`]s: a full list
 //! (`Change::Replace`) first, and whenever they had to start over, then
 //! single changes.
 
 pub mod files;
 pub mod kube;
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::time::Instant;
 
-use crate::slice::Slice;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tokio::sync::mpsc;
+
+use crate::model::slice::{Slice, SliceKey};
+
+/// A change from a source.
+#[derive(Clone, Debug)]
+pub enum Change {
+    Apply(Slice),
+    Delete(SliceKey),
+    /// Every slice there is (a full list): the index becomes exactly this,
+    /// and is complete from then on.
+    Replace(Vec<Slice>),
+}
+
+/// A change and when the source got it (for the lag figures).
+#[derive(Clone, Debug)]
+pub struct Update {
+    pub change: Change,
+    pub received: Instant,
+}
+
+impl Update {
+    pub fn now(change: Change) -> Update {
+        Update {
+            change,
+            received: Instant::now(),
+        }
+    }
+}
+
+/// The next batch: waits for an update, then takes every other one waiting
+/// with it. `None` once every source has gone.
+pub async fn next_batch(updates: &mut mpsc::Receiver<Update>) -> Option<Vec<Update>> {
+    let first = updates.recv().await?;
+    let mut batch = vec![first];
+    while let Ok(more) = updates.try_recv() {
+        batch.push(more);
+    }
+    Some(batch)
+}
 
 /// Reads an object into a `Slice`, logging what was left out; `None` when
 /// the object cannot be used at all (logged).

@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::eds::SnapshotEffect;
+use crate::eds::publish::Snapshot;
+use crate::eds::stream::SnapshotEffect;
 use crate::limits::names as limit;
-use crate::publish::Snapshot;
-use crate::ratelog::LogBudget;
+use crate::telemetry::ratelog::LogBudget;
 use crate::xds::server::{Core, StreamShared};
 use crate::xds::XdsServer;
 

@@ -27,13 +27,14 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::Status;
 
-use crate::eds::{EdsStream, Names, RequestKind, Taken};
+use crate::eds::publish::Snapshot;
+use crate::eds::response_bytes as wire;
+use crate::eds::stream::{EdsStream, Names, RequestKind, Taken};
 use crate::limits::{names as limit, XdsLimits, FREE_REQUEST_BYTES};
-use crate::listener::{Conn, Connections};
-use crate::metrics::Metrics;
-use crate::publish::Snapshot;
-use crate::ratelog::LogBudget;
-use crate::xds::wire::{self, MessageError, RequestView};
+use crate::net::listener::{Conn, Connections};
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::ratelog::LogBudget;
+use crate::xds::requests::{self, MessageError, RequestView};
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
 /// response goes out as the peer's window allows, not all queued at once.
@@ -388,7 +389,7 @@ impl RequestReader {
     async fn next(&mut self) -> Result<Option<(DiscoveryRequest, Bytes, usize)>, ReadError> {
         loop {
             if let Some(m) =
-                wire::next_message(&mut self.buf, self.max).map_err(ReadError::Message)?
+                requests::next_message(&mut self.buf, self.max).map_err(ReadError::Message)?
             {
                 let len = m.len();
                 let (req, node) = RequestView::decode(m).map_err(ReadError::Decode)?.split();
@@ -401,7 +402,7 @@ impl RequestReader {
                 }
                 return Ok(Some((req, node, len)));
             }
-            if let Some(len) = wire::announced_len(&self.buf) {
+            if let Some(len) = requests::announced_len(&self.buf) {
                 if len > FREE_REQUEST_BYTES && self.held.is_none() && len <= self.max {
                     let n = u32::try_from(len - FREE_REQUEST_BYTES).unwrap_or(u32::MAX);
                     match self.budget.clone().try_acquire_many_owned(n) {

@@ -2,7 +2,7 @@
 //! namespace `ns`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::slice::{AddressType, ServiceKey, Slice, SliceEndpoint, SliceKey, SlicePort};
+use crate::model::slice::{AddressType, ServiceKey, Slice, SliceEndpoint, SliceKey, SlicePort};
 use serving_picker_core::contract::SliceConditions;
 
 /// Service `ns/name`.

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::endpoint::Endpoint;
-use crate::index::IpFamily;
-use crate::slice::{AddressType, Slice};
+use crate::model::endpoint::Endpoint;
+use crate::model::index::IpFamily;
+use crate::model::slice::{AddressType, Slice};
 
 /// The merged endpoints of one Service port.
 #[derive(Debug)]
@@ -316,9 +316,9 @@ impl PortView {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::fixtures::{slice_key, svc};
-    use crate::index::Index;
-    use crate::slice::{SliceEndpoint, SlicePort};
+    use crate::model::fixtures::{slice_key, svc};
+    use crate::model::index::Index;
+    use crate::model::slice::{SliceEndpoint, SlicePort};
     use std::net::IpAddr;
 
     /// A small deterministic generator (xorshift).

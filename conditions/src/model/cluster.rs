@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::slice::ServiceKey;
+use crate::model::slice::ServiceKey;
 
 /// One Envoy cluster fed from one Service port.
 #[derive(Clone, Debug, PartialEq, Eq)]

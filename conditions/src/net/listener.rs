@@ -38,8 +38,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::Status;
 
 use crate::limits::{names, GrpcLimits};
-use crate::metrics::Metrics;
-use crate::ratelog::LogBudget;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::ratelog::LogBudget;
 
 /// Over-cap connections answered at once; more are closed at accept.
 const REFUSING_AT_ONCE: usize = 64;

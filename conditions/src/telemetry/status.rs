@@ -29,8 +29,8 @@ use serde_json::{json, Value};
 
 use serving_picker_core::contract::Tier;
 
-use crate::cluster::ClusterSpec;
-use crate::endpoint::Endpoint;
+use crate::model::cluster::ClusterSpec;
+use crate::model::endpoint::Endpoint;
 
 /// Endpoint rows shown, over all ports.
 pub const MAX_ENDPOINT_ROWS: usize = 1000;
@@ -115,7 +115,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Board {
     /// A board whose gauge is registered in `registry`.
     pub fn new(registry: &mut Registry) -> Board {
-        let serving_endpoints = crate::metrics::registered(
+        let serving_endpoints = crate::telemetry::registered(
             registry,
             "service_serving_endpoints",
             "Serving endpoints of each managed Service port, by cluster (0: requests get the no-serving 503)",
@@ -421,7 +421,7 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::fixtures::endpoint;
+    use crate::model::fixtures::endpoint;
 
     fn ep(ip: &str, serving: bool, terminating: bool) -> Endpoint {
         let mut e = endpoint(ip);

@@ -15,39 +15,14 @@ use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 
-use crate::assignment::{Encoder, Output, CLA_TYPE_URL};
-use crate::cluster::ClusterSpec;
-use crate::index::{Index, IpFamily};
-use crate::metrics::Metrics;
-use crate::port_view::{EndpointChange, PortView};
-use crate::slice::{ServiceKey, Slice, SliceKey};
-use crate::xds::wire::resource_entry;
-
-/// A change from a source.
-#[derive(Clone, Debug)]
-pub enum Change {
-    Apply(Slice),
-    Delete(SliceKey),
-    /// Every slice there is (a full list): the index becomes exactly this,
-    /// and is complete from then on.
-    Replace(Vec<Slice>),
-}
-
-/// A change and when the source got it (for the lag figures).
-#[derive(Clone, Debug)]
-pub struct Update {
-    pub change: Change,
-    pub received: Instant,
-}
-
-impl Update {
-    pub fn now(change: Change) -> Update {
-        Update {
-            change,
-            received: Instant::now(),
-        }
-    }
-}
+use crate::eds::assignment::{Encoder, Output, CLA_TYPE_URL};
+use crate::eds::response_bytes::resource_entry;
+use crate::model::cluster::ClusterSpec;
+use crate::model::index::{Index, IpFamily};
+use crate::model::port_view::{EndpointChange, PortView};
+use crate::model::slice::{ServiceKey, SliceKey};
+use crate::source::{next_batch, Change, Update};
+use crate::telemetry::metrics::Metrics;
 
 /// One EDS resource as published.
 #[derive(Debug)]
@@ -56,7 +31,7 @@ pub struct Resource {
     /// Changes whenever the assignment does (unique within this process).
     pub version: u64,
     /// The encoded ClusterLoadAssignment as a DiscoveryResponse's resource
-    /// entry (`xds::wire::resource_entry`): encoded once per version, shared
+    /// entry (`response_bytes::resource_entry`): encoded once per version, shared
     /// by every stream that sends it.
     pub entry: Bytes,
     /// Where the ClusterLoadAssignment starts in `entry`.
@@ -190,7 +165,7 @@ impl Publisher {
         &self,
     ) -> (
         bool,
-        impl Iterator<Item = (&ClusterSpec, Vec<crate::endpoint::Endpoint>)>,
+        impl Iterator<Item = (&ClusterSpec, Vec<crate::model::endpoint::Endpoint>)>,
     ) {
         let ports = self
             .clusters
@@ -327,17 +302,6 @@ fn net(mut changes: Vec<EndpointChange>) -> Vec<EndpointChange> {
     changes
 }
 
-/// The next batch: waits for an update, then takes every other one waiting
-/// with it. `None` once every source has gone.
-pub async fn next_batch(updates: &mut mpsc::Receiver<Update>) -> Option<Vec<Update>> {
-    let first = updates.recv().await?;
-    let mut batch = vec![first];
-    while let Ok(more) = updates.try_recv() {
-        batch.push(more);
-    }
-    Some(batch)
-}
-
 /// Runs the publisher: takes every update waiting at once, publishes the
 /// result. Ends when every source has gone.
 pub async fn run(
@@ -378,8 +342,8 @@ pub async fn run(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::fixtures::{endpoint, slice_key};
-    use crate::slice::SliceEndpoint;
+    use crate::model::fixtures::{endpoint, slice_key};
+    use crate::model::slice::{Slice, SliceEndpoint};
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use prost::Message;
 
@@ -390,7 +354,7 @@ mod tests {
     /// IPv4 (every address here is), port `http` = 80, no conditions set.
     fn slice(name: &str, svc: &str, ips: &[&str]) -> Slice {
         let eps = ips.iter().map(|ip| endpoint(ip)).collect();
-        crate::fixtures::slice(name, svc, &[("http", 80)], eps)
+        crate::model::fixtures::slice(name, svc, &[("http", 80)], eps)
     }
 
     fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
@@ -477,7 +441,7 @@ mod tests {
 
     #[test]
     fn kept_slice_by_slice_assignments_equal_fresh_builds() {
-        use crate::assignment::cluster_load_assignment;
+        use crate::eds::assignment::cluster_load_assignment;
         // A small deterministic generator (xorshift).
         fn below(state: &mut u64, n: u64) -> u64 {
             *state ^= *state << 13;

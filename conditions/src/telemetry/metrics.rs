@@ -1,30 +1,20 @@
-//! Prometheus metrics, `/healthz`, `/readyz` (ready after the first full
-//! list of EndpointSlices) and `/serving` (the gRPC server takes calls,
-//! whatever the index holds: the envoy-gateway mode's readiness, since the
-//! hook answers in every state), on one small HTTP/1 listener.
+//! The companion's Prometheus registry and the counters most subsystems
+//! update, readiness (the first full list of EndpointSlices) and serving
+//! (the gRPC server takes calls); served by `net::admin`.
 
-use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Metric, Registry};
-use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use prometheus_client::registry::Registry;
 
-use crate::index::Index;
-use crate::limits::{names as limit, HttpLimits};
-use crate::ratelog::LogBudget;
+use crate::model::index::Index;
+use crate::telemetry::registered;
 
 /// Label sets of fixed names and values (a metric family's key).
 pub type Labels = Vec<(&'static str, &'static str)>;
@@ -65,8 +55,8 @@ pub struct Metrics {
     limit_hits: Family<Labels, Counter>,
     limits: Family<Labels, Gauge>,
     http_connections: Gauge,
-    // status page (crate::status): its state and gauge
-    status: Arc<crate::status::Board>,
+    // status page (crate::telemetry::status): its state and gauge
+    status: Arc<crate::telemetry::status::Board>,
 }
 
 fn seconds_buckets() -> Histogram {
@@ -78,18 +68,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
-}
-
-/// `metric`, registered in `registry` as `name` with `help` (the registry
-/// keeps a handle to the same metric).
-pub fn registered<M: Metric + Clone>(
-    registry: &mut Registry,
-    name: &str,
-    help: &str,
-    metric: M,
-) -> M {
-    registry.register(name, help, metric.clone());
-    metric
 }
 
 impl Metrics {
@@ -267,8 +245,8 @@ impl Metrics {
             "Connections open on the metrics port (see limit{limit=\"metrics-max-connections\"})",
             Gauge::default(),
         );
-        // status page (crate::status)
-        let status = Arc::new(crate::status::Board::new(r));
+        // status page (crate::telemetry::status)
+        let status = Arc::new(crate::telemetry::status::Board::new(r));
         Metrics {
             status,
             registry,
@@ -449,7 +427,12 @@ impl Metrics {
     }
 
     /// The status page's state (`/debug/services`).
-    pub fn status(&self) -> &crate::status::Board {
+    /// The admin port's open connections.
+    pub fn set_http_connections(&self, open: usize) {
+        self.http_connections.set(open as i64);
+    }
+
+    pub fn status(&self) -> &crate::telemetry::status::Board {
         &self.status
     }
 
@@ -463,170 +446,18 @@ impl Metrics {
     }
 }
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-fn route(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
-    match path {
-        "/metrics" => respond(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.render(),
-        ),
-        // status page (crate::status)
-        "/debug/services" => respond(
-            StatusCode::OK,
-            "application/json",
-            metrics.status.json().to_string(),
-        ),
-        "/debug/services.html" => respond(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            metrics.status.html(),
-        ),
-        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if metrics.is_ready() => respond(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => respond(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not ready: no full list of EndpointSlices yet\n".into(),
-        ),
-        "/serving" if metrics.is_serving() => {
-            respond(StatusCode::OK, "text/plain", "serving\n".into())
-        }
-        "/serving" => respond(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not serving: the gRPC server is not taking calls\n".into(),
-        ),
-        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
-    }
-}
-
-static HTTP_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
-
-/// The metrics port's open connections, oldest first, each closable.
-#[derive(Default)]
-struct HttpConnections {
-    next: AtomicUsize,
-    open: Mutex<BTreeMap<usize, Arc<Notify>>>,
-}
-
-impl HttpConnections {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, Arc<Notify>>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Serves `/metrics`, `/healthz`, `/readyz`, `/debug/services` on `listener` until the process
-/// ends. Bounded: headers must arrive within `--metrics-header-timeout`, and
-/// past `--metrics-max-connections` a new connection closes the oldest, so
-/// half-sent requests cannot keep the probes out.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: HttpLimits) {
-    metrics.set_limit(
-        limit::METRICS_MAX_CONNECTIONS,
-        limits.metrics_max_connections as i64,
-    );
-    metrics.set_limit(
-        limit::METRICS_HEADER_TIMEOUT,
-        limits.metrics_header_timeout.as_secs() as i64,
-    );
-    let conns = Arc::new(HttpConnections::default());
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.metrics_header_timeout)
-        .max_buf_size(16 * 1024);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics listener: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let id = conns.next.fetch_add(1, Ordering::SeqCst);
-        let close = Arc::new(Notify::new());
-        {
-            let mut open = conns.lock();
-            while open.len() >= limits.metrics_max_connections.max(1) {
-                let Some((_, oldest)) = open.pop_first() else {
-                    break;
-                };
-                oldest.notify_one();
-                metrics.limit_hit(limit::METRICS_MAX_CONNECTIONS);
-                if let Some(left_out) = HTTP_LOG.allow() {
-                    tracing::warn!(peer = %peer, left_out, "metrics port over --metrics-max-connections: the oldest connection is closed");
-                }
-            }
-            open.insert(id, close.clone());
-            metrics.http_connections.set(open.len() as i64);
-        }
-        let metrics = metrics.clone();
-        let conns = conns.clone();
-        let http = http.clone();
-        tokio::spawn(async move {
-            let m = metrics.clone();
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = route(&m, req.uri().path());
-                async move { Ok::<_, Infallible>(r) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            tokio::select! {
-                r = http.serve_connection(io, service) => {
-                    if let Err(e) = r {
-                        if e.is_timeout() {
-                            metrics.limit_hit(limit::METRICS_HEADER_TIMEOUT);
-                            if let Some(left_out) = HTTP_LOG.allow() {
-                                tracing::warn!(peer = %peer, left_out, "metrics port: headers not in within --metrics-header-timeout: closed");
-                            }
-                        }
-                    }
-                }
-                _ = close.notified() => {}
-            }
-            let mut open = conns.lock();
-            open.remove(&id);
-            metrics.http_connections.set(open.len() as i64);
-        });
-    }
-}
-
-/// Binds the metrics listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    crate::listener::bind(addr)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     #[test]
-    fn renders_and_readiness_follows_the_index() {
+    fn renders_the_counters() {
         let m = Metrics::new();
-        assert_eq!(
-            route(&m, "/readyz").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(route(&m, "/healthz").status(), StatusCode::OK);
         m.watch_event("apply");
         m.nacked();
         m.applied(1, &Index::new(), true, Duration::from_micros(10));
-        assert_eq!(route(&m, "/readyz").status(), StatusCode::OK);
-        // /serving is the gRPC server's state, not the index's.
-        assert_eq!(
-            route(&m, "/serving").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        m.set_serving(true);
-        assert_eq!(route(&m, "/serving").status(), StatusCode::OK);
+        assert!(m.is_ready());
         let text = m.render();
         assert!(
             text.contains("serving_picker_conditions_watch_events_total{kind=\"apply\"} 1"),
@@ -637,6 +468,5 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("serving_picker_conditions_ready 1"), "{text}");
-        assert_eq!(route(&m, "/nope").status(), StatusCode::NOT_FOUND);
     }
 }

@@ -24,8 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
-use crate::endpoint::Endpoint;
-use crate::slice::{AddressType, ServiceKey, Slice, SliceKey};
+use crate::model::endpoint::Endpoint;
+use crate::model::slice::{AddressType, ServiceKey, Slice, SliceKey};
 
 /// Which address family a Service port is served in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -229,8 +229,8 @@ impl Index {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::fixtures::{conds, endpoint, slice_key, svc};
-    use crate::slice::SliceEndpoint;
+    use crate::model::fixtures::{conds, endpoint, slice_key, svc};
+    use crate::model::slice::SliceEndpoint;
 
     fn ep(ip: &str, ready: bool, serving: bool, terminating: bool) -> SliceEndpoint {
         SliceEndpoint {
@@ -244,7 +244,7 @@ mod tests {
 
     /// Port `http` = `port`.
     fn slice(name: &str, service: &str, port: u16, eps: Vec<SliceEndpoint>) -> Slice {
-        crate::fixtures::slice(name, service, &[("http", port)], eps)
+        crate::model::fixtures::slice(name, service, &[("http", port)], eps)
     }
 
     #[test]

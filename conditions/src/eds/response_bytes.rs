@@ -1,19 +1,13 @@
-//! The bytes of the xDS exchange, without a network.
+//! A `DiscoveryResponse`'s bytes, built once per snapshot and shared.
 //!
-//! A `DiscoveryResponse` is written as `[gRPC message header][version_info]
+//! A response is written as `[gRPC message header][version_info]
 //! [resources...][type_url][nonce]`. Each resource is an assignment's `Any`,
 //! framed as field 2 of a DiscoveryResponse once per version ([`resource_entry`])
 //! and shared by every stream (`bytes::Bytes`); a stream adds only its head
 //! and tail, about a hundred bytes ([`frame`]). Fields are in number order,
 //! so the bytes are exactly prost's encoding of the same message.
-//!
-//! Requests arrive as gRPC messages (a 5-byte header: compressed flag and
-//! length) that [`next_message`] cuts from a stream's buffer, refusing one
-//! over the size limit before it is buffered.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-use envoy_types::pb::google::rpc::Status as RpcStatus;
+use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 
 /// The gRPC length-prefixed message header: a compressed flag, a u32 length.
@@ -112,81 +106,6 @@ pub fn frame(version: &str, type_url: &str, nonce: &str, entries_len: usize) -> 
     }
 }
 
-/// A DiscoveryRequest read without its node: Envoy sends its node (about
-/// 60 KB with the list of its extensions) on every request, ACKs included;
-/// kept as bytes, it costs a copy, not a parse of hundreds of messages.
-/// Same field numbers as DiscoveryRequest (`resource_locators` skipped).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RequestView {
-    #[prost(string, tag = "1")]
-    pub version_info: String,
-    /// The encoded `Node`.
-    #[prost(bytes = "bytes", tag = "2")]
-    pub node: Bytes,
-    #[prost(string, repeated, tag = "3")]
-    pub resource_names: Vec<String>,
-    #[prost(string, tag = "4")]
-    pub type_url: String,
-    #[prost(string, tag = "5")]
-    pub response_nonce: String,
-    #[prost(message, optional, tag = "6")]
-    pub error_detail: Option<RpcStatus>,
-}
-
-impl RequestView {
-    /// The request without its node, and the node's bytes.
-    pub fn split(self) -> (DiscoveryRequest, Bytes) {
-        (
-            DiscoveryRequest {
-                version_info: self.version_info,
-                node: None,
-                resource_names: self.resource_names,
-                type_url: self.type_url,
-                response_nonce: self.response_nonce,
-                error_detail: self.error_detail,
-                ..Default::default()
-            },
-            self.node,
-        )
-    }
-}
-
-/// Why a request stream cannot go on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MessageError {
-    /// The compressed flag: this server announces no compression.
-    Compressed,
-    /// A message longer than the limit (its announced length).
-    TooLarge(usize),
-}
-
-/// Cuts the next whole message (without its header) from `buf`; `None`
-/// until one is complete. A message announced longer than `max` is refused
-/// from its header, before its bytes are kept.
-pub fn next_message(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, MessageError> {
-    if buf.len() < GRPC_HEADER {
-        return Ok(None);
-    }
-    if buf[0] != 0 {
-        return Err(MessageError::Compressed);
-    }
-    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-    if len > max {
-        return Err(MessageError::TooLarge(len));
-    }
-    if buf.len() < GRPC_HEADER + len {
-        return Ok(None);
-    }
-    buf.advance(GRPC_HEADER);
-    Ok(Some(buf.split_to(len).freeze()))
-}
-
-/// The announced length of the message being received, if its header is in.
-pub fn announced_len(buf: &[u8]) -> Option<usize> {
-    (buf.len() >= GRPC_HEADER)
-        .then(|| u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -245,63 +164,5 @@ mod tests {
     fn the_value_is_found_inside_its_entry() {
         let (entry, at) = resource_entry(TYPE_URL, b"assignment");
         assert_eq!(&entry[at..], b"assignment");
-    }
-
-    #[test]
-    fn a_request_read_without_its_node_keeps_every_other_field() {
-        use envoy_types::pb::envoy::config::core::v3::Node;
-        let node = Node {
-            id: "envoy-1".into(),
-            cluster: "c".into(),
-            ..Default::default()
-        };
-        let req = DiscoveryRequest {
-            version_info: "v1".into(),
-            node: Some(node.clone()),
-            resource_names: vec!["a".into(), "b".into()],
-            type_url: TYPE_URL.into(),
-            response_nonce: "3".into(),
-            error_detail: Some(RpcStatus {
-                code: 3,
-                message: "bad".into(),
-                details: vec![],
-            }),
-            ..Default::default()
-        };
-        let (without, node_bytes) = RequestView::decode(req.encode_to_vec().as_slice())
-            .unwrap()
-            .split();
-        assert_eq!(Node::decode(node_bytes).unwrap(), node);
-        assert_eq!(without, DiscoveryRequest { node: None, ..req });
-    }
-
-    fn framed(payload: &[u8]) -> Vec<u8> {
-        let mut v = vec![0];
-        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        v.extend_from_slice(payload);
-        v
-    }
-
-    #[test]
-    fn messages_are_cut_whole_and_oversized_ones_refused_from_the_header() {
-        let mut buf = BytesMut::new();
-        let two = [framed(b"abc"), framed(b"")].concat();
-        buf.extend_from_slice(&two[..4]);
-        assert_eq!(next_message(&mut buf, 10), Ok(None));
-        buf.extend_from_slice(&two[4..7]);
-        assert_eq!(next_message(&mut buf, 10), Ok(None));
-        buf.extend_from_slice(&two[7..]);
-        assert_eq!(next_message(&mut buf, 10).unwrap().unwrap(), &b"abc"[..]);
-        assert_eq!(next_message(&mut buf, 10).unwrap().unwrap(), &b""[..]);
-        assert!(buf.is_empty());
-        // Only the header of a large message is needed to refuse it.
-        let mut big = BytesMut::from(&framed(&[0u8; 11])[..GRPC_HEADER]);
-        assert_eq!(announced_len(&big), Some(11));
-        assert_eq!(next_message(&mut big, 10), Err(MessageError::TooLarge(11)));
-        let mut compressed = BytesMut::from(&[1u8, 0, 0, 0, 1, 0][..]);
-        assert_eq!(
-            next_message(&mut compressed, 10),
-            Err(MessageError::Compressed)
-        );
     }
 }

@@ -11,7 +11,7 @@ use serving_picker_core::contract::{
     metadata_fields, MetaFlags, MetadataValue, SliceConditions, TopologyFields,
 };
 
-use crate::slice::SliceEndpoint;
+use crate::model::slice::SliceEndpoint;
 
 /// A slice endpoint's conditions, the API's nil rules applied.
 pub fn conditions_of(ep: &SliceEndpoint) -> SliceConditions {
@@ -74,7 +74,7 @@ impl Endpoint {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::fixtures::{conds as c, endpoint};
+    use crate::model::fixtures::{conds as c, endpoint};
 
     fn ep(ready: Option<bool>, serving: Option<bool>, terminating: Option<bool>) -> SliceEndpoint {
         SliceEndpoint {
@@ -102,8 +102,8 @@ mod tests {
         assert_eq!(keys, vec!["ready", "serving", "terminating"]);
         e.zone = Some("z1".into());
         e.node_name = Some("n1".into());
-        e.hints_zones = crate::slice::joined(["z1", "z2"].into_iter());
-        e.hints_nodes = crate::slice::joined(["n1"].into_iter());
+        e.hints_zones = crate::model::slice::joined(["z1", "z2"].into_iter());
+        e.hints_nodes = crate::model::slice::joined(["n1"].into_iter());
         let f = e.metadata_fields();
         assert_eq!(f[3], ("zone", MetadataValue::Str("z1")));
         assert_eq!(f[4], ("node_name", MetadataValue::Str("n1")));

@@ -57,9 +57,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::listener::{Admitted, Ticket};
-use crate::log_limit::PerKey;
-use crate::metrics::{registered, Labels};
+use crate::net::listener::{Admitted, Ticket};
+use crate::telemetry::log_limit::PerKey;
+use crate::telemetry::metrics::Labels;
+use crate::telemetry::registered;
 
 /// At most one log line per refused peer address per this interval.
 pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);

@@ -29,8 +29,8 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value}
 
 use serving_picker_core::contract::{EdsHealth, MetadataValue};
 
-use crate::endpoint::Endpoint;
-use crate::port_view::EndpointChange;
+use crate::model::endpoint::Endpoint;
+use crate::model::port_view::EndpointChange;
 
 /// Type URL of the EDS resource.
 pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";

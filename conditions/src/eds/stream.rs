@@ -37,9 +37,9 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use prost::Message;
 
-use crate::assignment::CLA_TYPE_URL;
-use crate::publish::Snapshot;
-use crate::xds::wire;
+use crate::eds::assignment::CLA_TYPE_URL;
+use crate::eds::publish::Snapshot;
+use crate::eds::response_bytes as wire;
 
 /// The resource names this server defines (the `--cluster` names), numbered.
 #[derive(Debug, Default)]
@@ -123,7 +123,7 @@ pub enum SnapshotEffect {
 }
 
 /// A response as the transport takes it: per-stream head and tail around
-/// resource entries shared with every other stream (see `xds::wire`).
+/// resource entries shared with every other stream (see `response_bytes`).
 #[derive(Debug)]
 pub struct Prepared {
     pub nonce: u64,
@@ -294,7 +294,7 @@ impl EdsStream {
     fn due_resources<'a>(
         &'a self,
         snap: &'a Snapshot,
-    ) -> impl Iterator<Item = (usize, &'a Arc<crate::publish::Resource>)> + 'a {
+    ) -> impl Iterator<Item = (usize, &'a Arc<crate::eds::publish::Resource>)> + 'a {
         self.subscribed
             .iter()
             .enumerate()
@@ -385,7 +385,7 @@ impl EdsStream {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::publish::Resource;
+    use crate::eds::publish::Resource;
     use envoy_types::pb::google::rpc::Status as RpcStatus;
     use std::collections::BTreeMap;
 

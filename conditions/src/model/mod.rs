@@ -1,0 +1,14 @@
+//! The model: what Kubernetes says, kept without IO. EndpointSlices as
+//! kept (`slice`), the index of slices by Service and of endpoints by
+//! address:port with which copy wins (`index`), one endpoint's conditions,
+//! health and priority (`endpoint`), one Service port's endpoints kept up
+//! to date slice by slice (`port_view`), and the `--cluster` specs
+//! (`cluster`). Imports nothing else of the crate.
+
+pub mod cluster;
+pub mod endpoint;
+#[cfg(test)]
+pub(crate) mod fixtures;
+pub mod index;
+pub mod port_view;
+pub mod slice;

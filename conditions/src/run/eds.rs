@@ -1,0 +1,141 @@
+//! Mode `eds`: the publisher and the xDS server over the shared
+//! plumbing (`run`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::ValueEnum;
+use tokio::sync::{mpsc, watch};
+
+use crate::eds::assignment::Output;
+use crate::eds::publish::{self, Publisher, Snapshot};
+use crate::eds::stream::Names;
+use crate::limits::{ServeLimits, XdsLimits};
+use crate::model::cluster::{check_unique, ClusterSpec};
+use crate::model::index::IpFamily;
+use crate::run::{self, Plumbing, Slices};
+use crate::telemetry::metrics::Metrics;
+use crate::xds::XdsServer;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Family {
+    /// IPv4 when a Service port has IPv4 slices, else IPv6.
+    Auto,
+    Ipv4,
+    Ipv6,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// gRPC listen address for Envoy's xDS streams.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// An Envoy cluster (EDS resource name) and the Service port it serves.
+    #[arg(
+        long = "cluster",
+        value_name = "NAME=NAMESPACE/SERVICE:PORT_NAME",
+        required = true
+    )]
+    pub clusters: Vec<ClusterSpec>,
+    /// Read EndpointSlices from this directory of kubectl YAML/JSON files
+    /// (watched) instead of the Kubernetes API.
+    #[arg(long, value_name = "DIR")]
+    pub slices_dir: Option<PathBuf>,
+    /// Priority output for Envoys without serving-picker: ready endpoints at
+    /// priority 0, serving+terminating at 1, not serving left out.
+    #[arg(long)]
+    pub priorities: bool,
+    /// Metrics (/metrics), /healthz and /readyz listen address.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
+    pub metrics_listen: SocketAddr,
+    /// filter_metadata namespace of the conditions.
+    #[arg(long, default_value = serving_picker_core::config::DEFAULT_METADATA_NAMESPACE)]
+    pub metadata_namespace: String,
+    /// Address family served per Service port.
+    #[arg(long, value_enum, default_value_t = Family::Auto)]
+    pub ip_family: Family,
+    #[command(flatten)]
+    pub limits: ServeLimits,
+    #[command(flatten)]
+    pub xds: XdsLimits,
+    #[command(flatten)]
+    pub tls: crate::net::tls::TlsArgs,
+}
+
+/// What an xDS client may send before the companion reads it, per stream
+/// and per connection: requests are read at once, so a small window costs
+/// nothing but caps what a connection can park in the companion's memory.
+const XDS_RECEIVE_WINDOW: u32 = 64 * 1024;
+
+/// Runs the mode until `shutdown`.
+pub async fn run(
+    args: Args,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    check_unique(&args.clusters).map_err(anyhow::Error::msg)?;
+    args.xds.check().map_err(anyhow::Error::msg)?;
+    let family = match args.ip_family {
+        Family::Auto => IpFamily::Auto,
+        Family::Ipv4 => IpFamily::Ipv4,
+        Family::Ipv6 => IpFamily::Ipv6,
+    };
+    let output = Output {
+        metadata_namespace: args.metadata_namespace.clone(),
+        priorities: args.priorities,
+    };
+    let plumbing = Plumbing::start(
+        args.listen,
+        args.metrics_listen,
+        &args.tls,
+        &args.limits,
+        Metrics::new(),
+    )
+    .await?;
+    let metrics = plumbing.metrics.clone();
+    tracing::info!(
+        listen = %args.listen,
+        metrics = %args.metrics_listen,
+        clusters = ?args.clusters.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        priorities = args.priorities,
+        source = %run::source_name(args.slices_dir.as_ref()),
+        "serving-picker-conditions eds starting"
+    );
+
+    let (updates_tx, updates_rx) = mpsc::channel(1024);
+    let (snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::empty()));
+    let publisher = Publisher::new(args.clusters.clone(), family, output);
+    tokio::spawn(publish::run(
+        publisher,
+        updates_rx,
+        snap_tx,
+        metrics.clone(),
+    ));
+    let slices = match args.slices_dir.clone() {
+        Some(dir) => Slices::Files(dir),
+        None => Slices::Kube {
+            client: run::kube_client().await?,
+            selection: crate::source::kube::selection(&args.clusters),
+        },
+    };
+    let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
+
+    let xds = XdsServer::new(
+        snap_rx,
+        Names::new(args.clusters.iter().map(|c| c.name.clone())),
+        args.xds.clone(),
+        metrics,
+        Some(plumbing.connections.clone()),
+    );
+    tokio::spawn(xds.clone().run_fanout());
+    let (ads, eds) = xds.services();
+    let router = plumbing
+        .grpc_server()
+        .initial_stream_window_size(XDS_RECEIVE_WINDOW)
+        .initial_connection_window_size(XDS_RECEIVE_WINDOW)
+        .add_service(ads)
+        .add_service(eds);
+    plumbing
+        .serve(router, "xDS server", shutdown, source_task)
+        .await
+}

@@ -1,0 +1,119 @@
+//! Mode `envoy-gateway`: the hook's index and its gRPC service over the
+//! shared plumbing (`run`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::eds::assignment::Output;
+use crate::envoy_gateway::service::{
+    FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared,
+};
+use crate::envoy_gateway::{consume, proto, Args, DEFAULT_MANAGE_SELECTOR};
+use crate::run::{self, Plumbing, Slices};
+use crate::source::kube::Selection;
+use crate::telemetry::metrics::Metrics;
+
+/// Runs the mode until `shutdown`.
+pub async fn run(
+    args: Args,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    if args.slices_dir.is_some() && args.manage.is_some() {
+        anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
+    }
+    if args.max_concurrent_calls == 0 {
+        anyhow::bail!("--max-concurrent-calls must be at least 1");
+    }
+    if args.max_bytes_held < args.max_message_size.saturating_mul(2) {
+        anyhow::bail!(
+            "--max-bytes-held {} is less than twice --max-message-size {}: a request of the largest size could never be answered",
+            args.max_bytes_held,
+            args.max_message_size
+        );
+    }
+    let selector = args
+        .manage
+        .clone()
+        .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
+    let mut metrics = Metrics::new();
+    let hook_metrics = HookMetrics::register(metrics.registry_mut());
+    let plumbing = Plumbing::start(
+        args.listen,
+        args.metrics_listen,
+        &args.tls,
+        &args.limits,
+        metrics,
+    )
+    .await?;
+    let metrics = plumbing.metrics.clone();
+    tracing::info!(
+        listen = %args.listen,
+        metrics = %args.metrics_listen,
+        manage = %args.slices_dir.as_ref().map(|_| "every Service in the directory".to_string()).unwrap_or_else(|| selector.clone()),
+        priorities = args.priorities,
+        source = %run::source_name(args.slices_dir.as_ref()),
+        "serving-picker-conditions envoy-gateway starting"
+    );
+
+    let shared = Arc::new(Shared::default());
+    let (updates_tx, updates_rx) = mpsc::channel(1024);
+    tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
+    let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
+        Some(dir) => (
+            Slices::Files(dir.clone()),
+            Arc::new(FilesReread::new(dir, metrics.clone())),
+        ),
+        None => {
+            let client = run::kube_client().await?;
+            let selection = Selection {
+                namespace: None,
+                label_selector: selector.clone(),
+            };
+            (
+                Slices::Kube {
+                    client: client.clone(),
+                    selection,
+                },
+                Arc::new(KubeReread { client, selector }),
+            )
+        }
+    };
+    let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
+
+    let config = HookConfig {
+        output: Output {
+            metadata_namespace: args.metadata_namespace.clone(),
+            priorities: args.priorities,
+        },
+        reread_timeout: Duration::from_millis(args.reread_timeout_ms),
+        max_calls: args.max_concurrent_calls,
+        max_bytes_held: args.max_bytes_held,
+        max_message_size: args.max_message_size,
+        ..HookConfig::default()
+    };
+    let hook = HookService::new(shared, config, Some(reread), hook_metrics);
+    let svc = proto::EnvoyGatewayExtensionServer::new(hook)
+        .max_decoding_message_size(args.max_message_size)
+        .max_encoding_message_size(args.max_message_size);
+    // Streams per connection bounded: requests being received hold at
+    // most this many times --max-message-size; calls beyond
+    // --max-concurrent-calls among them are answered unchanged at once.
+    let streams = u32::try_from(args.max_concurrent_calls.saturating_mul(2))
+        .unwrap_or(u32::MAX)
+        .min(
+            args.limits
+                .grpc
+                .max_streams_per_connection
+                .saturating_add(1),
+        );
+    let router = plumbing
+        .grpc_server()
+        .max_concurrent_streams(streams)
+        .add_service(svc);
+    plumbing
+        .serve(router, "extension server", shutdown, source_task)
+        .await
+}

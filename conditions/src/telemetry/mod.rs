@@ -1,0 +1,22 @@
+//! What the companion shows: Prometheus metrics and readiness (`metrics`),
+//! the status page's state (`status`), and log lines at a bounded rate
+//! (`ratelog`, `log_limit`).
+
+pub mod log_limit;
+pub mod metrics;
+pub mod ratelog;
+pub mod status;
+
+use prometheus_client::registry::{Metric, Registry};
+
+/// `metric`, registered in `registry` as `name` with `help` (the registry
+/// keeps a handle to the same metric).
+pub fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}

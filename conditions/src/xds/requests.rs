@@ -1,0 +1,151 @@
+//! Requests as they arrive on a stream, without a network: gRPC messages
+//! (a 5-byte header: compressed flag and length) that [`next_message`] cuts
+//! from a stream's buffer, refusing one over the size limit before it is
+//! buffered; a DiscoveryRequest read without its node ([`RequestView`]).
+
+use bytes::{Buf, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+use crate::eds::response_bytes::GRPC_HEADER;
+
+/// A DiscoveryRequest read without its node: Envoy sends its node (about
+/// 60 KB with the list of its extensions) on every request, ACKs included;
+/// kept as bytes, it costs a copy, not a parse of hundreds of messages.
+/// Same field numbers as DiscoveryRequest (`resource_locators` skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RequestView {
+    #[prost(string, tag = "1")]
+    pub version_info: String,
+    /// The encoded `Node`.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub node: Bytes,
+    #[prost(string, repeated, tag = "3")]
+    pub resource_names: Vec<String>,
+    #[prost(string, tag = "4")]
+    pub type_url: String,
+    #[prost(string, tag = "5")]
+    pub response_nonce: String,
+    #[prost(message, optional, tag = "6")]
+    pub error_detail: Option<RpcStatus>,
+}
+
+impl RequestView {
+    /// The request without its node, and the node's bytes.
+    pub fn split(self) -> (DiscoveryRequest, Bytes) {
+        (
+            DiscoveryRequest {
+                version_info: self.version_info,
+                node: None,
+                resource_names: self.resource_names,
+                type_url: self.type_url,
+                response_nonce: self.response_nonce,
+                error_detail: self.error_detail,
+                ..Default::default()
+            },
+            self.node,
+        )
+    }
+}
+
+/// Why a request stream cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageError {
+    /// The compressed flag: this server announces no compression.
+    Compressed,
+    /// A message longer than the limit (its announced length).
+    TooLarge(usize),
+}
+
+/// Cuts the next whole message (without its header) from `buf`; `None`
+/// until one is complete. A message announced longer than `max` is refused
+/// from its header, before its bytes are kept.
+pub fn next_message(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, MessageError> {
+    if buf.len() < GRPC_HEADER {
+        return Ok(None);
+    }
+    if buf[0] != 0 {
+        return Err(MessageError::Compressed);
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > max {
+        return Err(MessageError::TooLarge(len));
+    }
+    if buf.len() < GRPC_HEADER + len {
+        return Ok(None);
+    }
+    buf.advance(GRPC_HEADER);
+    Ok(Some(buf.split_to(len).freeze()))
+}
+
+/// The announced length of the message being received, if its header is in.
+pub fn announced_len(buf: &[u8]) -> Option<usize> {
+    (buf.len() >= GRPC_HEADER)
+        .then(|| u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use prost::Message;
+
+    const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    #[test]
+    fn a_request_read_without_its_node_keeps_every_other_field() {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        let node = Node {
+            id: "envoy-1".into(),
+            cluster: "c".into(),
+            ..Default::default()
+        };
+        let req = DiscoveryRequest {
+            version_info: "v1".into(),
+            node: Some(node.clone()),
+            resource_names: vec!["a".into(), "b".into()],
+            type_url: TYPE_URL.into(),
+            response_nonce: "3".into(),
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: "bad".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        };
+        let (without, node_bytes) = RequestView::decode(req.encode_to_vec().as_slice())
+            .unwrap()
+            .split();
+        assert_eq!(Node::decode(node_bytes).unwrap(), node);
+        assert_eq!(without, DiscoveryRequest { node: None, ..req });
+    }
+
+    fn framed(payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![0];
+        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn messages_are_cut_whole_and_oversized_ones_refused_from_the_header() {
+        let mut buf = BytesMut::new();
+        let two = [framed(b"abc"), framed(b"")].concat();
+        buf.extend_from_slice(&two[..4]);
+        assert_eq!(next_message(&mut buf, 10), Ok(None));
+        buf.extend_from_slice(&two[4..7]);
+        assert_eq!(next_message(&mut buf, 10), Ok(None));
+        buf.extend_from_slice(&two[7..]);
+        assert_eq!(next_message(&mut buf, 10).unwrap().unwrap(), &b"abc"[..]);
+        assert_eq!(next_message(&mut buf, 10).unwrap().unwrap(), &b""[..]);
+        assert!(buf.is_empty());
+        // Only the header of a large message is needed to refuse it.
+        let mut big = BytesMut::from(&framed(&[0u8; 11])[..GRPC_HEADER]);
+        assert_eq!(announced_len(&big), Some(11));
+        assert_eq!(next_message(&mut big, 10), Err(MessageError::TooLarge(11)));
+        let mut compressed = BytesMut::from(&[1u8, 0, 0, 0, 1, 0][..]);
+        assert_eq!(
+            next_message(&mut compressed, 10),
+            Err(MessageError::Compressed)
+        );
+    }
+}
