@@ -33,7 +33,7 @@ use serving_picker_conditions::envoy_gateway::proto::{
 use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
 };
-use serving_picker_conditions::slice::ServiceKey;
+use serving_picker_conditions::model::slice::ServiceKey;
 use support::companion::{companion_bin, plain_round_robin, Expect, Picker, SliceDir, NAMESPACE};
 use support::envoy::fresh_dir;
 use support::ports::free_port;
