@@ -2,10 +2,14 @@
 //! the status page's state (`status`), and log lines at a bounded rate
 //! (`ratelog`, `log_limit`).
 
+mod group;
+
 pub mod log_limit;
 pub mod metrics;
 pub mod ratelog;
 pub mod status;
+
+pub(crate) use group::metric_group;
 
 use prometheus_client::registry::{Metric, Registry};
 
