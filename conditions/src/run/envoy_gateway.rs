@@ -48,7 +48,12 @@ pub async fn run(
 
     let shared = Arc::new(Shared::default());
     let (updates_tx, updates_rx) = mpsc::channel(1024);
-    tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
+    tokio::spawn(consume(
+        shared.clone(),
+        updates_rx,
+        metrics.clone(),
+        args.priorities,
+    ));
     let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
         Some(dir) => (
             Slices::Files(dir.clone()),
