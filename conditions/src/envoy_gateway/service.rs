@@ -50,8 +50,8 @@ use super::proto::{
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
 use crate::source::Change;
-use crate::telemetry::log_limit::PerKey;
 use crate::telemetry::metrics::{Labels, Metrics};
+use crate::telemetry::ratelog::PerKey;
 use crate::telemetry::registered;
 
 /// The index the source fills and the hook reads.

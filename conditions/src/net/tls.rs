@@ -58,8 +58,8 @@ use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::net::listener::{Admitted, Ticket};
-use crate::telemetry::log_limit::PerKey;
 use crate::telemetry::metrics::Labels;
+use crate::telemetry::ratelog::PerKey;
 use crate::telemetry::registered;
 
 /// At most one log line per refused peer address per this interval.

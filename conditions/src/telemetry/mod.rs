@@ -1,10 +1,9 @@
 //! What the companion shows: Prometheus metrics and readiness (`metrics`),
 //! the status page's state (`status`), and log lines at a bounded rate
-//! (`ratelog`, `log_limit`).
+//! (`ratelog`).
 
 mod group;
 
-pub mod log_limit;
 pub mod metrics;
 pub mod ratelog;
 pub mod status;
