@@ -1,0 +1,137 @@
+//! One way to watch files, for the slice directory and the TLS files: the
+//! directories' changes through inotify (`notify`), debounced by
+//! `notify-debouncer-mini` so that a burst (a rename into place, a Secret
+//! volume's `..data` symlink swap) is one wake-up, plus a wake-up every
+//! `poll` as a safety net (a missed event, a directory that could not be
+//! watched). The owner reads its files again on each wake-up and keeps
+//! what it has when nothing changed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode};
+use notify_debouncer_mini::{new_debouncer, DebounceEventResult, Debouncer};
+use tokio::sync::mpsc;
+use tokio::time::{Interval, MissedTickBehavior};
+
+/// The wake-ups of a set of directories.
+pub struct DirWatch {
+    wakes: mpsc::Receiver<()>,
+    tick: Interval,
+    /// Kept for its thread and its watches; `None` without a watcher.
+    _debouncer: Option<Debouncer<RecommendedWatcher>>,
+}
+
+/// A directory that could not be watched, and why (the safety net still
+/// reads it every `poll`).
+#[derive(Debug)]
+pub struct NotWatched {
+    pub dir: PathBuf,
+    pub error: String,
+}
+
+impl DirWatch {
+    /// Watches `dirs` (not recursively); events `settle` apart are one
+    /// wake-up. Returns the directories it could not watch. Must run in a
+    /// Tokio runtime. The first [`DirWatch::next`] returns at once.
+    pub fn start(
+        dirs: impl IntoIterator<Item = PathBuf>,
+        settle: Duration,
+        poll: Duration,
+    ) -> (DirWatch, Vec<NotWatched>) {
+        // One pending wake-up is enough: the owner reads everything anyway.
+        let (tx, wakes) = mpsc::channel::<()>(1);
+        let mut not_watched = Vec::new();
+        let dirs: Vec<PathBuf> = dirs.into_iter().collect();
+        let debouncer = match new_debouncer(settle, move |res: DebounceEventResult| {
+            if res.is_ok() {
+                let _ = tx.try_send(());
+            }
+        }) {
+            Ok(mut d) => {
+                for dir in &dirs {
+                    if let Err(e) = d.watcher().watch(dir, RecursiveMode::NonRecursive) {
+                        not_watched.push(NotWatched {
+                            dir: dir.clone(),
+                            error: e.to_string(),
+                        });
+                    }
+                }
+                Some(d)
+            }
+            Err(e) => {
+                not_watched.extend(dirs.iter().map(|dir| NotWatched {
+                    dir: dir.clone(),
+                    error: format!("no file watcher: {e}"),
+                }));
+                None
+            }
+        };
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        (
+            DirWatch {
+                wakes,
+                tick,
+                _debouncer: debouncer,
+            },
+            not_watched,
+        )
+    }
+
+    /// Waits for the next wake-up: a settled change, or the safety net.
+    pub async fn next(&mut self) {
+        tokio::select! {
+            // A closed channel (no watcher) leaves the safety net alone.
+            Some(()) = self.wakes.recv() => {}
+            _ = self.tick.tick() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use std::time::Instant;
+
+    #[tokio::test]
+    async fn a_burst_of_changes_is_one_wake_up_and_the_safety_net_ticks() {
+        let dir = std::env::temp_dir().join(format!("sp-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut w, not_watched) = DirWatch::start(
+            [dir.clone()],
+            Duration::from_millis(50),
+            Duration::from_secs(3600),
+        );
+        assert!(not_watched.is_empty(), "{not_watched:?}");
+        w.next().await; // the first tick
+        for i in 0..20 {
+            std::fs::write(dir.join(format!("f{i}")), "x").unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await
+            .unwrap();
+        // Debounced: far fewer wake-ups than the twenty writes.
+        let mut more = 0;
+        while tokio::time::timeout(Duration::from_millis(500), w.next())
+            .await
+            .is_ok()
+        {
+            more += 1;
+        }
+        assert!(more < 5, "{more} more wake-ups after the first");
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let started = Instant::now();
+        let (mut w, not_watched) = DirWatch::start(
+            [PathBuf::from("/nonexistent/sp-watch")],
+            Duration::from_millis(50),
+            Duration::from_millis(100),
+        );
+        assert_eq!(not_watched.len(), 1);
+        w.next().await;
+        w.next().await;
+        assert!(started.elapsed() >= Duration::from_millis(100));
+    }
+}
