@@ -6,8 +6,9 @@
 //!                                            ^------ bounded re-read of one Service on a doubt
 //! ```
 //!
-//! - `proto`: EG's extension service (hand-written against
-//!   `conditions/proto/extension/service.proto`), server and client.
+//! - `proto`: EG's extension service, the PostEndpointsModify rpc, generated
+//!   at build time from `conditions/proto/extension/post_endpoints.proto`
+//!   (protox, tonic-prost-build), and a client.
 //! - `naming`: EG's locality metadata -> the Service.
 //! - `hook`: the pure function, assignment in -> assignment out, edited
 //!   on the wire (`wire`).
