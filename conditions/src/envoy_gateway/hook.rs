@@ -31,7 +31,7 @@
 //!   nothing spills while a higher priority has a healthy host.
 
 //!
-//! **On the wire.** The assignment is edited in its encoded form (`wire`):
+//! **On the wire.** The assignment is edited in its encoded form (`field_edit`):
 //! the fields the hook does not change are copied byte for byte (EG's
 //! locality metadata, unmanaged localities, unknown fields), each annotated
 //! endpoint gets its health status and its conditions metadata, encoded
@@ -51,11 +51,11 @@ use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint, LbEndpoint};
 use prost::encoding::WireType;
 use prost::Message;
 
-use super::naming::metadata_backend;
-use super::prepared::{Annotation, PreparedIndex};
-use super::wire::{
+use super::field_edit::{
     fields, len_field_size, put_len_head, put_varint, varint_field_size, Field, Malformed,
 };
+use super::naming::metadata_backend;
+use super::prepared::{Annotation, PreparedIndex, ServiceEndpoints};
 use serving_picker_core::contract::SliceConditions;
 
 use crate::eds::assignment::{health_status, Output, OVERPROVISIONING_FACTOR};
@@ -409,7 +409,7 @@ pub fn modify(
         .map(|f| walk_locality(f.raw, payload_of(f)?))
         .collect::<Result<_, _>>()?;
     // Which localities are managed, by which Service.
-    let owners: Vec<Option<(ServiceKey, &_)>> = localities
+    let owners: Vec<Option<(ServiceKey, &ServiceEndpoints)>> = localities
         .iter()
         .map(|l| {
             let b = metadata_backend(l.metadata.as_ref()).ok()?;
@@ -426,128 +426,158 @@ pub fn modify(
     answer.managed = true;
     answer.not_services = owners.iter().filter(|o| o.is_none()).count();
     let ns = out.metadata_namespace.as_bytes();
-
     let mut split: Vec<(u32, LocalityOut<'_>)> = Vec::with_capacity(localities.len() * 2);
     for (loc, owner) in localities.iter().zip(owners) {
         let base = loc.priority.saturating_mul(2);
-        let Some((service, eps)) = owner else {
-            split.push((base, LocalityOut::Same(loc)));
+        match owner {
+            None => split.push((base, LocalityOut::Same(loc))),
+            Some((service, eps)) => {
+                let [first, second] = tiers_of(loc, &service, eps, trusted, out, ns, &mut answer)?;
+                answer.services.insert(service);
+                let rewritten = |priority, lb_endpoints| LocalityOut::Rewritten {
+                    from: loc,
+                    priority,
+                    lb_endpoints,
+                };
+                if second.is_empty() {
+                    split.push((base, rewritten(loc.priority, first)));
+                } else {
+                    if !first.is_empty() {
+                        split.push((base, rewritten(loc.priority, first)));
+                    }
+                    split.push((base + 1, rewritten(loc.priority, second)));
+                }
+            }
+        }
+    }
+    let assignment = write_assignment(cla.len() + answer.annotated * 160, &top, split, out)?;
+    Ok(Modified {
+        answer,
+        assignment: Some(assignment),
+    })
+}
+
+/// The decision for a managed locality's endpoints: each one's tier and
+/// what is written for it (the index's conditions, or EG's endpoint kept
+/// when the index does not know it or disagrees without a re-read), as
+/// tier 0 and tier 1 (with the priority output; else all in tier 0).
+/// Counts and doubts go to `answer`.
+fn tiers_of<'a>(
+    loc: &Locality<'a>,
+    service: &ServiceKey,
+    eps: &'a ServiceEndpoints,
+    trusted: &BTreeSet<ServiceKey>,
+    out: &Output,
+    ns: &[u8],
+    answer: &mut Answer,
+) -> Result<[Vec<Lb<'a>>; 2], Malformed> {
+    let mut tiers: [Vec<Lb<'a>>; 2] = [Vec::new(), Vec::new()];
+    for &src in &loc.lb_endpoints {
+        let lb = LbEndpoint::decode(src).map_err(|_| Malformed)?;
+        let Some(addr) = lb_addr(&lb) else {
+            tiers[eg_tier(&lb) as usize].push(Lb::Kept(src));
             continue;
         };
-        let mut tiers: [Vec<Lb<'_>>; 2] = [Vec::new(), Vec::new()];
-        for &src in &loc.lb_endpoints {
-            let lb = LbEndpoint::decode(src).map_err(|_| Malformed)?;
-            let Some(addr) = lb_addr(&lb) else {
-                tiers[eg_tier(&lb) as usize].push(Lb::Kept(src));
-                continue;
-            };
-            let (tier, written) = match eps.get(&addr) {
-                None => {
-                    answer.doubts.push(Doubt::Unknown {
+        let (tier, written) = match eps.get(&addr) {
+            None => {
+                answer.doubts.push(Doubt::Unknown {
+                    service: service.clone(),
+                    addr,
+                });
+                (Some(eg_tier(&lb)), Lb::Kept(src))
+            }
+            Some(annotation) => {
+                let c = annotation.conditions;
+                let eg_draining = lb.health_status == HealthStatus::Draining as i32;
+                let agrees = c.eg_would_drain() == eg_draining;
+                if agrees || trusted.contains(service) {
+                    answer.overruled += usize::from(!agrees);
+                    answer.annotated += 1;
+                    let mut size = Size::default();
+                    annotated(src, annotation, ns, &mut size);
+                    let lb = Lb::Annotated {
+                        src,
+                        annotation,
+                        len: size.0,
+                    };
+                    (c.tier().priority(), lb)
+                } else {
+                    answer.doubts.push(Doubt::Disagrees {
                         service: service.clone(),
                         addr,
+                        eg_draining,
+                        ours: c,
                     });
                     (Some(eg_tier(&lb)), Lb::Kept(src))
                 }
-                Some(annotation) => {
-                    let c = annotation.conditions;
-                    let eg_draining = lb.health_status == HealthStatus::Draining as i32;
-                    let agrees = c.eg_would_drain() == eg_draining;
-                    if agrees || trusted.contains(&service) {
-                        answer.overruled += usize::from(!agrees);
-                        answer.annotated += 1;
-                        let mut size = Size::default();
-                        annotated(src, annotation, ns, &mut size);
-                        let lb = Lb::Annotated {
-                            src,
-                            annotation,
-                            len: size.0,
-                        };
-                        (c.tier().priority(), lb)
-                    } else {
-                        answer.doubts.push(Doubt::Disagrees {
-                            service: service.clone(),
-                            addr,
-                            eg_draining,
-                            ours: c,
-                        });
-                        (Some(eg_tier(&lb)), Lb::Kept(src))
-                    }
-                }
-            };
-            match (out.priorities, tier) {
-                (false, _) => tiers[0].push(written),
-                (true, Some(t)) => tiers[t.min(1) as usize].push(written),
-                (true, None) => answer.dropped += 1,
             }
-        }
-        answer.services.insert(service);
-        let [first, second] = tiers;
-        let rewritten = |priority, lb_endpoints| LocalityOut::Rewritten {
-            from: loc,
-            priority,
-            lb_endpoints,
         };
-        if second.is_empty() {
-            split.push((base, rewritten(loc.priority, first)));
-        } else {
-            if !first.is_empty() {
-                split.push((base, rewritten(loc.priority, first)));
-            }
-            split.push((base + 1, rewritten(loc.priority, second)));
+        match (out.priorities, tier) {
+            (false, _) => tiers[0].push(written),
+            (true, Some(t)) => tiers[t.min(1) as usize].push(written),
+            (true, None) => answer.dropped += 1,
         }
     }
+    Ok(tiers)
+}
 
-    let mut buf = Vec::with_capacity(cla.len() + answer.annotated * 160);
-    for f in &top {
+/// Writes the assignment: EG's other fields as they came, the localities
+/// in `split` (with the priority output renumbered 0, 1, ... and the
+/// policy's overprovisioning factor set), `capacity` bytes reserved.
+fn write_assignment(
+    capacity: usize,
+    top: &[Field<'_>],
+    mut split: Vec<(u32, LocalityOut<'_>)>,
+    out: &Output,
+) -> Result<Vec<u8>, Malformed> {
+    let ns = out.metadata_namespace.as_bytes();
+    let mut buf = Vec::with_capacity(capacity);
+    for f in top {
         if f.number != CLA_ENDPOINTS && !(out.priorities && f.number == CLA_POLICY) {
             buf.extend_from_slice(f.raw);
         }
     }
-    if out.priorities {
-        // Renumber the priorities used to 0, 1, ... (Envoy wants no gaps).
-        let used: BTreeMap<u32, u32> = split
-            .iter()
-            .map(|(p, _)| *p)
-            .collect::<BTreeSet<u32>>()
-            .into_iter()
-            .zip(0..)
-            .collect();
-        split.sort_by_key(|(p, _)| *p);
-        for (p, l) in split {
-            let priority = used.get(&p).copied().unwrap_or(0);
-            let l = match l {
-                LocalityOut::Same(from) if from.priority != priority => LocalityOut::Rewritten {
-                    from,
-                    priority,
-                    lb_endpoints: from.lb_endpoints.iter().map(|s| Lb::Kept(s)).collect(),
-                },
-                same @ LocalityOut::Same(_) => same,
-                LocalityOut::Rewritten {
-                    from, lb_endpoints, ..
-                } => LocalityOut::Rewritten {
-                    from,
-                    priority,
-                    lb_endpoints,
-                },
-            };
-            write_locality(&mut buf, &l, ns);
-        }
-        let policies: Vec<&[u8]> = top
-            .iter()
-            .filter(|f| f.number == CLA_POLICY)
-            .map(payload_of)
-            .collect::<Result<_, _>>()?;
-        write_policy(&mut buf, &policies)?;
-    } else {
+    if !out.priorities {
         for (_, l) in &split {
             write_locality(&mut buf, l, ns);
         }
+        return Ok(buf);
     }
-    Ok(Modified {
-        answer,
-        assignment: Some(buf),
-    })
+    // Renumber the priorities used to 0, 1, ... (Envoy wants no gaps).
+    let used: BTreeMap<u32, u32> = split
+        .iter()
+        .map(|(p, _)| *p)
+        .collect::<BTreeSet<u32>>()
+        .into_iter()
+        .zip(0..)
+        .collect();
+    split.sort_by_key(|(p, _)| *p);
+    for (p, l) in split {
+        let priority = used.get(&p).copied().unwrap_or(0);
+        let l = match l {
+            LocalityOut::Same(from) if from.priority != priority => LocalityOut::Rewritten {
+                from,
+                priority,
+                lb_endpoints: from.lb_endpoints.iter().map(|s| Lb::Kept(s)).collect(),
+            },
+            same @ LocalityOut::Same(_) => same,
+            LocalityOut::Rewritten {
+                from, lb_endpoints, ..
+            } => LocalityOut::Rewritten {
+                from,
+                priority,
+                lb_endpoints,
+            },
+        };
+        write_locality(&mut buf, &l, ns);
+    }
+    let policies: Vec<&[u8]> = top
+        .iter()
+        .filter(|f| f.number == CLA_POLICY)
+        .map(payload_of)
+        .collect::<Result<_, _>>()?;
+    write_policy(&mut buf, &policies)?;
+    Ok(buf)
 }
 
 #[cfg(test)]

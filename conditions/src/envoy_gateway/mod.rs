@@ -11,7 +11,7 @@
 //!   (protox, tonic-prost-build), and a client.
 //! - `naming`: EG's locality metadata -> the Service.
 //! - `hook`: the pure function, assignment in -> assignment out, edited
-//!   on the wire (`wire`).
+//!   on the wire (`field_edit`).
 //! - `prepared`: the index plus each managed Service's endpoints with their
 //!   conditions metadata encoded, made when its slices change.
 //! - `service`: the gRPC service over it (re-reads, metrics).
@@ -33,6 +33,7 @@
 //! Service. With `--slices-dir`, every Service in the directory is managed
 //! (the files carry the selection; `--manage` is refused there).
 
+pub mod field_edit;
 pub mod hook;
 pub mod naming;
 pub mod prepared;
@@ -40,7 +41,6 @@ pub mod proto;
 pub mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod wire;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::ops::Deref;
 
-use super::wire::{len_field_size, put_len_head, put_varint, varint_field_size};
+use super::field_edit::{len_field_size, put_len_head, put_varint, varint_field_size};
 use serving_picker_core::contract::{MetadataValue, SliceConditions};
 
 use crate::model::endpoint::Endpoint;
