@@ -39,12 +39,15 @@ pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.Clu
 /// has no healthy host at all (Envoy's default of 140 spills early).
 pub const OVERPROVISIONING_FACTOR: u32 = 100_000;
 
-/// How endpoints are written.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How endpoints are written; the same flags in both modes.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct Output {
     /// filter_metadata namespace of the conditions.
+    #[arg(long, default_value = serving_picker_core::config::DEFAULT_METADATA_NAMESPACE)]
     pub metadata_namespace: String,
-    /// The priority output (module doc).
+    /// Priority output for Envoys without serving-picker: ready endpoints at
+    /// priority 0, serving+terminating at 1, not serving left out.
+    #[arg(long)]
     pub priorities: bool,
 }
 

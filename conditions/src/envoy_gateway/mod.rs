@@ -51,6 +51,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use crate::eds::assignment::Output;
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
 use crate::model::index::{Index, IpFamily};
@@ -76,16 +77,11 @@ pub struct Args {
     /// (watched) instead of the Kubernetes API; every Service in it is managed.
     #[arg(long, value_name = "DIR")]
     pub slices_dir: Option<PathBuf>,
-    /// Priority output for Envoys without serving-picker: ready endpoints at
-    /// priority 0, serving+terminating at 1, not serving left out.
-    #[arg(long)]
-    pub priorities: bool,
     /// Metrics (/metrics), /healthz and /readyz listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
-    /// filter_metadata namespace of the conditions.
-    #[arg(long, default_value = serving_picker_core::config::DEFAULT_METADATA_NAMESPACE)]
-    pub metadata_namespace: String,
+    #[command(flatten)]
+    pub output: Output,
     /// Bound on re-reading a Service's slices when the index and Envoy
     /// Gateway disagree (EG waits for the answer without a deadline).
     #[arg(long, value_name = "MS", default_value_t = 500)]

@@ -42,16 +42,11 @@ pub struct Args {
     /// (watched) instead of the Kubernetes API.
     #[arg(long, value_name = "DIR")]
     pub slices_dir: Option<PathBuf>,
-    /// Priority output for Envoys without serving-picker: ready endpoints at
-    /// priority 0, serving+terminating at 1, not serving left out.
-    #[arg(long)]
-    pub priorities: bool,
     /// Metrics (/metrics), /healthz and /readyz listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
-    /// filter_metadata namespace of the conditions.
-    #[arg(long, default_value = serving_picker_core::config::DEFAULT_METADATA_NAMESPACE)]
-    pub metadata_namespace: String,
+    #[command(flatten)]
+    pub output: Output,
     /// Address family served per Service port.
     #[arg(long, value_enum, default_value_t = Family::Auto)]
     pub ip_family: Family,
@@ -80,10 +75,7 @@ pub async fn run(
         Family::Ipv4 => IpFamily::Ipv4,
         Family::Ipv6 => IpFamily::Ipv6,
     };
-    let output = Output {
-        metadata_namespace: args.metadata_namespace.clone(),
-        priorities: args.priorities,
-    };
+    let output = args.output.clone();
     let plumbing = Plumbing::start(
         args.listen,
         args.metrics_listen,
@@ -97,7 +89,7 @@ pub async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         clusters = ?args.clusters.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        priorities = args.priorities,
+        priorities = args.output.priorities,
         source = %run::source_name(args.slices_dir.as_ref()),
         "serving-picker-conditions eds starting"
     );

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::eds::assignment::Output;
 use crate::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared,
 };
@@ -41,7 +40,7 @@ pub async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         manage = %args.slices_dir.as_ref().map(|_| "every Service in the directory".to_string()).unwrap_or_else(|| selector.clone()),
-        priorities = args.priorities,
+        priorities = args.output.priorities,
         source = %run::source_name(args.slices_dir.as_ref()),
         "serving-picker-conditions envoy-gateway starting"
     );
@@ -52,7 +51,7 @@ pub async fn run(
         shared.clone(),
         updates_rx,
         metrics.clone(),
-        args.priorities,
+        args.output.priorities,
     ));
     let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
         Some(dir) => (
@@ -121,10 +120,7 @@ fn check(args: &Args) -> anyhow::Result<()> {
 /// The hook's settings from the flags.
 fn hook_config(args: &Args) -> HookConfig {
     HookConfig {
-        output: Output {
-            metadata_namespace: args.metadata_namespace.clone(),
-            priorities: args.priorities,
-        },
+        output: args.output.clone(),
         reread_timeout: Duration::from_millis(args.reread_timeout_ms),
         max_calls: args.max_concurrent_calls,
         max_bytes_held: args.max_bytes_held,
