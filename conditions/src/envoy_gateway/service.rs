@@ -39,7 +39,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::hook::{self, Modified};
@@ -50,9 +49,9 @@ use super::proto::{
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
 use crate::source::Change;
+use crate::telemetry::metric_group;
 use crate::telemetry::metrics::{Labels, Metrics};
 use crate::telemetry::ratelog::PerKey;
-use crate::telemetry::registered;
 
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]
@@ -164,18 +163,23 @@ impl Reread for FilesReread {
     }
 }
 
-/// The hook's metrics (prefix `serving_picker_conditions_eg_`).
-#[derive(Clone)]
-pub struct HookMetrics {
-    calls: Family<Labels, Counter>,
-    endpoints: Family<Labels, Counter>,
-    rereads: Family<Labels, Counter>,
-    seconds: Histogram,
-    reread_seconds: Histogram,
-    in_flight: Gauge,
-    bytes_held: Gauge,
-    max_calls: Gauge,
-    max_bytes_held: Gauge,
+metric_group! {
+    /// The hook's metrics (prefix `serving_picker_conditions_eg_`).
+    #[derive(Clone)]
+    pub struct HookMetrics {
+        calls: Family<Labels, Counter> = ("eg_hook_calls", "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable, \
+             over_calls, over_bytes: answered unchanged at once; answer_too_big: \
+             EG's assignment sent back)"),
+        endpoints: Family<Labels, Counter> = ("eg_hook_endpoints", "Endpoints of managed assignments, by outcome (annotated, unknown, disagreed, overruled, dropped)"),
+        rereads: Family<Labels, Counter> = ("eg_rereads", "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout)"),
+        // 20 us .. ~5 s.
+        seconds: Histogram = ("eg_hook_seconds", "Time to answer one PostEndpointsModify call", Histogram::new(exponential_buckets(0.000_02, 2.0, 18))),
+        reread_seconds: Histogram = ("eg_reread_seconds", "Time of one re-read round (all the Services in doubt of a call)", Histogram::new(exponential_buckets(0.000_5, 2.0, 12))),
+        in_flight: Gauge = ("eg_hook_calls_in_flight", "PostEndpointsModify calls being answered (limit: eg_hook_max_calls)"),
+        bytes_held: Gauge = ("eg_hook_bytes_held", "Bytes held by the calls being answered, twice each request (limit: eg_hook_max_bytes_held)"),
+        max_calls: Gauge = ("eg_hook_max_calls", "Calls answered at once (--max-concurrent-calls); more are answered unchanged"),
+        max_bytes_held: Gauge = ("eg_hook_max_bytes_held", "Bytes the calls being answered may hold (--max-bytes-held); more are answered unchanged"),
+    }
 }
 
 /// The `result` label values of `eg_hook_calls_total`.
@@ -190,71 +194,12 @@ const CALL_RESULTS: [&str; 7] = [
 ];
 
 impl HookMetrics {
-    pub fn register(registry: &mut Registry) -> HookMetrics {
-        let metrics = HookMetrics {
-            calls: registered(
-                registry,
-                "eg_hook_calls",
-                "PostEndpointsModify calls, by result (managed, unmanaged, not_ready, undecodable, \
-                 over_calls, over_bytes: answered unchanged at once; answer_too_big: \
-                 EG's assignment sent back)",
-                Family::default(),
-            ),
-            endpoints: registered(
-                registry,
-                "eg_hook_endpoints",
-                "Endpoints of managed assignments, by outcome (annotated, unknown, disagreed, overruled, dropped)",
-                Family::default(),
-            ),
-            rereads: registered(
-                registry,
-                "eg_rereads",
-                "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout)",
-                Family::default(),
-            ),
-            seconds: registered(
-                registry,
-                "eg_hook_seconds",
-                "Time to answer one PostEndpointsModify call",
-                // 20 us .. ~5 s.
-                Histogram::new(exponential_buckets(0.000_02, 2.0, 18)),
-            ),
-            reread_seconds: registered(
-                registry,
-                "eg_reread_seconds",
-                "Time of one re-read round (all the Services in doubt of a call)",
-                Histogram::new(exponential_buckets(0.000_5, 2.0, 12)),
-            ),
-            in_flight: registered(
-                registry,
-                "eg_hook_calls_in_flight",
-                "PostEndpointsModify calls being answered (limit: eg_hook_max_calls)",
-                Gauge::default(),
-            ),
-            bytes_held: registered(
-                registry,
-                "eg_hook_bytes_held",
-                "Bytes held by the calls being answered, twice each request (limit: eg_hook_max_bytes_held)",
-                Gauge::default(),
-            ),
-            max_calls: registered(
-                registry,
-                "eg_hook_max_calls",
-                "Calls answered at once (--max-concurrent-calls); more are answered unchanged",
-                Gauge::default(),
-            ),
-            max_bytes_held: registered(
-                registry,
-                "eg_hook_max_bytes_held",
-                "Bytes the calls being answered may hold (--max-bytes-held); more are answered unchanged",
-                Gauge::default(),
-            ),
-        };
-        // Every result from 0, so that an alert on increase() sees the first one.
+    /// Every result of `eg_hook_calls_total` from 0, so that an alert on
+    /// increase() sees the first one.
+    fn zero_results(&self) {
         for result in CALL_RESULTS {
-            drop(metrics.calls.get_or_create(&vec![("result", result)]));
+            drop(self.calls.get_or_create(&vec![("result", result)]));
         }
-        metrics
     }
 
     fn call(&self, result: &'static str) {
@@ -361,6 +306,7 @@ impl HookService {
         reread: Option<Arc<dyn Reread>>,
         metrics: HookMetrics,
     ) -> HookService {
+        metrics.zero_results();
         metrics.max_calls.set(config.max_calls as i64);
         metrics.max_bytes_held.set(config.max_bytes_held as i64);
         HookService {

@@ -2,7 +2,8 @@
 //! metrics, each with its name and help (and its value, when not the
 //! default), registered in the order written by the generated
 //! `register(&mut Registry)`. The companion's own groups (`metrics`), TLS
-//! (`net::tls`) and the Envoy Gateway hook (`envoy_gateway::service`) all
+//! (`net::tls`), the status page (`status`) and the Envoy Gateway hook
+//! (`envoy_gateway::service`) all
 //! use it, each owner registering its group before the registry is shared.
 
 /// `metric_group! { /// doc  pub struct Name { field: Type = ("name", "help" [, value]), ... } }`

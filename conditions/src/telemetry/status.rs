@@ -31,6 +31,7 @@ use serving_picker_core::contract::Tier;
 
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
+use crate::telemetry::metric_group;
 
 /// Endpoint rows shown, over all ports.
 pub const MAX_ENDPOINT_ROWS: usize = 1000;
@@ -42,6 +43,13 @@ pub const MAX_TEXT: usize = 253;
 pub const MAX_NACK_MESSAGE: usize = 512;
 
 type ClusterLabel = Vec<(&'static str, String)>;
+
+metric_group! {
+    /// The page's gauge.
+    struct BoardMetrics {
+        serving_endpoints: Family<ClusterLabel, Gauge> = ("service_serving_endpoints", "Serving endpoints of each managed Service port, by cluster (0: requests get the no-serving 503)"),
+    }
+}
 
 /// One endpoint as the page shows it.
 #[derive(Clone, Debug)]
@@ -115,16 +123,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Board {
     /// A board whose gauge is registered in `registry`.
     pub fn new(registry: &mut Registry) -> Board {
-        let serving_endpoints = crate::telemetry::registered(
-            registry,
-            "service_serving_endpoints",
-            "Serving endpoints of each managed Service port, by cluster (0: requests get the no-serving 503)",
-            Family::default(),
-        );
         Board {
             services: Mutex::new(Services::default()),
             subscribers: Mutex::new(BTreeMap::new()),
-            serving_endpoints,
+            serving_endpoints: BoardMetrics::register(registry).serving_endpoints,
         }
     }
 
