@@ -3,8 +3,8 @@
 //! default), registered in the order written by the generated
 //! `register(&mut Registry)`. The companion's own groups (`metrics`), TLS
 //! (`net::tls`), the status page (`status`) and the Envoy Gateway hook
-//! (`envoy_gateway::service`) all
-//! use it, each owner registering its group before the registry is shared.
+//! (`envoy_gateway::service`) all use it, each owner registering its group
+//! before the registry is shared.
 
 /// `metric_group! { /// doc  pub struct Name { field: Type = ("name", "help" [, value]), ... } }`
 macro_rules! metric_group {
