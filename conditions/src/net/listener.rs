@@ -4,7 +4,7 @@
 //! by its peer address, which is how a call finds its connection (a TLS
 //! layer over the socket keeps the peer address). A connection over the cap
 //! is still served, briefly: each of its calls is answered
-//! RESOURCE_EXHAUSTED naming the flag (`serve::RefuseOverCap`), a clear status
+//! RESOURCE_EXHAUSTED naming the flag (`run::RefuseOverCap`), a clear status
 //! where a bare close would be a mystery, then it is closed. Past a few
 //! such connections at once, further ones are closed at accept.
 //!
