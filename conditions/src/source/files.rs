@@ -4,11 +4,11 @@
 //! are skipped, so a file written beside and renamed into place is read
 //! once, whole).
 //!
-//! The directory is watched (inotify through `notify`, and a rescan every
-//! two seconds as a safety net); each change sends the whole set as a full
-//! list, which the index diffs. A file that does not parse is logged (once
-//! per version of it) and its last good content is kept; a file that is
-//! removed takes its slices with it.
+//! The directory is watched (`net::watch`: inotify through `notify`,
+//! debounced, and a rescan every two seconds as a safety net); each change
+//! sends the whole set as a full list, which the index diffs. A file that
+//! does not parse is logged (once per version of it) and its last good
+//! content is kept; a file that is removed takes its slices with it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::model::slice::{Slice, SliceKey};
+use crate::net::watch::Watch;
 use crate::source::{Change, Update};
 use crate::telemetry::metrics::Metrics;
 
@@ -243,27 +244,11 @@ pub async fn run(
     {
         return Ok(());
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
-            let _ = tx.send(());
-        }
-    })?;
-    notify::Watcher::watch(&mut watcher, &dir, notify::RecursiveMode::NonRecursive)?;
+    let mut watch = Watch::new(DEBOUNCE, RESCAN_EVERY)?;
+    watch.add(&dir)?;
     tracing::info!(dir = %dir.display(), "watching slice files");
-    let mut tick = tokio::time::interval(RESCAN_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            ev = rx.recv() => {
-                if ev.is_none() {
-                    break;
-                }
-                tokio::time::sleep(DEBOUNCE).await;
-                while rx.try_recv().is_ok() {}
-            }
-            _ = tick.tick() => {}
-        }
+        watch.changed().await;
         match directory.scan() {
             Ok(true) => {
                 metrics.watch_event("files_reload");

@@ -1,15 +1,15 @@
 //! Reloading the TLS files when they change: their directories watched,
-//! and re-read every `POLL_EVERY` as a safety net.
+//! and re-read every `POLL_EVERY` as a safety net
+//! (`net::watch`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-
-use tokio::sync::mpsc;
 
 use super::load::{load, read_all, Contents, LoadError};
 use super::server::TlsServer;
 use super::x509::rfc3339;
 use super::POLL_EVERY;
+use crate::net::watch::Watch;
 
 /// Events arriving together (a Secret update touches several names) are
 /// read once, this long after the first.
@@ -71,42 +71,23 @@ impl TlsServer {
 
 /// Watches the files until the process ends.
 pub(super) async fn watch(server: Arc<TlsServer>, mut last: Contents) {
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
-            let _ = tx.try_send(());
-        }
-    });
-    let _watcher = match watcher {
+    let mut watch = match Watch::new(SETTLE, POLL_EVERY) {
         Ok(mut w) => {
             for dir in server.files.dirs() {
-                if let Err(e) =
-                    notify::Watcher::watch(&mut w, &dir, notify::RecursiveMode::NonRecursive)
-                {
+                if let Err(e) = w.add(&dir) {
                     tracing::warn!(dir = %dir.display(), error = %e, "TLS files: cannot watch the directory; re-read every {} s", POLL_EVERY.as_secs());
                 }
             }
-            Some(w)
+            w
         }
         Err(e) => {
             tracing::warn!(error = %e, "TLS files: no file watcher; re-read every {} s", POLL_EVERY.as_secs());
-            None
+            Watch::polling(POLL_EVERY)
         }
     };
-    let mut tick = tokio::time::interval(POLL_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failed = None;
     loop {
-        tokio::select! {
-            ev = rx.recv() => {
-                if ev.is_none() {
-                    break;
-                }
-                tokio::time::sleep(SETTLE).await;
-                while rx.try_recv().is_ok() {}
-            }
-            _ = tick.tick() => {}
-        }
+        watch.changed().await;
         server.reload(&mut last, &mut failed);
     }
 }
