@@ -6,8 +6,9 @@
 //!                                            ^------ bounded re-read of one Service on a doubt
 //! ```
 //!
-//! - `proto`: EG's extension service (hand-written against
-//!   `conditions/proto/extension/service.proto`), server and client.
+//! - `proto`: EG's extension service, the PostEndpointsModify rpc, generated
+//!   at build time from `conditions/proto/extension/post_endpoints.proto`
+//!   (protox, tonic-prost-build), and a client.
 //! - `naming`: EG's locality metadata -> the Service.
 //! - `hook`: the pure function, assignment in -> assignment out, edited
 //!   on the wire (`wire`).
@@ -41,6 +42,7 @@ pub mod service;
 pub mod testing;
 pub mod wire;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -49,6 +51,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use crate::model::cluster::ClusterSpec;
+use crate::model::endpoint::Endpoint;
+use crate::model::index::{Index, IpFamily};
 use crate::source::{next_batch, Change, Update};
 use crate::telemetry::metrics::Metrics;
 use service::Shared;
@@ -124,19 +129,29 @@ pub fn apply_updates(shared: &Shared, updates: Vec<Update>) -> bool {
 }
 
 /// Applies every batch of updates to the index, and shows it in the
-/// metrics; the mode's consumer of the source.
+/// metrics and the status page; the mode's consumer of the source.
 pub async fn consume(
     shared: Arc<Shared>,
     mut updates: mpsc::Receiver<Update>,
     metrics: Arc<Metrics>,
+    priorities: bool,
 ) {
+    let mut batches: u64 = 0;
     while let Some(batch) = next_batch(&mut updates).await {
+        batches += 1;
         let n = batch.len();
         let started = Instant::now();
         let was_ready = shared.ready.load(Ordering::SeqCst);
         let ready = apply_updates(&shared, batch);
         let index = shared.index.read().unwrap_or_else(|p| p.into_inner());
         metrics.applied(n, &index, ready, started.elapsed());
+        let (ports, endpoints): (Vec<ClusterSpec>, Vec<Vec<Endpoint>>) =
+            service_ports(&index).into_iter().unzip();
+        metrics.status().set_services(
+            &format!("index-{batches}"),
+            priorities,
+            ports.iter().zip(endpoints),
+        );
         if ready && !was_ready {
             tracing::info!(
                 slices = index.slice_count(),
@@ -144,5 +159,65 @@ pub async fn consume(
                 "first full list of EndpointSlices in: answering hook calls from the index"
             );
         }
+    }
+}
+
+/// Every managed Service port, named `namespace/service:port` (the hook
+/// learns EG's cluster names only when EG calls), with its endpoints as
+/// the hook writes their conditions: the status page's rows in this mode.
+pub fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
+    let mut out = Vec::new();
+    for service in index.services() {
+        let port_names: BTreeSet<&str> = index
+            .slices_of(service)
+            .flat_map(|s| s.ports.iter().map(|p| p.name.as_str()))
+            .collect();
+        for port_name in port_names {
+            out.push((
+                ClusterSpec {
+                    name: format!("{service}:{port_name}"),
+                    service: service.clone(),
+                    port_name: port_name.to_string(),
+                },
+                index.endpoints(service, port_name, IpFamily::Auto),
+            ));
+        }
+    }
+    out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::model::fixtures::{endpoint, slice};
+
+    #[test]
+    fn the_status_rows_are_each_managed_service_port() {
+        let mut index = Index::new();
+        let mut terminating = endpoint("10.0.0.2");
+        terminating.ready = Some(false);
+        terminating.serving = Some(true);
+        terminating.terminating = Some(true);
+        index.apply(slice(
+            "web-1",
+            "web",
+            &[("http", 8080), ("admin", 9000)],
+            vec![endpoint("10.0.0.1"), terminating],
+        ));
+        index.apply(slice(
+            "api-1",
+            "api",
+            &[("", 80)],
+            vec![endpoint("10.0.1.1")],
+        ));
+        let rows = service_ports(&index);
+        let names: Vec<&str> = rows.iter().map(|(c, _)| c.name.as_str()).collect();
+        assert_eq!(names, ["ns/api:", "ns/web:admin", "ns/web:http"]);
+        let (_, web_http) = &rows[2];
+        assert_eq!(web_http.len(), 2);
+        assert_eq!(web_http[0].addr.to_string(), "10.0.0.1:8080");
+        assert!(web_http[1].conditions.terminating && web_http[1].conditions.serving);
     }
 }

@@ -1,28 +1,27 @@
-//! Envoy Gateway's extension service, the PostEndpointsModify rpc only,
-//! hand-written against `conditions/proto/extension/service.proto` (EG's
-//! text, quoted there): the messages as prost types, a tonic server and a
-//! client. No protoc is needed to build.
+//! Envoy Gateway's extension service, the PostEndpointsModify rpc only.
+//!
+//! The server and the messages it takes are generated at build time
+//! (`conditions/build.rs`: protox and tonic-prost-build, no protoc) from
+//! `conditions/proto/extension/post_endpoints.proto`, EG's package, service
+//! and rpc with the ClusterLoadAssignment kept as its encoded bytes. The
+//! hook edits the assignment on the wire and answers an unmanaged one with
+//! the very bytes it got: prost drops unknown fields and orders `Struct`
+//! maps unlike Go, so a decode and re-encode would not be byte-identical.
 //!
 //! Two views of the same wire messages:
+//! - raw ([`RawPostEndpointsModifyRequest`], generated): the assignment
+//!   and the context as bytes (a message field and a bytes field share wire
+//!   type 2), what the server takes;
 //! - typed ([`PostEndpointsModifyRequest`]): the ClusterLoadAssignment
-//!   decoded (envoy-types' prost type), for clients and tests;
-//! - raw ([`RawPostEndpointsModifyRequest`]): the ClusterLoadAssignment
-//!   field kept as its encoded bytes (a message field and a bytes field share
-//!   wire type 2). The server edits the assignment on the wire (`hook`),
-//!   and answers an unmanaged one with the very bytes it got: prost drops
-//!   unknown fields and orders `Struct` maps unlike Go, so a decode and
-//!   re-encode would not be byte-identical.
+//!   decoded (envoy-types' prost type), for clients and tests.
 //!
 //! Fields are `optional` so that an empty message still goes on the wire
 //! (Go sends a present, empty context; a response must always carry the
-//! assignment).
+//! assignment). [`EnvoyGatewayExtensionClient`] calls the rpc as EG does
+//! (tests, benchmarks, debugging).
 
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use tonic::codegen::{http, Body, BoxFuture, StdError};
+use tonic::codegen::http;
 
 /// The gRPC service name.
 pub const SERVICE_NAME: &str = "envoygateway.extension.EnvoyGatewayExtension";
@@ -50,137 +49,25 @@ pub struct PostEndpointsModifyResponse {
     pub load_assignment: Option<ClusterLoadAssignment>,
 }
 
-/// `PostEndpointsModifyRequest` with the assignment and context as bytes.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct RawPostEndpointsModifyRequest {
-    #[prost(bytes = "bytes", optional, tag = "1")]
-    pub load_assignment: Option<Bytes>,
-    #[prost(bytes = "bytes", optional, tag = "2")]
-    pub post_endpoints_context: Option<Bytes>,
+/// The generated messages and server (`conditions/build.rs`).
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+mod generated {
+    tonic::include_proto!("envoygateway.extension");
 }
 
-/// `PostEndpointsModifyResponse` with the assignment as bytes.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct RawPostEndpointsModifyResponse {
-    #[prost(bytes = "bytes", optional, tag = "1")]
-    pub load_assignment: Option<Bytes>,
-}
-
-/// What the server calls for PostEndpointsModify.
-#[tonic::async_trait]
-pub trait PostEndpointsModify: Send + Sync + 'static {
-    async fn post_endpoints_modify(
-        &self,
-        request: tonic::Request<RawPostEndpointsModifyRequest>,
-    ) -> Result<tonic::Response<RawPostEndpointsModifyResponse>, tonic::Status>;
-}
-
-/// The tonic service: PostEndpointsModify, every other path UNIMPLEMENTED.
-#[derive(Debug)]
-pub struct EnvoyGatewayExtensionServer<T> {
-    inner: Arc<T>,
-    max_decoding_message_size: Option<usize>,
-    max_encoding_message_size: Option<usize>,
-}
-
-impl<T> Clone for EnvoyGatewayExtensionServer<T> {
-    fn clone(&self) -> Self {
-        EnvoyGatewayExtensionServer {
-            inner: self.inner.clone(),
-            max_decoding_message_size: self.max_decoding_message_size,
-            max_encoding_message_size: self.max_encoding_message_size,
-        }
-    }
-}
-
-impl<T> EnvoyGatewayExtensionServer<T> {
-    pub fn new(inner: T) -> Self {
-        Self::from_arc(Arc::new(inner))
-    }
-
-    pub fn from_arc(inner: Arc<T>) -> Self {
-        EnvoyGatewayExtensionServer {
-            inner,
-            max_decoding_message_size: None,
-            max_encoding_message_size: None,
-        }
-    }
-
-    /// Largest request accepted (tonic's default: 4 MiB, EG's too).
-    #[must_use]
-    pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
-        self.max_decoding_message_size = Some(limit);
-        self
-    }
-
-    #[must_use]
-    pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
-        self.max_encoding_message_size = Some(limit);
-        self
-    }
-}
-
-impl<T> tonic::server::NamedService for EnvoyGatewayExtensionServer<T> {
-    const NAME: &'static str = SERVICE_NAME;
-}
-
-struct PostEndpointsModifySvc<T>(Arc<T>);
-
-impl<T: PostEndpointsModify> tonic::server::UnaryService<RawPostEndpointsModifyRequest>
-    for PostEndpointsModifySvc<T>
-{
-    type Response = RawPostEndpointsModifyResponse;
-    type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
-
-    fn call(&mut self, request: tonic::Request<RawPostEndpointsModifyRequest>) -> Self::Future {
-        let inner = Arc::clone(&self.0);
-        Box::pin(async move { inner.post_endpoints_modify(request).await })
-    }
-}
-
-impl<T, B> tonic::codegen::Service<http::Request<B>> for EnvoyGatewayExtensionServer<T>
-where
-    T: PostEndpointsModify,
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() == POST_ENDPOINTS_MODIFY_PATH {
-            let inner = self.inner.clone();
-            let (dec, enc) = (
-                self.max_decoding_message_size,
-                self.max_encoding_message_size,
-            );
-            return Box::pin(async move {
-                let codec = tonic_prost::ProstCodec::default();
-                let mut grpc =
-                    tonic::server::Grpc::new(codec).apply_max_message_size_config(dec, enc);
-                Ok(grpc.unary(PostEndpointsModifySvc(inner), req).await)
-            });
-        }
-        Box::pin(async move {
-            let mut response = http::Response::new(tonic::body::Body::default());
-            let headers = response.headers_mut();
-            headers.insert(
-                tonic::Status::GRPC_STATUS,
-                (tonic::Code::Unimplemented as i32).into(),
-            );
-            headers.insert(
-                http::header::CONTENT_TYPE,
-                tonic::metadata::GRPC_CONTENT_TYPE,
-            );
-            Ok(response)
-        })
-    }
-}
+pub use generated::envoy_gateway_extension_server::{
+    EnvoyGatewayExtension, EnvoyGatewayExtensionServer,
+};
+pub use generated::{
+    PostEndpointsModifyRequest as RawPostEndpointsModifyRequest,
+    PostEndpointsModifyResponse as RawPostEndpointsModifyResponse,
+};
 
 /// A client, as Envoy Gateway is one (tests, benchmarks, debugging).
 #[derive(Clone, Debug)]
@@ -250,6 +137,7 @@ impl EnvoyGatewayExtensionClient {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use bytes::Bytes;
     use prost::Message;
 
     #[test]
@@ -279,6 +167,18 @@ mod tests {
         assert_eq!(
             typed.load_assignment,
             Some(ClusterLoadAssignment::default())
+        );
+    }
+
+    #[test]
+    fn the_generated_service_is_egs() {
+        assert_eq!(
+            generated::envoy_gateway_extension_server::SERVICE_NAME,
+            SERVICE_NAME
+        );
+        assert_eq!(
+            format!("/{SERVICE_NAME}/PostEndpointsModify"),
+            POST_ENDPOINTS_MODIFY_PATH
         );
     }
 }

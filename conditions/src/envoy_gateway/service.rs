@@ -45,13 +45,13 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use super::hook::{self, Modified};
 use super::prepared::PreparedIndex;
 use super::proto::{
-    PostEndpointsModify, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
+    EnvoyGatewayExtension, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
 };
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
 use crate::source::Change;
-use crate::telemetry::log_limit::PerKey;
 use crate::telemetry::metrics::{Labels, Metrics};
+use crate::telemetry::ratelog::PerKey;
 use crate::telemetry::registered;
 
 /// The index the source fills and the hook reads.
@@ -555,7 +555,7 @@ impl HookService {
 }
 
 #[tonic::async_trait]
-impl PostEndpointsModify for HookService {
+impl EnvoyGatewayExtension for HookService {
     async fn post_endpoints_modify(
         &self,
         request: tonic::Request<RawPostEndpointsModifyRequest>,

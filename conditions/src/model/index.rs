@@ -152,6 +152,11 @@ impl Index {
         self.slices.get(key)
     }
 
+    /// The Services with slices in the index.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.by_service.keys()
+    }
+
     /// A Service's slices in name order.
     pub fn slices_of<'a>(&'a self, service: &'a ServiceKey) -> impl Iterator<Item = &'a Slice> {
         self.by_service

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
+use x509_parser::certificate::X509Certificate;
 
 /// A finding's weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -410,10 +411,22 @@ fn secret(
             "re-issue it",
         )];
     };
-    let mut out = Vec::new();
+    let mut out = vec![
+        expiry(name, &cert, expect, now),
+        key_matches(name, &cert, key),
+        sans_present(name, &cert, &s.sans),
+    ];
+    if !s.is_ca {
+        out.push(issued_by_ca(name, &cert, all));
+    }
+    out
+}
+
+/// The certificate's validity left: expired, within the warning, or fine.
+fn expiry(name: &str, cert: &X509Certificate<'_>, expect: &Expect, now: SystemTime) -> Finding {
     let not_after = cert.validity().not_after.timestamp();
     let left = not_after - unix(now);
-    out.push(if left <= 0 {
+    if left <= 0 {
         bad(
             Level::Fail,
             "certificate",
@@ -435,7 +448,11 @@ fn secret(
             "certificate",
             format!("{name} valid for {} more days", left / 86_400),
         )
-    });
+    }
+}
+
+/// `tls.key` is the key of `tls.crt`.
+fn key_matches(name: &str, cert: &X509Certificate<'_>, key: &[u8]) -> Finding {
     let key_ok = PrivateKeyDer::from_pem_slice(key)
         .ok()
         .and_then(|k| rustls::crypto::ring::sign::any_supported_type(&k).ok())
@@ -444,7 +461,7 @@ fn secret(
                 .map(|spki| spki.as_ref() == cert.public_key().raw)
         })
         .unwrap_or(false);
-    out.push(if key_ok {
+    if key_ok {
         ok(
             "certificate",
             format!("{name}: the key matches the certificate"),
@@ -456,7 +473,11 @@ fn secret(
             format!("{name}: tls.key does not match tls.crt"),
             "re-issue it (delete the Secret; cert-manager writes both again)",
         )
-    });
+    }
+}
+
+/// The certificate carries every SAN the peers check.
+fn sans_present(name: &str, cert: &X509Certificate<'_>, wanted: &[String]) -> Finding {
     let sans: Vec<String> = cert
         .subject_alternative_name()
         .ok()
@@ -473,8 +494,8 @@ fn secret(
                 .collect()
         })
         .unwrap_or_default();
-    let missing: Vec<&String> = s.sans.iter().filter(|want| !sans.contains(want)).collect();
-    out.push(if missing.is_empty() {
+    let missing: Vec<&String> = wanted.iter().filter(|want| !sans.contains(want)).collect();
+    if missing.is_empty() {
         ok(
             "certificate",
             format!(
@@ -493,34 +514,39 @@ fn secret(
             format!("{name}: lacks {:?} (has {sans:?})", missing),
             "the Certificate's dnsNames/uris as deploy/ ships them",
         )
-    });
-    if !s.is_ca {
-        let ca = all.iter().find_map(|(_, d)| {
-            let d = d.as_ref()?;
-            let c = CertificateDer::pem_slice_iter(d.get("tls.crt")?)
-                .filter_map(Result::ok)
-                .next()?;
-            let (_, parsed) = x509_parser::parse_x509_certificate(c.as_ref()).ok()?;
-            (parsed.is_ca() && parsed.subject() == cert.issuer()).then_some(())
-        });
-        out.push(if ca.is_some() {
-            ok(
-                "certificate",
-                format!("{name}: issued by the CA ({})", cert.issuer()),
-            )
-        } else {
-            bad(
-                Level::Fail,
-                "certificate",
-                format!(
-                    "{name}: its issuer ({}) is not the CA's Secret",
-                    cert.issuer()
-                ),
-                "issue it from the Issuer serving-picker-ca (deploy/cert-manager)",
-            )
-        });
     }
-    out
+}
+
+/// Some CA Secret among `all` issued the certificate.
+fn issued_by_ca(
+    name: &str,
+    cert: &X509Certificate<'_>,
+    all: &BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,
+) -> Finding {
+    let ca = all.iter().find_map(|(_, d)| {
+        let d = d.as_ref()?;
+        let c = CertificateDer::pem_slice_iter(d.get("tls.crt")?)
+            .filter_map(Result::ok)
+            .next()?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(c.as_ref()).ok()?;
+        (parsed.is_ca() && parsed.subject() == cert.issuer()).then_some(())
+    });
+    if ca.is_some() {
+        ok(
+            "certificate",
+            format!("{name}: issued by the CA ({})", cert.issuer()),
+        )
+    } else {
+        bad(
+            Level::Fail,
+            "certificate",
+            format!(
+                "{name}: its issuer ({}) is not the CA's Secret",
+                cert.issuer()
+            ),
+            "issue it from the Issuer serving-picker-ca (deploy/cert-manager)",
+        )
+    }
 }
 
 #[cfg(test)]

@@ -21,19 +21,7 @@ pub async fn run(
     args: Args,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if args.slices_dir.is_some() && args.manage.is_some() {
-        anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
-    }
-    if args.max_concurrent_calls == 0 {
-        anyhow::bail!("--max-concurrent-calls must be at least 1");
-    }
-    if args.max_bytes_held < args.max_message_size.saturating_mul(2) {
-        anyhow::bail!(
-            "--max-bytes-held {} is less than twice --max-message-size {}: a request of the largest size could never be answered",
-            args.max_bytes_held,
-            args.max_message_size
-        );
-    }
+    check(&args)?;
     let selector = args
         .manage
         .clone()
@@ -60,7 +48,12 @@ pub async fn run(
 
     let shared = Arc::new(Shared::default());
     let (updates_tx, updates_rx) = mpsc::channel(1024);
-    tokio::spawn(consume(shared.clone(), updates_rx, metrics.clone()));
+    tokio::spawn(consume(
+        shared.clone(),
+        updates_rx,
+        metrics.clone(),
+        args.priorities,
+    ));
     let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
         Some(dir) => (
             Slices::Files(dir.clone()),
@@ -83,18 +76,7 @@ pub async fn run(
     };
     let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
 
-    let config = HookConfig {
-        output: Output {
-            metadata_namespace: args.metadata_namespace.clone(),
-            priorities: args.priorities,
-        },
-        reread_timeout: Duration::from_millis(args.reread_timeout_ms),
-        max_calls: args.max_concurrent_calls,
-        max_bytes_held: args.max_bytes_held,
-        max_message_size: args.max_message_size,
-        ..HookConfig::default()
-    };
-    let hook = HookService::new(shared, config, Some(reread), hook_metrics);
+    let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics);
     let svc = proto::EnvoyGatewayExtensionServer::new(hook)
         .max_decoding_message_size(args.max_message_size)
         .max_encoding_message_size(args.max_message_size);
@@ -116,4 +98,37 @@ pub async fn run(
     plumbing
         .serve(router, "extension server", shutdown, source_task)
         .await
+}
+
+/// The flags that must agree, checked before anything starts.
+fn check(args: &Args) -> anyhow::Result<()> {
+    if args.slices_dir.is_some() && args.manage.is_some() {
+        anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
+    }
+    if args.max_concurrent_calls == 0 {
+        anyhow::bail!("--max-concurrent-calls must be at least 1");
+    }
+    if args.max_bytes_held < args.max_message_size.saturating_mul(2) {
+        anyhow::bail!(
+            "--max-bytes-held {} is less than twice --max-message-size {}: a request of the largest size could never be answered",
+            args.max_bytes_held,
+            args.max_message_size
+        );
+    }
+    Ok(())
+}
+
+/// The hook's settings from the flags.
+fn hook_config(args: &Args) -> HookConfig {
+    HookConfig {
+        output: Output {
+            metadata_namespace: args.metadata_namespace.clone(),
+            priorities: args.priorities,
+        },
+        reread_timeout: Duration::from_millis(args.reread_timeout_ms),
+        max_calls: args.max_concurrent_calls,
+        max_bytes_held: args.max_bytes_held,
+        max_message_size: args.max_message_size,
+        ..HookConfig::default()
+    }
 }

@@ -4,11 +4,11 @@
 //! are skipped, so a file written beside and renamed into place is read
 //! once, whole).
 //!
-//! The directory is watched (`net::watch`: inotify through `notify`,
-//! debounced, and a rescan every two seconds as a safety net); each change
-//! sends the whole set as a full list, which the index diffs. A file that
-//! does not parse is logged (once per version of it) and its last good
-//! content is kept; a file that is removed takes its slices with it.
+//! The directory is watched (`net::watch`: inotify, debounced, and a rescan
+//! every two seconds as a safety net); each change sends the whole set as a full
+//! list, which the index diffs. A file that does not parse is logged (once
+//! per version of it) and its last good content is kept; a file that is
+//! removed takes its slices with it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::model::slice::{Slice, SliceKey};
-use crate::net::watch::Watch;
+use crate::net::watch::DirWatch;
 use crate::source::{Change, Update};
 use crate::telemetry::metrics::Metrics;
 
@@ -244,11 +244,17 @@ pub async fn run(
     {
         return Ok(());
     }
-    let mut watch = Watch::new(DEBOUNCE, RESCAN_EVERY)?;
-    watch.add(&dir)?;
+    let (mut changes, not_watched) = DirWatch::start([dir.clone()], DEBOUNCE, RESCAN_EVERY);
+    if let Some(n) = not_watched.into_iter().next() {
+        anyhow::bail!(
+            "--slices-dir {}: cannot watch: {}",
+            n.dir.display(),
+            n.error
+        );
+    }
     tracing::info!(dir = %dir.display(), "watching slice files");
     loop {
-        watch.changed().await;
+        changes.next().await;
         match directory.scan() {
             Ok(true) => {
                 metrics.watch_event("files_reload");

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::model::index::Index;
-use crate::telemetry::registered;
+use crate::telemetry::metric_group;
 
 /// Label sets of fixed names and values (a metric family's key).
 pub type Labels = Vec<(&'static str, &'static str)>;
@@ -25,38 +25,73 @@ pub struct Metrics {
     registry: Registry,
     ready: AtomicBool,
     serving: AtomicBool,
-    watch_events: Family<Labels, Counter>,
-    source_errors: Family<Labels, Counter>,
-    index_slices: Gauge,
-    index_endpoints: Gauge,
-    ready_gauge: Gauge,
-    updates: Counter,
-    snapshots: Counter,
-    build_seconds: Histogram,
-    streams: Gauge,
-    pushes: Counter,
-    pushed_resources: Counter,
-    acks: Counter,
-    nacks: Counter,
-    push_lag_seconds: Histogram,
-    ack_seconds: Histogram,
-    responses_sent: Counter,
-    sent_bytes: Counter,
-    coalesced: Counter,
-    resets: Family<Labels, Counter>,
-    refused: Family<Labels, Counter>,
-    subscribers: Family<OwnedLabels, Gauge>,
-    oldest_unsent_seconds: Gauge<f64, AtomicU64>,
-    unknown_names: Counter,
-    largest_request_bytes: Gauge,
-    request_buffer_bytes: Gauge,
-    connections: Gauge,
-    pending_handshakes: Gauge,
-    limit_hits: Family<Labels, Counter>,
-    limits: Family<Labels, Gauge>,
-    http_connections: Gauge,
+    source: SourceMetrics,
+    xds: XdsMetrics,
+    connections: ConnectionMetrics,
+    limits: LimitMetrics,
+    admin: AdminMetrics,
     // status page (crate::telemetry::status): its state and gauge
     status: Arc<crate::telemetry::status::Board>,
+}
+
+metric_group! {
+    /// The source and the index.
+    pub struct SourceMetrics {
+        watch_events: Family<Labels, Counter> = ("watch_events", "Events from the source, by kind (apply, delete, init, init_apply, init_done, files_reload)"),
+        source_errors: Family<Labels, Counter> = ("source_errors", "Source errors, by kind (watch, file)"),
+        index_slices: Gauge = ("index_slices", "EndpointSlices in the index"),
+        index_endpoints: Gauge = ("index_endpoints", "Endpoints over all indexed slices"),
+        ready_gauge: Gauge = ("ready", "1 once the first full list of EndpointSlices is in"),
+        updates: Counter = ("updates", "Source updates applied to the index"),
+        snapshots: Counter = ("snapshots", "Snapshots published"),
+        build_seconds: Histogram = ("snapshot_build_seconds", "Time to apply a batch of updates and rebuild the changed assignments", seconds_buckets()),
+    }
+}
+
+metric_group! {
+    /// The xDS streams.
+    pub struct XdsMetrics {
+        streams: Gauge = ("xds_streams", "Connected xDS streams"),
+        pushes: Counter = ("xds_pushes", "xDS responses a stream started to hand to HTTP/2 (built from the newest snapshot when the stream had room); xds_responses_sent counts those fully handed"),
+        pushed_resources: Counter = ("xds_pushed_resources", "ClusterLoadAssignments in the responses counted by xds_pushes"),
+        acks: Counter = ("xds_acks", "xDS responses Envoy accepted"),
+        nacks: Counter = ("xds_nacks", "xDS responses Envoy rejected"),
+        push_lag_seconds: Histogram = ("xds_push_lag_seconds", "From a source change to a response carrying the assignment it produced started on a stream", seconds_buckets()),
+        ack_seconds: Histogram = ("xds_ack_seconds", "From a response sent to Envoy's ACK (Envoy's time to apply it, plus the round trip)", seconds_buckets()),
+        responses_sent: Counter = ("xds_responses_sent", "xDS responses whose every byte was handed to HTTP/2 (which holds at most the peer's window beyond what the socket took)"),
+        sent_bytes: Counter = ("xds_sent_bytes", "Bytes of the responses counted by xds_responses_sent (gRPC framing included)"),
+        coalesced: Counter = ("xds_coalesced", "Snapshots that replaced a response due and not yet taken by its stream (the stream gets the newest state in one response)"),
+        resets: Family<Labels, Counter> = ("xds_resets", "xDS streams cut by the companion, by reason (send-timeout: a due response not taken within --send-timeout; the connection is closed)"),
+        refused: Family<Labels, Counter> = ("xds_refused", "xDS streams and gRPC connections refused with RESOURCE_EXHAUSTED, by the limit (flag) that refused them"),
+        subscribers: Family<OwnedLabels, Gauge> = ("xds_subscribers", "xDS streams subscribed to each cluster (EDS resource)"),
+        oldest_unsent_seconds: Gauge<f64, AtomicU64> = ("xds_oldest_unsent_response_seconds", "Age of the oldest response due and not taken by its stream (a stream is cut at --send-timeout)"),
+        unknown_names: Counter = ("xds_unknown_resource_names", "Resource names requested that no --cluster defines (not kept)"),
+        largest_request_bytes: Gauge = ("xds_largest_request_bytes", "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})"),
+        request_buffer_bytes: Gauge = ("xds_request_buffer_bytes", "Request bytes held beyond each message's first 64 KiB (see limit{limit=\"request-buffer-bytes\"})"),
+    }
+}
+
+metric_group! {
+    /// The gRPC listener's connections.
+    pub struct ConnectionMetrics {
+        connections: Gauge = ("grpc_connections", "gRPC connections open (see limit{limit=\"max-connections\"})"),
+        pending_handshakes: Gauge = ("grpc_pending_handshakes", "gRPC connections accepted whose TLS handshake is not done yet; they hold no max-connections slot (see limit{limit=\"max-pending-handshakes\"})"),
+    }
+}
+
+metric_group! {
+    /// Each limit's value and its hits.
+    pub struct LimitMetrics {
+        limit_hits: Family<Labels, Counter> = ("limit_hits", "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)"),
+        limits: Family<Labels, Gauge> = ("limit", "Each limit's configured value, by its flag (durations in seconds)"),
+    }
+}
+
+metric_group! {
+    /// The admin port.
+    pub struct AdminMetrics {
+        http_connections: Gauge = ("metrics_connections", "Connections open on the metrics port (see limit{limit=\"metrics-max-connections\"})"),
+    }
 }
 
 fn seconds_buckets() -> Histogram {
@@ -75,213 +110,22 @@ impl Metrics {
         let mut registry = Registry::with_prefix("serving_picker_conditions");
         let r = &mut registry;
         // Registered (and so rendered) in this order.
-        let watch_events = registered(
-            r,
-            "watch_events",
-            "Events from the source, by kind (apply, delete, init, init_apply, init_done, files_reload)",
-            Family::default(),
-        );
-        let source_errors = registered(
-            r,
-            "source_errors",
-            "Source errors, by kind (watch, file)",
-            Family::default(),
-        );
-        let index_slices = registered(
-            r,
-            "index_slices",
-            "EndpointSlices in the index",
-            Gauge::default(),
-        );
-        let index_endpoints = registered(
-            r,
-            "index_endpoints",
-            "Endpoints over all indexed slices",
-            Gauge::default(),
-        );
-        let ready_gauge = registered(
-            r,
-            "ready",
-            "1 once the first full list of EndpointSlices is in",
-            Gauge::default(),
-        );
-        let updates = registered(
-            r,
-            "updates",
-            "Source updates applied to the index",
-            Counter::default(),
-        );
-        let snapshots = registered(r, "snapshots", "Snapshots published", Counter::default());
-        let build_seconds = registered(
-            r,
-            "snapshot_build_seconds",
-            "Time to apply a batch of updates and rebuild the changed assignments",
-            seconds_buckets(),
-        );
-        let streams = registered(r, "xds_streams", "Connected xDS streams", Gauge::default());
-        let pushes = registered(
-            r,
-            "xds_pushes",
-            "xDS responses a stream started to hand to HTTP/2 (built from the newest snapshot when the stream had room); xds_responses_sent counts those fully handed",
-            Counter::default(),
-        );
-        let pushed_resources = registered(
-            r,
-            "xds_pushed_resources",
-            "ClusterLoadAssignments in the responses counted by xds_pushes",
-            Counter::default(),
-        );
-        let acks = registered(
-            r,
-            "xds_acks",
-            "xDS responses Envoy accepted",
-            Counter::default(),
-        );
-        let nacks = registered(
-            r,
-            "xds_nacks",
-            "xDS responses Envoy rejected",
-            Counter::default(),
-        );
-        let push_lag_seconds = registered(
-            r,
-            "xds_push_lag_seconds",
-            "From a source change to a response carrying the assignment it produced started on a stream",
-            seconds_buckets(),
-        );
-        let ack_seconds = registered(
-            r,
-            "xds_ack_seconds",
-            "From a response sent to Envoy's ACK (Envoy's time to apply it, plus the round trip)",
-            seconds_buckets(),
-        );
-        let responses_sent = registered(
-            r,
-            "xds_responses_sent",
-            "xDS responses whose every byte was handed to HTTP/2 (which holds at most the peer's window beyond what the socket took)",
-            Counter::default(),
-        );
-        let sent_bytes = registered(
-            r,
-            "xds_sent_bytes",
-            "Bytes of the responses counted by xds_responses_sent (gRPC framing included)",
-            Counter::default(),
-        );
-        let coalesced = registered(
-            r,
-            "xds_coalesced",
-            "Snapshots that replaced a response due and not yet taken by its stream (the stream gets the newest state in one response)",
-            Counter::default(),
-        );
-        let resets = registered(
-            r,
-            "xds_resets",
-            "xDS streams cut by the companion, by reason (send-timeout: a due response not taken within --send-timeout; the connection is closed)",
-            Family::default(),
-        );
-        let refused = registered(
-            r,
-            "xds_refused",
-            "xDS streams and gRPC connections refused with RESOURCE_EXHAUSTED, by the limit (flag) that refused them",
-            Family::default(),
-        );
-        let subscribers = registered(
-            r,
-            "xds_subscribers",
-            "xDS streams subscribed to each cluster (EDS resource)",
-            Family::default(),
-        );
-        let oldest_unsent_seconds = registered(
-            r,
-            "xds_oldest_unsent_response_seconds",
-            "Age of the oldest response due and not taken by its stream (a stream is cut at --send-timeout)",
-            Gauge::<f64, AtomicU64>::default(),
-        );
-        let unknown_names = registered(
-            r,
-            "xds_unknown_resource_names",
-            "Resource names requested that no --cluster defines (not kept)",
-            Counter::default(),
-        );
-        let largest_request_bytes = registered(
-            r,
-            "xds_largest_request_bytes",
-            "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})",
-            Gauge::default(),
-        );
-        let request_buffer_bytes = registered(
-            r,
-            "xds_request_buffer_bytes",
-            "Request bytes held beyond each message's first 64 KiB (see limit{limit=\"request-buffer-bytes\"})",
-            Gauge::default(),
-        );
-        let connections = registered(
-            r,
-            "grpc_connections",
-            "gRPC connections open (see limit{limit=\"max-connections\"})",
-            Gauge::default(),
-        );
-        let pending_handshakes = registered(
-            r,
-            "grpc_pending_handshakes",
-            "gRPC connections accepted whose TLS handshake is not done yet; they hold no max-connections slot (see limit{limit=\"max-pending-handshakes\"})",
-            Gauge::default(),
-        );
-        let limit_hits = registered(
-            r,
-            "limit_hits",
-            "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)",
-            Family::default(),
-        );
-        let limits = registered(
-            r,
-            "limit",
-            "Each limit's configured value, by its flag (durations in seconds)",
-            Family::default(),
-        );
-        let http_connections = registered(
-            r,
-            "metrics_connections",
-            "Connections open on the metrics port (see limit{limit=\"metrics-max-connections\"})",
-            Gauge::default(),
-        );
-        // status page (crate::telemetry::status)
+        let source = SourceMetrics::register(r);
+        let xds = XdsMetrics::register(r);
+        let connections = ConnectionMetrics::register(r);
+        let limits = LimitMetrics::register(r);
+        let admin = AdminMetrics::register(r);
         let status = Arc::new(crate::telemetry::status::Board::new(r));
         Metrics {
-            status,
             registry,
-            responses_sent,
-            sent_bytes,
-            coalesced,
-            resets,
-            refused,
-            subscribers,
-            oldest_unsent_seconds,
-            unknown_names,
-            largest_request_bytes,
-            request_buffer_bytes,
-            connections,
-            pending_handshakes,
-            limit_hits,
-            limits,
-            http_connections,
             ready: AtomicBool::new(false),
             serving: AtomicBool::new(false),
-            watch_events,
-            source_errors,
-            index_slices,
-            index_endpoints,
-            ready_gauge,
-            updates,
-            snapshots,
-            build_seconds,
-            streams,
-            pushes,
-            pushed_resources,
-            acks,
-            nacks,
-            push_lag_seconds,
-            ack_seconds,
+            source,
+            xds,
+            connections,
+            limits,
+            admin,
+            status,
         }
     }
 
@@ -292,27 +136,33 @@ impl Metrics {
     }
 
     pub fn watch_event(&self, kind: &'static str) {
-        self.watch_events.get_or_create(&vec![("kind", kind)]).inc();
+        self.source
+            .watch_events
+            .get_or_create(&vec![("kind", kind)])
+            .inc();
     }
 
     pub fn source_error(&self, kind: &'static str) {
-        self.source_errors
+        self.source
+            .source_errors
             .get_or_create(&vec![("kind", kind)])
             .inc();
     }
 
     /// After the publisher applied `n` updates.
     pub fn applied(&self, n: usize, index: &Index, ready: bool, took: Duration) {
-        self.updates.inc_by(n as u64);
-        self.index_slices.set(index.slice_count() as i64);
-        self.index_endpoints.set(index.endpoint_count() as i64);
-        self.ready_gauge.set(i64::from(ready));
+        self.source.updates.inc_by(n as u64);
+        self.source.index_slices.set(index.slice_count() as i64);
+        self.source
+            .index_endpoints
+            .set(index.endpoint_count() as i64);
+        self.source.ready_gauge.set(i64::from(ready));
         self.ready.store(ready, Ordering::SeqCst);
-        self.build_seconds.observe(took.as_secs_f64());
+        self.source.build_seconds.observe(took.as_secs_f64());
     }
 
     pub fn published(&self) {
-        self.snapshots.inc();
+        self.source.snapshots.inc();
     }
 
     pub fn is_ready(&self) -> bool {
@@ -329,107 +179,117 @@ impl Metrics {
     }
 
     pub fn stream_opened(&self) {
-        self.streams.inc();
+        self.xds.streams.inc();
     }
 
     pub fn stream_closed(&self) {
-        self.streams.dec();
+        self.xds.streams.dec();
     }
 
     /// A limit's configured value (`limit` gauge).
     pub fn set_limit(&self, name: &'static str, value: i64) {
-        self.limits.get_or_create(&vec![("limit", name)]).set(value);
+        self.limits
+            .limits
+            .get_or_create(&vec![("limit", name)])
+            .set(value);
         // Its hits from 0, so that an alert on increase() sees the first one.
-        drop(self.limit_hits.get_or_create(&vec![("limit", name)]));
+        drop(self.limits.limit_hits.get_or_create(&vec![("limit", name)]));
     }
 
     /// A limit was hit.
     pub fn limit_hit(&self, name: &'static str) {
-        self.limit_hits.get_or_create(&vec![("limit", name)]).inc();
+        self.limits
+            .limit_hits
+            .get_or_create(&vec![("limit", name)])
+            .inc();
     }
 
     /// A stream or connection refused with RESOURCE_EXHAUSTED.
     pub fn xds_refused(&self, name: &'static str) {
-        self.refused.get_or_create(&vec![("limit", name)]).inc();
+        self.xds.refused.get_or_create(&vec![("limit", name)]).inc();
     }
 
     pub fn connection_opened(&self) {
-        self.connections.inc();
+        self.connections.connections.inc();
     }
 
     pub fn connection_closed(&self) {
-        self.connections.dec();
+        self.connections.connections.dec();
     }
 
     /// Connections waiting for their TLS handshake (`grpc_pending_handshakes`).
     pub fn set_pending_handshakes(&self, n: usize) {
-        self.pending_handshakes.set(n as i64);
+        self.connections.pending_handshakes.set(n as i64);
     }
 
     /// A request message of `bytes`.
     pub fn request_received(&self, bytes: usize) {
         let bytes = bytes as i64;
-        if bytes > self.largest_request_bytes.get() {
-            self.largest_request_bytes.set(bytes);
+        if bytes > self.xds.largest_request_bytes.get() {
+            self.xds.largest_request_bytes.set(bytes);
         }
     }
 
     pub fn set_request_buffer_bytes(&self, n: usize) {
-        self.request_buffer_bytes.set(n as i64);
+        self.xds.request_buffer_bytes.set(n as i64);
     }
 
     pub fn unknown_names(&self, n: usize) {
-        self.unknown_names.inc_by(n as u64);
+        self.xds.unknown_names.inc_by(n as u64);
     }
 
     pub fn coalesced(&self) {
-        self.coalesced.inc();
+        self.xds.coalesced.inc();
     }
 
     /// A response of `bytes` fully handed to HTTP/2.
     pub fn sent(&self, bytes: usize) {
-        self.responses_sent.inc();
-        self.sent_bytes.inc_by(bytes as u64);
+        self.xds.responses_sent.inc();
+        self.xds.sent_bytes.inc_by(bytes as u64);
     }
 
     pub fn stream_reset(&self, reason: &'static str) {
-        self.resets.get_or_create(&vec![("reason", reason)]).inc();
+        self.xds
+            .resets
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
     }
 
     pub fn set_oldest_unsent(&self, age: Duration) {
-        self.oldest_unsent_seconds.set(age.as_secs_f64());
+        self.xds.oldest_unsent_seconds.set(age.as_secs_f64());
     }
 
     pub fn set_subscribers(&self, cluster: &str, n: i64) {
-        self.subscribers
+        self.xds
+            .subscribers
             .get_or_create(&vec![("cluster", cluster.to_string())])
             .set(n);
     }
 
     /// A response started with `resources` assignments, `lags` from each one's change.
     pub fn pushed(&self, resources: usize, lags: impl Iterator<Item = Duration>) {
-        self.pushes.inc();
-        self.pushed_resources.inc_by(resources as u64);
+        self.xds.pushes.inc();
+        self.xds.pushed_resources.inc_by(resources as u64);
         for l in lags {
-            self.push_lag_seconds.observe(l.as_secs_f64());
+            self.xds.push_lag_seconds.observe(l.as_secs_f64());
         }
     }
 
     pub fn acked(&self, after: Option<Duration>) {
-        self.acks.inc();
+        self.xds.acks.inc();
         if let Some(d) = after {
-            self.ack_seconds.observe(d.as_secs_f64());
+            self.xds.ack_seconds.observe(d.as_secs_f64());
         }
     }
 
     pub fn nacked(&self) {
-        self.nacks.inc();
+        self.xds.nacks.inc();
     }
 
     /// The status page's state (`/debug/services`).
     /// The admin port's open connections.
     pub fn set_http_connections(&self, open: usize) {
-        self.http_connections.set(open as i64);
+        self.admin.http_connections.set(open as i64);
     }
 
     pub fn status(&self) -> &crate::telemetry::status::Board {

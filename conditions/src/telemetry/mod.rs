@@ -1,11 +1,14 @@
 //! What the companion shows: Prometheus metrics and readiness (`metrics`),
 //! the status page's state (`status`), and log lines at a bounded rate
-//! (`ratelog`, `log_limit`).
+//! (`ratelog`).
 
-pub mod log_limit;
+mod group;
+
 pub mod metrics;
 pub mod ratelog;
 pub mod status;
+
+pub(crate) use group::metric_group;
 
 use prometheus_client::registry::{Metric, Registry};
 

@@ -1,9 +1,13 @@
 //! Log lines at a bounded rate: a client that repeats something wrong (or
-//! a thousand that connect at once) cannot flood the log. Each kind of line
-//! has a budget: a burst, then one per interval; a line that gets through
-//! says how many of its kind were left out since the last one. (Per key,
-//! such as a peer address: `log_limit`.)
+//! a thousand that connect at once) cannot flood the log; the events
+//! themselves are counted in metrics. Two shapes, each telling in the line
+//! that gets through how many were left out since the last one:
+//! - per kind of line ([`LogBudget`]): a burst, then one per interval;
+//! - per key, such as a peer address ([`PerKey`]): at most one per key per
+//!   interval, over a bounded number of keys.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -61,6 +65,51 @@ impl LogBudget {
     }
 }
 
+/// When each key last logged, and how many of its events were not logged
+/// since. At most `cap` keys are remembered; when that many keys logged
+/// within the interval, a new key's events are not logged until one expires.
+#[derive(Debug)]
+pub struct PerKey<K> {
+    interval: Duration,
+    cap: usize,
+    last: HashMap<K, (Instant, u64)>,
+}
+
+impl<K: Hash + Eq> PerKey<K> {
+    pub fn new(interval: Duration, cap: usize) -> PerKey<K> {
+        PerKey {
+            interval,
+            cap,
+            last: HashMap::new(),
+        }
+    }
+
+    /// An event of `key` at `now`: `Some(n)` to log it now (`n` events of
+    /// that key went unlogged since its last line), `None` to stay quiet.
+    pub fn allow(&mut self, key: K, now: Instant) -> Option<u64> {
+        if let Some((at, quiet)) = self.last.get_mut(&key) {
+            if now.duration_since(*at) < self.interval {
+                *quiet += 1;
+                return None;
+            }
+            let n = *quiet;
+            *at = now;
+            *quiet = 0;
+            return Some(n);
+        }
+        if self.last.len() >= self.cap {
+            let interval = self.interval;
+            self.last
+                .retain(|_, (at, _)| now.duration_since(*at) < interval);
+            if self.last.len() >= self.cap {
+                return None;
+            }
+        }
+        self.last.insert(key, (now, 0));
+        Some(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -82,5 +131,21 @@ mod tests {
         assert!(b.allow_at(later).is_some());
         assert!(b.allow_at(later).is_some());
         assert_eq!(b.allow_at(later), None);
+    }
+
+    #[test]
+    fn once_per_key_per_interval_with_the_count_of_the_quiet_ones() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut l = PerKey::new(Duration::from_secs(60), 2);
+        assert_eq!(l.allow("a", t0), Some(0));
+        assert_eq!(l.allow("a", t0 + s), None);
+        assert_eq!(l.allow("a", t0 + 2 * s), None);
+        assert_eq!(l.allow("b", t0 + 2 * s), Some(0));
+        // Full: a third key stays quiet until an entry expires.
+        assert_eq!(l.allow("c", t0 + 3 * s), None);
+        assert_eq!(l.allow("a", t0 + 61 * s), Some(2));
+        assert_eq!(l.allow("c", t0 + 63 * s), Some(0));
+        assert_eq!(l.allow("a", t0 + 62 * s), None);
     }
 }

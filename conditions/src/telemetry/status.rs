@@ -180,7 +180,18 @@ impl Board {
                 endpoints,
             });
         }
-        *lock(&self.services) = Services {
+        let mut services = lock(&self.services);
+        // A port that is gone leaves no series behind (its last value
+        // would keep an alert firing).
+        for gone in services
+            .ports
+            .iter()
+            .filter(|old| !rows.iter().any(|r| r.cluster == old.cluster))
+        {
+            self.serving_endpoints
+                .remove(&vec![("cluster", gone.cluster.clone())]);
+        }
+        *services = Services {
             ports: rows,
             left_out,
             priorities,
@@ -494,6 +505,36 @@ mod tests {
         assert_eq!(
             b.json()["subscribers"].as_array().unwrap().len(),
             MAX_SUBSCRIBERS
+        );
+    }
+
+    #[test]
+    fn a_port_no_longer_shown_leaves_no_gauge_series() {
+        let mut r = Registry::default();
+        let b = Board::new(&mut r);
+        let web: ClusterSpec = "web=ns/web:http".parse().unwrap();
+        let api: ClusterSpec = "api=ns/api:http".parse().unwrap();
+        let render = |r: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, r).unwrap();
+            text
+        };
+        b.set_services(
+            "v1",
+            false,
+            [(&web, vec![]), (&api, vec![ep("10.0.0.1", true, false)])].into_iter(),
+        );
+        let text = render(&r);
+        assert!(
+            text.contains("service_serving_endpoints{cluster=\"web\"} 0"),
+            "{text}"
+        );
+        b.set_services("v2", false, [(&api, vec![])].into_iter());
+        let text = render(&r);
+        assert!(!text.contains("cluster=\"web\""), "{text}");
+        assert!(
+            text.contains("service_serving_endpoints{cluster=\"api\"} 0"),
+            "{text}"
         );
     }
 }

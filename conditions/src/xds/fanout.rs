@@ -47,7 +47,7 @@ fn fan_out(core: &Core, snap: &Snapshot) {
         match effect {
             SnapshotEffect::Due => s.wake.wake(),
             SnapshotEffect::Coalesced => {
-                core.metrics.coalesced();
+                core.callbacks.coalesced();
                 s.wake.wake();
             }
             SnapshotEffect::Nothing | SnapshotEffect::StillDue => {}
@@ -84,15 +84,15 @@ fn sweep(core: &Core, now: Instant) {
             cut(core, &s, age);
         }
     }
-    core.metrics.set_oldest_unsent(oldest);
+    core.callbacks.oldest_unsent(oldest);
     let budget = core
         .limits
         .request_buffer_bytes
         .min(tokio::sync::Semaphore::MAX_PERMITS);
-    core.metrics
-        .set_request_buffer_bytes(budget.saturating_sub(core.request_budget.available_permits()));
+    core.callbacks
+        .request_buffer_bytes(budget.saturating_sub(core.request_budget.available_permits()));
     for (i, n) in subscribers.into_iter().enumerate() {
-        core.metrics.set_subscribers(core.names.name(i), n);
+        core.callbacks.subscribers(core.names.name(i), n);
     }
 }
 
@@ -100,8 +100,8 @@ fn sweep(core: &Core, now: Instant) {
 /// stream whose window is shut no chance to be reset); the client gets the
 /// current state when it comes back.
 fn cut(core: &Core, s: &Arc<StreamShared>, age: Duration) {
-    core.metrics.limit_hit(limit::SEND_TIMEOUT);
-    core.metrics.stream_reset(limit::SEND_TIMEOUT);
+    core.callbacks.limit_hit(limit::SEND_TIMEOUT);
+    core.callbacks.stream_reset(limit::SEND_TIMEOUT);
     if let Some(left_out) = CUT_LOG.allow() {
         tracing::warn!(
             api = s.api,

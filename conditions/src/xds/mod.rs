@@ -17,11 +17,14 @@
 //! `--send-timeout` is cut.
 //!
 //! - `requests`: requests cut from a stream's bytes.
+//! - `callbacks`: what the server reports (metrics, the status page).
 //! - `server`: the gRPC services, a stream's request task and response body.
 //! - `fanout`: snapshots to streams, the send timeout, the stream gauges.
 
+pub mod callbacks;
 pub mod fanout;
 pub mod requests;
 pub mod server;
 
+pub use callbacks::Callbacks;
 pub use server::XdsServer;

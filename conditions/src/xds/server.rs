@@ -32,8 +32,8 @@ use crate::eds::response_bytes as wire;
 use crate::eds::stream::{EdsStream, Names, RequestKind, Taken};
 use crate::limits::{names as limit, XdsLimits, FREE_REQUEST_BYTES};
 use crate::net::listener::{Conn, Connections};
-use crate::telemetry::metrics::Metrics;
 use crate::telemetry::ratelog::LogBudget;
+use crate::xds::callbacks::Callbacks;
 use crate::xds::requests::{self, MessageError, RequestView};
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
@@ -57,12 +57,12 @@ const EDS: &str = "envoy.service.endpoint.v3.EndpointDiscoveryService";
 const DELTA_UNIMPLEMENTED: &str =
     "incremental (delta) xDS is not served: use api_type GRPC (state of the world)";
 
-/// What every stream shares: snapshots, names, limits, metrics.
+/// What every stream shares: snapshots, names, limits, callbacks.
 pub(crate) struct Core {
     pub(crate) snapshots: watch::Receiver<Arc<Snapshot>>,
     pub(crate) names: Arc<Names>,
     pub(crate) limits: XdsLimits,
-    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) callbacks: Arc<dyn Callbacks>,
     connections: Option<Arc<Connections>>,
     pub(crate) streams: Streams,
     /// `--request-buffer-bytes`, as permits of one byte.
@@ -150,27 +150,27 @@ impl XdsServer {
         snapshots: watch::Receiver<Arc<Snapshot>>,
         names: Names,
         limits: XdsLimits,
-        metrics: Arc<Metrics>,
+        callbacks: Arc<dyn Callbacks>,
         connections: Option<Arc<Connections>>,
     ) -> XdsServer {
-        metrics.set_limit(limit::MAX_STREAMS, limits.max_streams as i64);
-        metrics.set_limit(limit::MAX_RESOURCE_NAMES, limits.max_resource_names as i64);
-        metrics.set_limit(limit::MAX_REQUEST_BYTES, limits.max_request_bytes as i64);
-        metrics.set_limit(limit::MAX_RESPONSE_BYTES, limits.max_response_bytes as i64);
-        metrics.set_limit(
+        callbacks.limit_set(limit::MAX_STREAMS, limits.max_streams as i64);
+        callbacks.limit_set(limit::MAX_RESOURCE_NAMES, limits.max_resource_names as i64);
+        callbacks.limit_set(limit::MAX_REQUEST_BYTES, limits.max_request_bytes as i64);
+        callbacks.limit_set(limit::MAX_RESPONSE_BYTES, limits.max_response_bytes as i64);
+        callbacks.limit_set(
             limit::REQUEST_BUFFER_BYTES,
             limits.request_buffer_bytes as i64,
         );
         let request_budget = Arc::new(Semaphore::new(
             limits.request_buffer_bytes.min(Semaphore::MAX_PERMITS),
         ));
-        metrics.set_limit(limit::SEND_TIMEOUT, limits.send_timeout.as_secs() as i64);
+        callbacks.limit_set(limit::SEND_TIMEOUT, limits.send_timeout.as_secs() as i64);
         XdsServer {
             core: Arc::new(Core {
                 snapshots,
                 names: Arc::new(names),
                 limits,
-                metrics,
+                callbacks,
                 connections,
                 streams: Streams::default(),
                 request_budget,
@@ -278,8 +278,8 @@ fn trailers(status: &Status) -> HeaderMap {
 }
 
 fn refuse(core: &Core, which: &'static str, peer: &str, status: Status) -> http::Response<Body> {
-    core.metrics.limit_hit(which);
-    core.metrics.xds_refused(which);
+    core.callbacks.limit_hit(which);
+    core.callbacks.stream_refused(which);
     if let Some(left_out) = REFUSED_LOG.allow() {
         tracing::warn!(peer = %peer, limit = which, left_out, message = status.message(), "xDS stream refused");
     }
@@ -335,7 +335,7 @@ fn open_stream(
         conn,
     });
     core.streams.map().insert(shared.id, shared.clone());
-    core.metrics.stream_opened();
+    core.callbacks.stream_opened();
     if let Some(left_out) = OPEN_LOG.allow() {
         tracing::info!(api, peer = %shared.peer, left_out, "xDS stream opened");
     }
@@ -448,21 +448,21 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
         };
         match next {
             Ok(Some((req, node, len))) => {
-                core.metrics.request_received(len);
+                core.callbacks.request_received(len);
                 if let Some(status) = handle(&core, &shared, &req, &node, &mut other_types) {
                     break Some(status);
                 }
             }
             Ok(None) => break Some(Status::ok("")),
             Err(ReadError::Message(MessageError::TooLarge(len))) => {
-                core.metrics.limit_hit(limit::MAX_REQUEST_BYTES);
+                core.callbacks.limit_hit(limit::MAX_REQUEST_BYTES);
                 break Some(Status::resource_exhausted(format!(
                     "request message of {len} bytes is over --max-request-bytes {}",
                     core.limits.max_request_bytes
                 )));
             }
             Err(ReadError::NoRoom(len)) => {
-                core.metrics.limit_hit(limit::REQUEST_BUFFER_BYTES);
+                core.callbacks.limit_hit(limit::REQUEST_BUFFER_BYTES);
                 break Some(Status::resource_exhausted(format!(
                     "no room for a request message of {len} bytes: the streams' request buffers are full (--request-buffer-bytes {}); retry later",
                     core.limits.request_buffer_bytes
@@ -509,7 +509,7 @@ fn handle(
 ) -> Option<Status> {
     let max = core.limits.max_resource_names;
     if req.resource_names.len() > max {
-        core.metrics.limit_hit(limit::MAX_RESOURCE_NAMES);
+        core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
         return Some(Status::resource_exhausted(format!(
             "{} resource names in one request, over --max-resource-names {max}",
             req.resource_names.len()
@@ -523,7 +523,7 @@ fn handle(
                 Ok(n) if !n.id.is_empty() => n.id.chars().take(NODE_ID_MAX).collect(),
                 _ => "-".to_string(),
             };
-            core.metrics.status().stream_opened(&node, &shared.peer);
+            core.callbacks.stream_identified(&node, &shared.peer);
         }
     }
     let snap = core.snapshots.borrow().clone();
@@ -536,13 +536,11 @@ fn handle(
             }
         }
         RequestKind::Ack { version } => {
-            core.metrics.acked(h.ack_after);
-            core.metrics.status().acked(&node, version);
+            core.callbacks.acked(&node, version, h.ack_after);
             tracing::debug!(node = %node, version = %version, "xDS ACK");
         }
         RequestKind::Nack { version, message } => {
-            core.metrics.nacked();
-            core.metrics.status().nacked(&node, version, message);
+            core.callbacks.nacked(&node, version, message);
             if let Some(left_out) = NACK_LOG.allow() {
                 let message: String = message.chars().take(1024).collect();
                 tracing::warn!(node = %node, version = %version, error = %message, left_out, "xDS NACK: Envoy rejected an assignment");
@@ -561,7 +559,7 @@ fn handle(
         }
     }
     if h.unknown > 0 {
-        core.metrics.unknown_names(h.unknown);
+        core.callbacks.unknown_names(h.unknown);
         if !h.unknown_sample.is_empty() {
             if let Some(left_out) = UNKNOWN_LOG.allow() {
                 let sample: Vec<String> = h
@@ -607,15 +605,15 @@ impl ResponseBody {
             .state()
             .take(&snap, self.core.limits.max_response_bytes, now);
         for (name, bytes) in oversized {
-            self.core.metrics.limit_hit(limit::MAX_RESPONSE_BYTES);
+            self.core.callbacks.limit_hit(limit::MAX_RESPONSE_BYTES);
             if let Some(left_out) = OVERSIZED_LOG.allow() {
                 tracing::error!(cluster = %name, bytes, max = self.core.limits.max_response_bytes, left_out, "assignment over --max-response-bytes: not sent");
             }
         }
         let p = response?;
         self.core
-            .metrics
-            .pushed(p.entries.len(), p.lags.iter().copied());
+            .callbacks
+            .response_started(p.entries.len(), &p.lags);
         tracing::debug!(node = %self.shared.node(), version = %p.version, nonce = p.nonce, resources = p.entries.len(), bytes = p.wire_len, "xDS response taken");
         self.in_flight = Some(InFlight { bytes: p.wire_len });
         self.shared.set_sending_since(Some(now));
@@ -644,7 +642,7 @@ impl http_body::Body for ResponseBody {
             if let Some(chunk) = this.chunks.pop_front() {
                 if this.chunks.is_empty() {
                     if let Some(f) = this.in_flight.take() {
-                        this.core.metrics.sent(f.bytes);
+                        this.core.callbacks.response_sent(f.bytes);
                         this.shared.set_sending_since(None);
                     }
                 }
@@ -679,11 +677,7 @@ impl Drop for ResponseBody {
         if let Some(c) = &self.shared.conn {
             c.streams.fetch_sub(1, Ordering::SeqCst);
         }
-        core.metrics.stream_closed();
-        let node = self.shared.node();
-        if !node.is_empty() {
-            core.metrics.status().stream_closed(&node);
-        }
+        core.callbacks.stream_closed(&self.shared.node());
         self.shared.closed.notify_one();
         if let Some(left_out) = OPEN_LOG.allow() {
             tracing::info!(api = self.shared.api, node = %self.shared.node(), peer = %self.shared.peer, left_out, "xDS stream closed");
@@ -698,7 +692,7 @@ async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
         Ok(Some((req, _, _))) => req,
         Ok(None) => return Status::invalid_argument("no request").into_http(),
         Err(ReadError::Message(MessageError::TooLarge(len))) => {
-            core.metrics.limit_hit(limit::MAX_REQUEST_BYTES);
+            core.callbacks.limit_hit(limit::MAX_REQUEST_BYTES);
             return Status::resource_exhausted(format!(
                 "request message of {len} bytes is over --max-request-bytes {}",
                 core.limits.max_request_bytes
@@ -708,7 +702,7 @@ async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
         Err(_) => return Status::invalid_argument("not a DiscoveryRequest").into_http(),
     };
     if req.resource_names.len() > core.limits.max_resource_names {
-        core.metrics.limit_hit(limit::MAX_RESOURCE_NAMES);
+        core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
         return Status::resource_exhausted("too many resource names (--max-resource-names)")
             .into_http();
     }

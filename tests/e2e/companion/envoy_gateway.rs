@@ -33,8 +33,10 @@ use serving_picker_conditions::envoy_gateway::proto::{
 use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
 };
-use serving_picker_conditions::slice::ServiceKey;
-use support::companion::{companion_bin, plain_round_robin, Expect, Picker, SliceDir, NAMESPACE};
+use serving_picker_conditions::model::slice::ServiceKey;
+use support::companion::{
+    companion_bin, plain_round_robin, Expect, Picker, SliceDir, NAMESPACE, PORT_NAME,
+};
 use support::envoy::fresh_dir;
 use support::ports::free_port;
 use support::*;
@@ -476,6 +478,30 @@ fn seed_rows(picker: Picker) {
         r.companion
             .metric("serving_picker_conditions_eg_hook_calls_total{result=\"managed\"}")
             >= 7.0
+    );
+    // The status page and the serving-endpoints gauge show the Service port
+    // as the hook last wrote it: A out (terminating, not serving), B serving.
+    let port = format!("{NAMESPACE}/{SERVICE}:{PORT_NAME}");
+    let shown = eventually(Duration::from_secs(5), || {
+        let body = r.companion.get("/debug/services").body;
+        let Ok(j) = serde_json::from_str::<Value>(&body) else {
+            return false;
+        };
+        j["services"].as_array().is_some_and(|ports| {
+            ports.iter().any(|p| {
+                p["cluster"] == port.as_str()
+                    && p["serving"] == 1
+                    && p["endpoints"].as_array().map(Vec::len) == Some(2)
+            })
+        })
+    });
+    let body = r.companion.get("/debug/services").body;
+    assert!(shown, "{port} with 1 of 2 serving: {}", body);
+    assert_eq!(
+        r.companion.metric(&format!(
+            "serving_picker_conditions_service_serving_endpoints{{cluster=\"{port}\"}}"
+        )),
+        1.0
     );
 }
 

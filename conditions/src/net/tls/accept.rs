@@ -1,105 +1,93 @@
-//! The accept path: TLS handshakes on their own tasks, bounded in time,
-//! and refusals counted by reason and logged at a bounded rate.
+//! The accept path: each socket's handshake on its own task, the
+//! connections that pass handed to tonic.
 
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use rustls::CertificateError;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::conn::Conn;
+use crate::net::listener::Admitted;
+
 use super::server::TlsServer;
-use super::REFUSAL_LOG_EVERY;
-use crate::net::listener::{Admitted, Ticket};
 
-impl TlsServer {
-    /// One connection's handshake within `timeout`; `None` when refused
-    /// (counted, logged at a bounded rate). The ticket learns the outcome.
-    async fn handshake<IO>(
-        &self,
-        io: IO,
-        peer: Option<IpAddr>,
-        timeout: Duration,
-        ticket: &Ticket,
-    ) -> Option<tokio_rustls::server::TlsStream<IO>>
-    where
-        IO: AsyncRead + AsyncWrite + Unpin,
-    {
-        let acceptor = tokio_rustls::TlsAcceptor::from(self.current());
-        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
-            Ok(Ok(stream)) => {
-                self.metrics.handshakes.inc();
-                ticket.established();
-                Some(stream)
-            }
-            Ok(Err(_)) if ticket.displaced() => {
-                // Logged by the listener (--max-pending-handshakes).
-                self.metrics
-                    .refusals
-                    .get_or_create(&vec![("reason", "displaced")])
-                    .inc();
-                None
-            }
-            Ok(Err(e)) => {
-                self.refused(refusal_reason(&e), &e.to_string(), peer);
-                None
-            }
-            Err(_) => {
-                ticket.timed_out();
-                self.refused(
-                    "timeout",
-                    "no complete handshake within --handshake-timeout",
-                    peer,
-                );
-                None
-            }
-        }
-    }
+/// An accepted connection, plaintext or TLS, as tonic serves it.
+pub enum Conn<IO> {
+    Plain(IO),
+    Tls(Box<tokio_rustls::server::TlsStream<IO>>),
+}
 
-    fn refused(&self, reason: &'static str, detail: &str, peer: Option<IpAddr>) {
-        self.metrics
-            .refusals
-            .get_or_create(&vec![("reason", reason)])
-            .inc();
-        let allowed = self
-            .refusal_log
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .allow(peer, Instant::now());
-        if let Some(quiet) = allowed {
-            tracing::warn!(
-                peer = %peer.map_or("unknown".into(), |p| p.to_string()),
-                reason,
-                detail,
-                not_logged_since_last = quiet,
-                every_s = REFUSAL_LOG_EVERY.as_secs(),
-                "TLS handshake refused (logged once per peer address per interval; all counted in tls_refusals_total)"
-            );
+impl<IO: Connected> Connected for Conn<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            Conn::Plain(io) => io.connect_info(),
+            Conn::Tls(s) => s.get_ref().0.connect_info(),
         }
     }
 }
 
-/// Why a handshake failed, from rustls's error.
-fn refusal_reason(e: &io::Error) -> &'static str {
-    use rustls::Error as E;
-    match e.get_ref().and_then(|i| i.downcast_ref::<E>()) {
-        Some(E::NoCertificatesPresented) => "no_client_cert",
-        Some(E::InvalidCertificate(CertificateError::UnknownIssuer)) => "unknown_ca",
-        Some(E::InvalidCertificate(CertificateError::ApplicationVerificationFailure)) => {
-            "san_not_allowed"
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Conn<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
-        Some(E::InvalidCertificate(_)) => "bad_client_cert",
-        Some(E::InvalidMessage(_)) => "not_tls",
-        Some(E::AlertReceived(_)) => "client_alert",
-        Some(_) => "other",
-        None if e.kind() == io::ErrorKind::UnexpectedEof => "incomplete",
-        None => "other",
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(io) => io.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 

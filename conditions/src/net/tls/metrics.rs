@@ -1,13 +1,14 @@
-//! The TLS listener's metrics.
+//! The listener's TLS metrics.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::load::Loaded;
 use crate::telemetry::metrics::Labels;
 use crate::telemetry::registered;
+
+use super::config::Loaded;
 
 /// The listener's TLS metrics (prefix `serving_picker_conditions_`).
 #[derive(Clone)]

@@ -1,11 +1,12 @@
-//! The client certificate verifier with a SAN allow-list (`--client-san`).
+//! The client verifier: the CA chain, then the `--client-san` allow-list.
 
 use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use rustls::SignatureScheme;
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName};
 
 use super::x509::facts;
 
@@ -83,48 +84,5 @@ impl ClientCertVerifier for SanAllowList {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-    use rustls::pki_types::pem::PemObject;
-    use rustls::server::WebPkiClientVerifier;
-    use rustls::RootCertStore;
-
-    use super::super::load::{provider, tests::Pki};
-    use super::*;
-
-    #[test]
-    fn san_allow_list_matches_dns_without_case_and_uris_exactly() {
-        let l = SanAllowList {
-            inner: WebPkiClientVerifier::builder_with_provider(
-                Arc::new({
-                    let pki = Pki::new("san");
-                    let mut r = RootCertStore::empty();
-                    let pem = std::fs::read(pki.dir.join("ca.crt")).unwrap();
-                    r.add(CertificateDer::from_pem_slice(&pem).unwrap())
-                        .unwrap();
-                    let _ = std::fs::remove_dir_all(&pki.dir);
-                    r
-                }),
-                provider(),
-            )
-            .build()
-            .unwrap(),
-            allowed: vec![
-                "envoy.example".into(),
-                "spiffe://cluster.local/ns/eg/sa/envoy-gateway".into(),
-            ],
-        };
-        assert!(l.allows(&["Envoy.Example".into()]));
-        assert!(l.allows(&[
-            "x".into(),
-            "spiffe://cluster.local/ns/eg/sa/envoy-gateway".into()
-        ]));
-        assert!(!l.allows(&["spiffe://cluster.local/ns/eg/sa/Envoy-Gateway".into()]));
-        assert!(!l.allows(&["other.example".into()]));
-        assert!(!l.allows(&[]));
     }
 }

@@ -1,9 +1,13 @@
-//! The public facts of an X.509 certificate (serial, validity, DNS and
-//! URI SANs), for checks, logs and metrics.
+//! A certificate's public facts (serial, SANs, validity) and the checks
+//! on them at load.
 
+use std::path::Path;
 use std::time::SystemTime;
 
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+
+use super::files::{fail, LoadError};
 
 /// The public facts of a certificate worth logging and exporting.
 #[derive(Clone, Debug)]
@@ -46,4 +50,53 @@ pub(super) fn rfc3339(secs: i64) -> String {
     x509_parser::time::ASN1Time::from_timestamp(secs)
         .map(|t| t.to_string())
         .unwrap_or_else(|_| secs.to_string())
+}
+
+pub(super) fn within_validity(
+    flag: &'static str,
+    path: &Path,
+    f: &CertFacts,
+    now: i64,
+) -> Result<(), LoadError> {
+    if now > f.not_after {
+        return Err(fail(
+            flag,
+            path,
+            format!(
+                "certificate (serial {}) expired at {}",
+                f.serial,
+                rfc3339(f.not_after)
+            ),
+        ));
+    }
+    if now < f.not_before {
+        return Err(fail(
+            flag,
+            path,
+            format!(
+                "certificate (serial {}) not valid before {}",
+                f.serial,
+                rfc3339(f.not_before)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn certificates(
+    flag: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, LoadError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(flag, path, format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(fail(
+            flag,
+            path,
+            "no certificate (PEM CERTIFICATE block) in it",
+        ));
+    }
+    Ok(certs)
 }
