@@ -134,4 +134,28 @@ mod tests {
         w.next().await;
         assert!(started.elapsed() >= Duration::from_millis(100));
     }
+
+    #[tokio::test]
+    async fn a_secret_volume_symlink_swap_is_a_wake_up() {
+        // How the kubelet updates a Secret volume: a new `..data` symlink
+        // renamed over the old one; the files themselves are not written.
+        let dir = std::env::temp_dir().join(format!("sp-watch-swap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("v1")).unwrap();
+        std::fs::create_dir_all(dir.join("v2")).unwrap();
+        std::os::unix::fs::symlink("v1", dir.join("..data")).unwrap();
+        let (mut w, not_watched) = DirWatch::start(
+            [dir.clone()],
+            Duration::from_millis(50),
+            Duration::from_secs(3600),
+        );
+        assert!(not_watched.is_empty(), "{not_watched:?}");
+        w.next().await; // the first tick
+        std::os::unix::fs::symlink("v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("the swap wakes the owner before the safety net");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

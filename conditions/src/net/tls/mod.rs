@@ -12,11 +12,11 @@
 //!   the flag and the file.
 //! - The files are watched (their directories through `net::watch`:
 //!   inotify, which sees a Secret volume's `..data` symlink swap, debounced,
-//!   and a re-read every `POLL_EVERY` as a safety net). New content that loads replaces the
-//!   server configuration for new connections; open connections keep
-//!   theirs (their session is theirs), so streams are not dropped. New
-//!   content that does not load is logged, counted, and the last good
-//!   configuration stays.
+//!   and a re-read every `POLL_EVERY` as a safety net). New content that
+//!   loads replaces the server configuration for new connections; open
+//!   connections keep theirs (their session is theirs), so streams are not
+//!   dropped. New content that does not load is logged, counted, and the
+//!   last good configuration stays.
 //! - The accept path: `incoming` takes the accepted sockets (any stream of
 //!   them, e.g. one a connection cap already wraps) and hands tonic the
 //!   connections whose handshake succeeded. Handshakes run on their own
