@@ -9,9 +9,12 @@
 //! AMD64_SO, ARM64_SO (the unpacked artefacts), ENVOY_VERSION, QEMU,
 //! ARM64_SYSROOT, TARGET (the cargo target directory), PIP (the venv's pip).
 //!
-//! The chosen end-to-end tests run from the test binary `make test` built
-//! (found through `cargo test --no-run`: nothing is rebuilt), with the
-//! artefacts in SERVING_PICKER_* and Envoy in ENVOY_BIN:
+//! The chosen end-to-end tests run from the test binary `make test` built,
+//! found through `cargo test -p serving-picker-e2e --test e2e --no-run`:
+//! the command `make unit` and `make integration` build it with, so the
+//! same features and nothing is rebuilt (`--workspace` would unify other
+//! features and rebuild it). The artefacts go in SERVING_PICKER_* and
+//! Envoy in ENVOY_BIN:
 //! - amd64: the companion serves the seed table's rows with the wasm form,
 //!   the native form and plain round robin;
 //! - arm64 under qemu-user: the companion feeds Envoy over ADS; the arm64
@@ -24,7 +27,6 @@
 //! `test-release: N passed, M failed` (check-release.sh adds them to its
 //! own); exits non-zero when a check failed.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -61,17 +63,12 @@ fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set (scripts/check-release.sh sets it)"))
 }
 
-/// The test binaries of the workspace by target name, as `make test` built
-/// them (cargo answers at once when nothing changed).
-fn test_binaries() -> Result<BTreeMap<String, PathBuf>, String> {
-    let out = Command::new("cargo")
-        .args([
-            "test",
-            "--workspace",
-            "--tests",
-            "--no-run",
-            "--message-format=json",
-        ])
+/// The e2e test binary as `make test` built it: cargo names it at once
+/// when nothing changed.
+fn e2e_test_binary() -> Result<PathBuf, String> {
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+        .args(["test", "-p", "serving-picker-e2e", "--test", "e2e"])
+        .args(["--no-run", "--message-format=json"])
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| format!("cargo: {e}"))?;
@@ -81,23 +78,18 @@ fn test_binaries() -> Result<BTreeMap<String, PathBuf>, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let mut bins = BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let is_test = m["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "test"));
-        if m["reason"] == "compiler-artifact" && is_test {
-            if let (Some(name), Some(exe)) =
-                (m["target"]["name"].as_str(), m["executable"].as_str())
-            {
-                bins.insert(name.to_string(), PathBuf::from(exe));
-            }
-        }
-    }
-    Ok(bins)
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["target"]["name"] == "e2e"
+                && m["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "test"))
+        })
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo named no e2e test binary".to_string())
 }
 
 /// Runs `test_args` of the e2e test binary with `envs`; one check.
@@ -225,9 +217,9 @@ fn run() -> Result<Tally, String> {
         .to_string();
 
     let mut tally = Tally::default();
-    let bins = test_binaries();
-    let e2e = match &bins {
-        Ok(b) => b.get("e2e").map(PathBuf::as_path),
+    let bin = e2e_test_binary();
+    let e2e = match &bin {
+        Ok(b) => Some(b.as_path()),
         Err(e) => {
             tally.fail("the e2e test binary as make test built it", e);
             None
