@@ -357,6 +357,13 @@ fn the_fallback_balancer_reaches_no_unhealthy_host_without_panic() {
     }
 }
 
+/// One row: what it is, the pods and how each is, where the traffic goes.
+type IstioRow = (
+    &'static str,
+    &'static [(&'static str, IstioPod)],
+    support::scenario::Expect,
+);
+
 /// A pod as Istio 1.31 sees it (its EndpointSlice conditions).
 #[derive(Clone, Copy, Debug)]
 enum IstioPod {
@@ -402,7 +409,7 @@ fn istio_1_31(pod: IstioPod, addr: std::net::SocketAddr) -> Option<Endpoint> {
 fn istio_1_31_marking_through_every_row() {
     use support::scenario::{expect as expect_where, Backends, Expect, CLUSTER};
     use IstioPod::*;
-    let rows: [(&str, &[(&str, IstioPod)], Expect); 7] = [
+    let rows: [IstioRow; 7] = [
         (
             "row 1: A serving -> A",
             &[("A", Ready)],
