@@ -778,12 +778,23 @@ fn when_it_cannot_look_for_envoy_gateways_it_says_so() {
         ],
     );
     api.remove(&config_path("envoy-gateway-system"));
+    api.remove("GET /apis/apps/v1/namespaces/serving-picker-gateway/deployments/envoy-gateway");
     let (_, out) = preflight(&api, "envoy-gateway");
     assert!(
         has_line(&out, "warn", "eg-confined", "could not look"),
         "{out}"
     );
     assert!(!has_line(&out, "ok", "eg-confined", ""), "{out}");
+    // Nor is the dedicated instance's Deployment skipped without a word.
+    assert!(
+        has_line(
+            &out,
+            "warn",
+            "eg-version",
+            "no Envoy Gateway Deployment found in serving-picker-gateway"
+        ),
+        "{out}"
+    );
 }
 
 /// A GatewayClass whose Envoy Gateway controller no EG found here serves is

@@ -43,8 +43,14 @@ pub fn judge(expect: &Expect, eg: &EgFacts) -> Vec<Finding> {
     });
     out.push(class(expect, eg, controller));
     out.extend(hook(expect, doc));
-    if let Some(w) = &eg.deployment {
-        out.extend(deployment(w));
+    match &eg.deployment {
+        Some(w) => out.extend(deployment(w)),
+        None => out.push(bad(
+            Level::Warn,
+            "eg-version",
+            format!("no Envoy Gateway Deployment found in {} (the chart's envoy-gateway, labelled control-plane=envoy-gateway): its version, replicas and Envoy were not checked", expect.eg_namespace),
+            format!("kubectl -n {} get deployment envoy-gateway: install the dedicated EG with the chart (deploy/envoy-gateway/envoy-gateway-values.yaml)", expect.eg_namespace),
+        )),
     }
     out.extend(envoy(expect, eg, doc));
     out
