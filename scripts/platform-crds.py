@@ -4,7 +4,7 @@ local clone of each platform's repository at a release tag. Each file starts wit
 naming repo@tag:path and the commit.
 
 usage: platform-crds.py PLATFORM GIT_DIR TAG OUT_ROOT
-PLATFORM: envoy-gateway | istio | cert-manager | prometheus-operator
+PLATFORM: envoy-gateway | istio | cert-manager | trust-manager | prometheus-operator
 """
 import subprocess
 import sys
@@ -26,11 +26,16 @@ SOURCES = {
     ]),
     "prometheus-operator": ("prometheus-operator/prometheus-operator", [
         ("example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml", None),
+        ("example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", None),
+        ("example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml", None),
     ]),
     "cert-manager": ("cert-manager/cert-manager", [
         ("deploy/crds/cert-manager.io_certificates.yaml", None),
         ("deploy/crds/cert-manager.io_issuers.yaml", None),
         ("deploy/crds/cert-manager.io_clusterissuers.yaml", None),
+    ]),
+    "trust-manager": ("cert-manager/trust-manager", [
+        ("deploy/crds/trust.cert-manager.io_bundles.yaml", None),
     ]),
 }
 

@@ -150,7 +150,7 @@ impl Conditions {
     }
 }
 
-/// A tier of hosts (KEP-1672): a cluster is served from its best non-empty
+/// A tier of hosts (KEP-1669): a cluster is served from its best non-empty
 /// one, and each host belongs to one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {

@@ -1,4 +1,4 @@
-//! Tier choice per cluster, done once per endpoint change (KEP-1672 parity):
+//! Tier choice per cluster, done once per endpoint change (KEP-1669 parity):
 //! serving and not terminating if any, else serving and terminating, else none.
 //! Inside the tier, load goes where Envoy's own load balancer would send it:
 //! - **Priorities**: Envoy's priority load with the default overprovisioning

@@ -2,9 +2,11 @@
 //! load through three real Envoys, drawn from the run's own figures:
 //! requests per second to each pod and failed requests per second over
 //! time, one panel per setup:
-//! - plain Envoy, terminating endpoints dropped (what Istio and Envoy
-//!   Gateway without persistent sessions publish: only ready endpoints,
-//!   plain round robin);
+//! - plain Envoy given only ready endpoints (terminating ones dropped, as
+//!   Istio publishes them without the persistent-session label; plain round
+//!   robin). Not Envoy Gateway: EG >= 1.6 sends every not-ready pod as
+//!   DRAINING and reaches a lone terminating pod through Envoy's panic mode
+//!   (docs/envoy-gateway.md);
 //! - serving-picker's wasm form (every endpoint with its conditions);
 //! - serving-picker's native form.
 //!
@@ -39,7 +41,7 @@ enum Setup {
 impl Setup {
     fn title(self) -> &'static str {
         match self {
-            Setup::Plain => "plain Envoy, terminating endpoints dropped (Istio, Envoy Gateway)",
+            Setup::Plain => "plain Envoy, given only ready endpoints",
             Setup::Module(Form::Wasm) => "serving-picker, wasm form",
             Setup::Module(Form::Native) => "serving-picker, native form",
         }

@@ -10,7 +10,7 @@
 //! [--slices-dir DIR] [--priorities]`: Envoy Gateway's PostEndpointsModify hook
 //! (`envoy_gateway`).
 //!
-//! `serving-picker-conditions preflight [--mode eds|envoy-gateway] [--kubeconfig FILE]`:
+//! `serving-picker-conditions preflight [--mode eds|envoy-gateway|istio] [--kubeconfig FILE]`:
 //! checks a cluster before installing (`preflight`).
 
 use clap::{Parser, Subcommand, ValueEnum};

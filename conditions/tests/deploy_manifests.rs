@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -129,6 +130,7 @@ fn check_kind(name: &str, doc: &Value) -> bool {
         (RBAC, "ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(name, doc),
         (RBAC, "Role") => round_trip::<Role>(name, doc),
         (RBAC, "RoleBinding") => round_trip::<RoleBinding>(name, doc),
+        ("scheduling.k8s.io/v1", "PriorityClass") => round_trip::<PriorityClass>(name, doc),
         // CRDs (Envoy Gateway, Istio, cert-manager) and kustomize: no types here.
         _ => return false,
     }
@@ -610,6 +612,19 @@ fn review(build: &str, dep: &Value, docs: &[Value]) {
         .unwrap();
     let want = if mode == "eds" { "/readyz" } else { "/serving" };
     assert_eq!(ready, want, "{what}: readiness");
+
+    // Envoy Gateway waits on the hook without a deadline: the companion is
+    // scheduled ahead of ordinary pods, with a PriorityClass of the build.
+    if mode == "envoy-gateway" {
+        let class = spec["priorityClassName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: no priorityClassName"));
+        assert!(
+            of_kind(docs, "PriorityClass")
+                .any(|p| p["metadata"]["name"] == class && p["value"].as_i64().unwrap_or(0) > 0),
+            "{what}: PriorityClass {class} not in the build"
+        );
+    }
 }
 
 #[test]
@@ -641,11 +656,16 @@ fn every_companion_build_is_secure_by_default() {
 
 /// Envoy Gateway's Helm values are those of a dedicated instance: its own
 /// controllerName (the shipped GatewayClass's), one named entry of
-/// `extensionManagers`, and nothing else under `config.envoyGateway`;
-/// EnvoyPatchPolicy stays off unless the native form's opt-in file is added,
-/// which sets that one key only. The hook is EG's post-Endpoints hook, fails
-/// open, and dials the envoy-gateway-mode companion's Service at its gRPC
-/// port, with an answer size the companion's `--max-message-size` matches.
+/// `extensionManagers`, and nothing else under `config.envoyGateway`; the
+/// chart's crds subchart off, two replicas, a PodDisruptionBudget, a
+/// priority class of the build, resources. EnvoyPatchPolicy stays off unless
+/// the native form's opt-in file is added, which sets that one key only. The
+/// hook is EG's post-Endpoints hook, fails open, and dials the
+/// envoy-gateway-mode companion's Service at its gRPC port as
+/// `<service>.<namespace>.svc` (no cluster domain), with an answer size the
+/// companion's `--max-message-size` matches. EG trusts the CA-only bundle
+/// (a trust-manager Bundle writing tls.crt into EG's namespace) and reads
+/// its two Secrets through Roles that name them.
 #[test]
 fn envoy_gateway_values_configure_a_dedicated_instance() {
     let read = |f: &str| -> Value {
@@ -658,7 +678,11 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
         k.sort();
         k
     };
-    assert_eq!(keys(&values), ["config"]);
+    assert_eq!(
+        keys(&values),
+        ["config", "crds", "deployment", "podDisruptionBudget"]
+    );
+    assert_eq!(values["crds"], serde_json::json!({"enabled": false}));
     assert_eq!(keys(&values["config"]), ["envoyGateway"]);
     let eg = &values["config"]["envoyGateway"];
     assert_eq!(keys(eg), ["extensionManagers", "gateway"]);
@@ -685,6 +709,11 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
     let port = manager["service"]["fqdn"]["port"].as_u64().unwrap();
     let mut labels = host.split('.');
     let (name, namespace) = (labels.next().unwrap(), labels.next().unwrap());
+    assert_eq!(
+        host,
+        format!("{name}.{namespace}.svc"),
+        "the hook's address with no cluster domain"
+    );
     let docs = documents();
     let service = docs
         .iter()
@@ -715,4 +744,70 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
         .expect("the envoy-gateway-mode companion Deployment");
     let args = strings(&companion["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert_eq!(flag_values(&args, "--max-message-size"), ["16000000"]);
+
+    // Sized and owned like the platform's EG.
+    assert_eq!(values["deployment"]["replicas"], 2);
+    assert_eq!(values["podDisruptionBudget"]["minAvailable"], 1);
+    let (build, built) = kustomize_builds()
+        .into_iter()
+        .find(|(b, _)| b == "deploy/envoy-gateway")
+        .unwrap();
+    let priority = values["deployment"]["priorityClassName"].as_str().unwrap();
+    assert!(
+        of_kind(&built, "PriorityClass").any(|p| p["metadata"]["name"] == priority),
+        "{build}: no PriorityClass {priority}"
+    );
+    assert!(values["deployment"]["envoyGateway"]["resources"]["limits"]["memory"].is_string());
+
+    // Trust without the CA's key: certificateRef is the Bundle's Secret
+    // target (tls.crt) in EG's namespace, never the CA's own Secret.
+    let eg_namespace = "serving-picker-gateway";
+    let tls = &manager["service"]["tls"];
+    let ca_ref = &tls["certificateRef"];
+    assert_eq!(ca_ref["namespace"], eg_namespace);
+    assert_ne!(ca_ref["name"], "serving-picker-ca");
+    let bundle = of_kind(&built, "Bundle")
+        .find(|b| b["metadata"]["name"] == ca_ref["name"])
+        .unwrap_or_else(|| panic!("{build}: no trust-manager Bundle {}", ca_ref["name"]));
+    assert_eq!(bundle["spec"]["target"]["secret"]["key"], "tls.crt");
+    let selected = &bundle["spec"]["target"]["namespaceSelector"]["matchExpressions"][0];
+    assert_eq!(selected["key"], "kubernetes.io/metadata.name");
+    assert_eq!(selected["values"], serde_json::json!([eg_namespace]));
+    for source in bundle["spec"]["sources"].as_array().unwrap() {
+        assert!(
+            source.get("secret").is_none(),
+            "a Secret source would be the CA's own (with its key): {source}"
+        );
+    }
+    // EG's ServiceAccount may get exactly its two Secrets, by name.
+    for (ns, secret) in [
+        (
+            tls["clientCertificateRef"]["namespace"].as_str().unwrap(),
+            tls["clientCertificateRef"]["name"].as_str().unwrap(),
+        ),
+        (eg_namespace, ca_ref["name"].as_str().unwrap()),
+    ] {
+        let granted = of_kind(&built, "RoleBinding")
+            .filter(|b| b["metadata"]["namespace"] == ns)
+            .filter(|b| {
+                b["subjects"].as_array().is_some_and(|s| {
+                    s.iter()
+                        .any(|s| s["name"] == "envoy-gateway" && s["namespace"] == eg_namespace)
+                })
+            })
+            .any(|b| {
+                of_kind(&built, "Role")
+                    .filter(|r| {
+                        r["metadata"]["namespace"] == ns
+                            && r["metadata"]["name"] == b["roleRef"]["name"]
+                    })
+                    .any(|r| {
+                        r["rules"].as_array().unwrap().iter().all(|rule| {
+                            strings(&rule["resourceNames"]) == [secret.to_string()]
+                                && strings(&rule["verbs"]) == ["get".to_string()]
+                        })
+                    })
+            });
+        assert!(granted, "{build}: EG may not get {ns}/{secret} by name");
+    }
 }

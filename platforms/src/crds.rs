@@ -18,6 +18,7 @@ pub fn platform_of(group: &str) -> Option<&'static str> {
         "gateway.envoyproxy.io" | "gateway.networking.k8s.io" => Some("envoy-gateway"),
         "networking.istio.io" | "extensions.istio.io" => Some("istio"),
         "cert-manager.io" => Some("cert-manager"),
+        "trust.cert-manager.io" => Some("trust-manager"),
         "monitoring.coreos.com" => Some("prometheus-operator"),
         _ => None,
     }

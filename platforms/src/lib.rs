@@ -10,12 +10,14 @@
 //! - [`objects`]: every object under `deploy/` (each kustomization built) and
 //!   `examples/`;
 //! - [`patch`]: an EnvoyPatchPolicy's JSON patches applied one op at a time,
-//!   as Envoy Gateway applies them.
+//!   as Envoy Gateway applies them;
+//! - [`helm`]: Helm values against the chart's own defaults at each tag.
 //!
 //! Built-in kinds (Deployment, Service, ...) are checked against
 //! k8s-openapi's types by the companion's `deploy_manifests` test.
 
 pub mod crds;
+pub mod helm;
 pub mod objects;
 pub mod patch;
 pub mod rules;

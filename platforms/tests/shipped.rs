@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 use serving_picker_platforms::crds::{self, platform_of};
+use serving_picker_platforms::helm::unknown_keys;
 use serving_picker_platforms::objects::{self, repo, Shipped};
 use serving_picker_platforms::patch::{apply_as_eg, proto_names};
 use serving_picker_platforms::rules::{Rules, RulesSeen};
@@ -23,6 +24,7 @@ const BUILT_IN_GROUPS: &[&str] = &[
     "rbac.authorization.k8s.io",
     "networking.k8s.io",
     "policy",
+    "scheduling.k8s.io",
 ];
 
 fn all_shipped(tag: &str) -> Vec<Shipped> {
@@ -175,5 +177,108 @@ fn every_envoy_patch_policy_applies_to_what_envoy_gateway_generates() {
                 cluster["name"]
             );
         }
+    }
+}
+
+/// The Envoy Gateway releases whose Helm chart is copied under
+/// `platforms/eg-chart/<tag>/` (values.tmpl.yaml, Chart.yaml).
+const EG_CHART_TAGS: [&str; 2] = ["v1.8.3", "v1.9.0"];
+
+fn yaml_file(path: &str) -> Value {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every key the shipped Envoy Gateway values set is one of the chart's at
+/// both tags (Helm ignores the others without a word), `config.envoyGateway`
+/// aside (the chart writes it out as the EnvoyGateway document:
+/// conditions/tests/deploy_manifests.rs checks its keys). And the settings a
+/// review relies on hold in the chart itself: `crds.enabled` is the
+/// condition of the crds subchart (which renders the Gateway API's
+/// ValidatingAdmissionPolicy), the chart default is on, the values turn it
+/// off; replicas, a PodDisruptionBudget the chart renders (minAvailable >= 1)
+/// and a priority class are set.
+#[test]
+fn envoy_gateway_values_use_only_the_charts_keys() {
+    let files = [
+        "deploy/envoy-gateway/envoy-gateway-values.yaml",
+        "deploy/envoy-gateway/envoy-gateway-patch-policy-values.yaml",
+    ];
+    for tag in EG_CHART_TAGS {
+        let defaults = yaml_file(&format!("platforms/eg-chart/{tag}/values.tmpl.yaml"));
+        let chart = yaml_file(&format!("platforms/eg-chart/{tag}/Chart.yaml"));
+        let crds = chart["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "crds")
+            .unwrap_or_else(|| panic!("EG {tag}: no crds subchart"));
+        assert_eq!(crds["condition"], "crds.enabled", "EG {tag}");
+        assert_eq!(defaults["crds"]["enabled"], true, "EG {tag}: the default");
+        for file in files {
+            let values = yaml_file(file);
+            let unknown = unknown_keys(&values, &defaults, &["config.envoyGateway"]);
+            assert!(
+                unknown.is_empty(),
+                "EG {tag}: {file} sets keys the chart does not have: {unknown:?}"
+            );
+            println!("EG {tag}: {file}: every key is the chart's");
+        }
+    }
+    let values = yaml_file(files[0]);
+    assert_eq!(values["crds"]["enabled"], false);
+    assert!(values["deployment"]["replicas"].as_u64().unwrap() >= 2);
+    assert!(
+        values["podDisruptionBudget"]["minAvailable"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    assert!(values["deployment"]["priorityClassName"].is_string());
+    let resources = &values["deployment"]["envoyGateway"]["resources"];
+    assert!(
+        resources["requests"]["memory"].is_string() && resources["limits"]["memory"].is_string()
+    );
+}
+
+/// The Istio releases whose istiod chart is copied under
+/// `platforms/istio-chart/<tag>/` (values.yaml, zzy_descope_legacy.yaml).
+const ISTIO_CHART_TAGS: [&str; 4] = ["1.28.10", "1.29.6", "1.30.3", "1.31.0-rc.0"];
+
+/// The istiod values shipped (examples/istio/istiod-values.yaml) set only
+/// keys of the istiod chart at every Istio release claimed: the chart copies
+/// `pilot.*` to its top level (its zzy_descope_legacy.yaml), where `env`
+/// is one of its values and becomes the Deployment's environment.
+#[test]
+fn istiod_values_use_only_the_charts_keys() {
+    let values = yaml_file("examples/istio/istiod-values.yaml");
+    let keys: Vec<&String> = values.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["pilot"],
+        "only `pilot.*`, the prefix istioctl's values use too"
+    );
+    assert_eq!(
+        values["pilot"]["env"]["PILOT_ENABLE_PERSISTENT_SESSION_FILTER"], "true",
+        "a string: the chart writes env values quoted"
+    );
+    for tag in ISTIO_CHART_TAGS {
+        let descope = std::fs::read_to_string(repo().join(format!(
+            "platforms/istio-chart/{tag}/zzy_descope_legacy.yaml"
+        )))
+        .unwrap();
+        assert!(
+            descope.contains(r#"mustMergeOverwrite $.Values (index $.Values "pilot")"#),
+            "Istio {tag}: the chart no longer copies pilot.* to its top level"
+        );
+        let defaults = yaml_file(&format!("platforms/istio-chart/{tag}/values.yaml"));
+        let top = &defaults["_internal_defaults_do_not_set"];
+        let unknown = unknown_keys(&values["pilot"], top, &["env"]);
+        assert!(
+            unknown.is_empty(),
+            "Istio {tag}: unknown istiod values {unknown:?}"
+        );
+        assert!(top["env"].is_object(), "Istio {tag}: no `env` value");
+        println!("Istio {tag}: istiod-values.yaml: every key is the chart's");
     }
 }

@@ -550,7 +550,7 @@ fn edit_json(mut v: Value, edits: &[Edit]) -> Value {
 // ================================================================ pipeline invariants
 
 /// The tier rule and everything else a plan must satisfy, from the
-/// cluster's joined hosts (KEP-1672: serving and not terminating if any,
+/// cluster's joined hosts (KEP-1669: serving and not terminating if any,
 /// else serving and terminating, else none; one priority and no zone rule:
 /// the hosts' own weights, duplicates merged).
 fn expected_plan(c: &ClusterHosts, config: &PluginConfig) -> (Tier, Vec<PlannedHost>) {

@@ -9,7 +9,7 @@
 //! and not terminating endpoints are at priority 0, serving and terminating
 //! ones at priority 1, not serving ones are left out, and the
 //! overprovisioning factor is so high that priority 1 gets nothing while a
-//! priority-0 host is healthy: plain round robin then follows KEP-1672.
+//! priority-0 host is healthy: plain round robin then follows KEP-1669.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

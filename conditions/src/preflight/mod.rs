@@ -1,12 +1,20 @@
 //! `serving-picker-conditions preflight`: what a platform team runs before
 //! installing. It reads the cluster through a kubeconfig ([`gather`]: the
 //! API's version, the companion's RBAC as a SubjectAccessReview, the CRDs,
-//! Envoy Gateway's configuration, the Secrets, the labelled Services), judges
-//! what it read ([`checks`]: plain functions, tested without a cluster) and
-//! prints one line per check with the fix. Exit code 1 when a check fails.
+//! every Envoy Gateway or istiod wherever it runs, the Secrets the peers
+//! read, the labelled Services), judges what it read ([`checks`] and the
+//! modules it calls: plain functions, tested without a cluster) against what
+//! upstream states ([`versions`]) and prints one line per check with the
+//! fix. A look it could not take is a line too, never a silent skip. Exit
+//! code 1 when a check fails.
 
+pub mod certificates;
 pub mod checks;
+pub mod eg_checks;
+pub mod facts;
 pub mod gather;
+pub mod istio;
+pub mod versions;
 
 use checks::{Finding, Level};
 

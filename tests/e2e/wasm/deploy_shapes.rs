@@ -356,3 +356,137 @@ fn the_fallback_balancer_reaches_no_unhealthy_host_without_panic() {
         }
     }
 }
+
+/// One row: what it is, the pods and how each is, where the traffic goes.
+type IstioRow = (
+    &'static str,
+    &'static [(&'static str, IstioPod)],
+    support::scenario::Expect,
+);
+
+/// A pod as Istio 1.31 sees it (its EndpointSlice conditions).
+#[derive(Clone, Copy, Debug)]
+enum IstioPod {
+    Ready,
+    /// Not ready, not terminating (starting).
+    NotReady,
+    /// Serving and terminating (in its preStop).
+    ServingTerminating,
+    /// Terminating, no longer serving.
+    TerminatingNotServing,
+}
+
+/// What istiod 1.31 sends Envoy for a pod of a Service labelled
+/// `istio.io/persistent-session` (istio/istio@1.31.0-rc.0):
+/// `pilot/pkg/serviceregistry/kube/controller/endpointslice.go`
+/// `endpointHealthStatus` (ready: Healthy; not ready but serving and
+/// terminating, with the label: Draining; other terminating: Terminating;
+/// else UnHealthy), `pilot/pkg/xds/endpoints/endpoint_builder.go` (Terminating
+/// never sent; UnHealthy sent, `PILOT_AUTO_SEND_UNHEALTHY_ENDPOINTS` being
+/// true by default from 1.31; Draining sent to persistent-session Services),
+/// as the EDS `health_status` of model.HealthStatus (1 HEALTHY, 2 UNHEALTHY,
+/// 3 DRAINING), and no conditions metadata.
+fn istio_1_31(pod: IstioPod, addr: std::net::SocketAddr) -> Option<Endpoint> {
+    match pod {
+        IstioPod::Ready => Some(Endpoint::health(addr, "HEALTHY")),
+        IstioPod::NotReady => Some(Endpoint::health(addr, "UNHEALTHY")),
+        IstioPod::ServingTerminating => Some(Endpoint::health(addr, "DRAINING")),
+        IstioPod::TerminatingNotServing => None,
+    }
+}
+
+/// The wasm form under Istio 1.31's marking, through every row of the
+/// table on one real Envoy: EDS as istiod 1.31 sends it for a Service with
+/// the persistent-session label (above), and the cluster as it writes it
+/// when unhealthy endpoints are sent: `common_lb_config.healthy_panic_threshold`
+/// 0 (`pilot/pkg/networking/core/cluster_traffic_policy.go`), with the
+/// example's override_host policy merged in (examples/istio/serving-picker.yaml).
+/// Every row goes where kube-proxy sends it: the not-ready pod arrives
+/// UNHEALTHY (no longer left out), and is never picked; the draining pod is
+/// picked only while no pod is ready; a row with no pod serving is the
+/// filter's clear 503, not Envoy's panic over unready pods.
+#[test]
+fn istio_1_31_marking_through_every_row() {
+    use support::scenario::{expect as expect_where, Backends, Expect, CLUSTER};
+    use IstioPod::*;
+    let rows: [IstioRow; 7] = [
+        (
+            "row 1: A serving -> A",
+            &[("A", Ready)],
+            Expect::Picked(&["A"]),
+        ),
+        (
+            "row 2: A not ready -> 503",
+            &[("A", NotReady)],
+            Expect::NoServing,
+        ),
+        (
+            "row 2: A terminating, not serving (not sent) -> 503",
+            &[("A", TerminatingNotServing)],
+            Expect::NoServing,
+        ),
+        (
+            "row 3: A serving+terminating -> A",
+            &[("A", ServingTerminating)],
+            Expect::Picked(&["A"]),
+        ),
+        (
+            "row 4: A serving+terminating, B not yet serving -> A",
+            &[("A", ServingTerminating), ("B", NotReady)],
+            Expect::Picked(&["A"]),
+        ),
+        (
+            "row 5: A serving+terminating, B serving -> B",
+            &[("A", ServingTerminating), ("B", Ready)],
+            Expect::Picked(&["B"]),
+        ),
+        (
+            "row 6: A terminating not serving (not sent), B serving -> B",
+            &[("A", TerminatingNotServing), ("B", Ready)],
+            Expect::Picked(&["B"]),
+        ),
+    ];
+    let backends = Backends::start(["A", "B"]);
+    let eds = |pods: &[(&str, IstioPod)]| -> Vec<Endpoint> {
+        pods.iter()
+            .filter_map(|(name, pod)| istio_1_31(*pod, backends.get(name).addr()))
+            .collect()
+    };
+    let (first, rest) = rows.split_first().unwrap();
+    let envoy = EnvoyBuilder::new()
+        .tag("shape-istio-1-31")
+        .eds_cluster(CLUSTER, &eds(first.1))
+        .bootstrap_hook(support::tweak::merge_cluster(
+            CLUSTER,
+            json!({"common_lb_config": {"healthy_panic_threshold": {"value": 0}}}),
+        ))
+        .start();
+    let dump = envoy
+        .admin_get("/config_dump?resource=dynamic_active_clusters")
+        .body
+        + &envoy
+            .admin_get("/config_dump?resource=static_clusters")
+            .body;
+    assert!(dump.contains("healthy_panic_threshold"), "{dump}");
+    expect_where(&envoy, &backends, first.2, first.0, true);
+    for (what, pods, want) in rest {
+        envoy.set_endpoints(CLUSTER, &eds(pods));
+        eprintln!("Istio 1.31 EDS v{}: {what}", envoy.eds(CLUSTER).version());
+        expect_where(&envoy, &backends, *want, what, false);
+    }
+    // And what Envoy itself makes of it: the UNHEALTHY pod stays in the host
+    // set (not left out as before 1.31) but out of the healthy list.
+    envoy.set_endpoints(CLUSTER, &eds(&[("A", ServingTerminating), ("B", NotReady)]));
+    let b = backends.get("B").addr().to_string();
+    wait_until(
+        "B listed, failing its EDS health",
+        Duration::from_secs(10),
+        || {
+            envoy
+                .admin_get("/clusters")
+                .body
+                .lines()
+                .any(|l| l.contains(&format!("{b}::health_flags::/failed_eds_health")))
+        },
+    );
+}

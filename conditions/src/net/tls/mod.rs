@@ -52,6 +52,7 @@ use std::time::Duration;
 pub use accept::{incoming, Conn};
 pub use files::LoadError;
 pub use server::{start, TlsServer};
+pub use x509::san_names;
 
 /// At most one log line per refused peer address per this interval.
 pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);

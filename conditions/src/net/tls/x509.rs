@@ -22,6 +22,17 @@ pub(super) fn facts(der: &CertificateDer<'_>) -> Result<CertFacts, String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
         .map_err(|e| format!("not an X.509 certificate: {e}"))?;
     let validity = cert.validity();
+    Ok(CertFacts {
+        serial: cert.raw_serial_as_string(),
+        not_before: validity.not_before.timestamp(),
+        not_after: validity.not_after.timestamp(),
+        sans: san_names(&cert),
+    })
+}
+
+/// The DNS and URI SANs of a certificate, in its order: the names the
+/// `--client-san` allow-list and the preflight compare.
+pub fn san_names(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
     let mut sans = Vec::new();
     if let Ok(Some(ext)) = cert.subject_alternative_name() {
         for name in &ext.value.general_names {
@@ -32,12 +43,7 @@ pub(super) fn facts(der: &CertificateDer<'_>) -> Result<CertFacts, String> {
             }
         }
     }
-    Ok(CertFacts {
-        serial: cert.raw_serial_as_string(),
-        not_before: validity.not_before.timestamp(),
-        not_after: validity.not_after.timestamp(),
-        sans,
-    })
+    sans
 }
 
 pub(super) fn unix(t: SystemTime) -> i64 {
