@@ -30,9 +30,9 @@
 //! The outcome is one weighted host list: the original weights when one
 //! priority and no zone rule decide, else weights scaled to the load.
 
-pub use crate::contract::Tier;
+use crate::contract::Tier;
 use crate::host::{ClusterHosts, HostRecord};
-use crate::metadata::{has_hints, hinted};
+use crate::topology::{has_hints, hinted};
 use rustc_hash::FxBuildHasher;
 use std::collections::hash_map::{Entry, HashMap};
 

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serving_picker_core::plan::{Tier, Topology};
+use serving_picker_core::contract::Tier;
+use serving_picker_core::plan::Topology;
 
 use crate::config::{self, NativeConfig, POLICY_NAME};
 use crate::metrics::{Metric, NotOffered};

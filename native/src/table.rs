@@ -12,12 +12,12 @@
 
 use rustc_hash::FxHashMap;
 use serving_picker_core::config::SelectionConfig;
-use serving_picker_core::contract::{key, EdsHealth, MetaFlags};
+use serving_picker_core::contract::{key, EdsHealth, MetaFlags, Tier};
 use serving_picker_core::health::{effective, Health};
 use serving_picker_core::host::HostRecord;
-use serving_picker_core::metadata::TopologyMeta;
 use serving_picker_core::picker::Picker;
-use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Tier, Topology};
+use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Topology};
+use serving_picker_core::topology::TopologyMeta;
 
 /// Envoy's health of a host as `lb_get_host_health` answers it (Envoy's
 /// coarse health: EDS DRAINING, failed checks and ejection all read

@@ -2,15 +2,15 @@
 //! `resource=`-filtered): every cluster's hosts with their address, weight,
 //! priority, zone, coarse health and the metadata namespace's reading.
 
+use super::de::{once, Each, Field, KeyIs, OptionOf, Str};
 use super::fields::{health_of, host_address, Address, HealthName};
+use super::metadata::{MetaReading, NamespaceSeed, OddValue};
 use super::{AdminJsonError, ClusterHosts, HostRecord};
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
 use serde::Deserialize;
-use serving_picker_core::de::{once, Each, Field, KeyIs, OptionOf, Str};
 use serving_picker_core::health::Health;
-use serving_picker_core::metadata::{MetaReading, NamespaceSeed, OddValue};
 use std::fmt;
 
 /// Everything a config dump says about endpoints, plus what had to be skipped.

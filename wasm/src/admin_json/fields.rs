@@ -1,10 +1,10 @@
 //! What both admin answers share: a socket address, read as the `IP:PORT`
 //! an override header names, and an EDS health status name.
 
+use super::de::Str;
 use serde::de::Deserializer;
 use serde::Deserialize;
 use serving_picker_core::contract::EdsHealth;
-use serving_picker_core::de::Str;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 

@@ -1,14 +1,17 @@
 //! Parsing Envoy admin output, one job per file: `/config_dump?include_eds`
-//! (endpoints and metadata: `config_dump`), `/clusters?format=json` (live
-//! health: `clusters`), and the two joined (`live`). Here: the check every
-//! answer passes before its body is read.
+//! (endpoints and metadata: `config_dump`, with the metadata namespace's
+//! reader in `metadata` and serde helpers in `de`), `/clusters?format=json`
+//! (live health: `clusters`), and the two joined (`live`). Here: the check
+//! every answer passes before its body is read.
 
 mod clusters;
 mod config_dump;
+mod de;
 mod fields;
 #[cfg(test)]
 mod fixtures;
 mod live;
+mod metadata;
 
 pub use clusters::{parse_clusters, LiveCluster, LiveHealth, LiveHost};
 pub use config_dump::{parse_config_dump, EndpointsDump};
