@@ -118,7 +118,6 @@ pub fn json_object(raw: &[u8]) -> Result<Option<Map<String, Value>>, ConfigError
     }
 }
 
-pub const DEFAULT_METADATA_NAMESPACE: &str = crate::contract::DEFAULT_NAMESPACE;
 pub const DEFAULT_LOCAL_ZONE_MIN_SHARE: f64 = 0.2;
 
 /// The keys that decide which hosts a request may go to, in every form.
@@ -138,7 +137,7 @@ pub struct SelectionConfig {
 impl Default for SelectionConfig {
     fn default() -> Self {
         SelectionConfig {
-            metadata_namespace: DEFAULT_METADATA_NAMESPACE.into(),
+            metadata_namespace: crate::contract::DEFAULT_NAMESPACE.into(),
             local_zone: None,
             local_node: None,
             local_zone_min_share: DEFAULT_LOCAL_ZONE_MIN_SHARE,

@@ -47,11 +47,18 @@ pub fn effective(flags: &MetaFlags, health: &Health) -> Conditions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::read_metadata;
-    use serde_json::{json, Value};
 
-    fn read(ns: Value) -> Conditions {
-        effective(&read_metadata(Some(&ns)).flags, &Health::UNKNOWN)
+    /// Metadata with these conditions (`None`: the key is absent).
+    fn meta(ready: Option<bool>, serving: Option<bool>, terminating: Option<bool>) -> MetaFlags {
+        MetaFlags {
+            ready,
+            serving,
+            terminating,
+        }
+    }
+
+    fn read(flags: MetaFlags) -> Conditions {
+        effective(&flags, &Health::UNKNOWN)
     }
 
     fn live(eds: EdsHealth) -> Health {
@@ -64,47 +71,34 @@ mod tests {
 
     #[test]
     fn nil_defaults() {
-        assert_eq!(read(json!({"ready": true})), Conditions::READY);
-        assert_eq!(read(json!({"terminating": false})), Conditions::READY);
+        assert_eq!(read(meta(Some(true), None, None)), Conditions::READY);
+        assert_eq!(read(meta(None, None, Some(false))), Conditions::READY);
         assert_eq!(
-            read(json!({"terminating": true})),
+            read(meta(None, None, Some(true))),
             Conditions::SERVING_TERMINATING
         );
-        assert_eq!(
-            read(json!({"ready": null, "serving": null, "terminating": null})),
-            Conditions::READY
-        );
+        assert_eq!(read(meta(None, None, None)), Conditions::READY);
     }
 
     #[test]
     fn serving_wins_over_ready() {
         // A pod in preStop: ready=false, serving=true, terminating=true.
         assert_eq!(
-            read(json!({"ready": false, "serving": true, "terminating": true})),
+            read(meta(Some(false), Some(true), Some(true))),
             Conditions::SERVING_TERMINATING
         );
         assert_eq!(
-            read(json!({"ready": true, "serving": false})),
+            read(meta(Some(true), Some(false), None)),
             Conditions::NOT_SERVING
         );
         // Without `serving`, `ready` stands in for it.
-        assert_eq!(read(json!({"ready": false})), Conditions::NOT_SERVING);
+        assert_eq!(read(meta(Some(false), None, None)), Conditions::NOT_SERVING);
         assert_eq!(
-            read(json!({"ready": false, "terminating": true})),
+            read(meta(Some(false), None, Some(true))),
             Conditions {
                 serving: false,
                 terminating: true
             }
-        );
-    }
-
-    #[test]
-    fn namespace_not_an_object_falls_back_to_health() {
-        let r = read_metadata(Some(&json!("serving")));
-        assert_eq!(r.odd.len(), 1);
-        assert_eq!(
-            effective(&r.flags, &live(EdsHealth::Draining)),
-            Conditions::SERVING_TERMINATING
         );
     }
 
@@ -155,7 +149,7 @@ mod tests {
             Conditions::NOT_SERVING
         );
         // The coarse verdict says UNHEALTHY for DRAINING too: metadata is not overruled by it.
-        let pre_stop = read_metadata(Some(&json!({"serving": true, "terminating": true}))).flags;
+        let pre_stop = meta(None, Some(true), Some(true));
         assert_eq!(
             effective(&pre_stop, &coarse(EdsHealth::Unhealthy)),
             Conditions::SERVING_TERMINATING
@@ -163,18 +157,8 @@ mod tests {
     }
 
     #[test]
-    fn metadata_with_only_zone_reads_health() {
-        let r = read_metadata(Some(&json!({"zone": "z1"})));
-        assert_eq!(
-            effective(&r.flags, &live(EdsHealth::Draining)),
-            Conditions::SERVING_TERMINATING
-        );
-        assert_eq!(r.zone.as_deref(), Some("z1"));
-    }
-
-    #[test]
     fn live_health_overrides_metadata() {
-        let serving = read_metadata(Some(&json!({"serving": true}))).flags;
+        let serving = meta(None, Some(true), None);
         assert!(!effective(&serving, &live(EdsHealth::Unhealthy)).serving);
         assert_eq!(
             effective(&serving, &live(EdsHealth::Draining)),

@@ -3,7 +3,7 @@
 
 use crate::contract::{Conditions, MetaFlags};
 use crate::health::{effective, Health};
-use crate::metadata::TopologyMeta;
+use crate::topology::TopologyMeta;
 
 /// One host of a cluster, whichever shell read it.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,20 +1,21 @@
 //! serving-picker's core: EndpointSlice conditions -> tiers -> pick.
 //!
 //! Plain Rust shared by every form (the proxy-wasm filter in `wasm/`, the
-//! dynamic-module load balancer in `native/`): no proxy-wasm, no FFI, no
-//! async. [`contract`] is what the companion writes on every endpoint and
-//! the shells read back. Each shell reads hosts its own way into
-//! [`host::HostRecord`]s (the JSON of Envoy's admin API through
-//! [`metadata`], or host by host), plans them with [`plan::plan_cluster`]
-//! when endpoints change, and picks per request with [`picker::Picker`].
+//! dynamic-module load balancer in `native/`, the companion in
+//! `conditions/`): no proxy-wasm, no FFI, no async. [`contract`] is what the
+//! companion writes on every endpoint and the shells read back. Each shell
+//! reads hosts its own way into [`host::HostRecord`]s (the wasm filter from
+//! the JSON of Envoy's admin API, the native module host by host through
+//! the ABI) and plans them when endpoints change: the wasm filter with
+//! [`plan::plan_cluster_at`] (one weighted list of addresses per cluster),
+//! the native module with [`plan::plan_weights`] (the same decision by host
+//! index). Requests are picked with [`picker::Picker`].
 
 pub mod config;
 pub mod contract;
 pub mod counters;
-#[doc(hidden)]
-pub mod de;
 pub mod health;
 pub mod host;
-pub mod metadata;
 pub mod picker;
 pub mod plan;
+pub mod topology;

@@ -30,9 +30,9 @@
 //! The outcome is one weighted host list: the original weights when one
 //! priority and no zone rule decide, else weights scaled to the load.
 
-pub use crate::contract::Tier;
+use crate::contract::Tier;
 use crate::host::{ClusterHosts, HostRecord};
-use crate::metadata::{has_hints, hinted};
+use crate::topology::{has_hints, hinted};
 use rustc_hash::FxBuildHasher;
 use std::collections::hash_map::{Entry, HashMap};
 
@@ -273,30 +273,16 @@ pub fn merge_listings<'k>(
     merged
 }
 
-/// `plan_cluster_at`'s decision, by host index (no addresses read).
+/// `plan_cluster_at`'s decision, by host index (no addresses read): the
+/// tier, the topology hint inside it, then Envoy's priority load split by
+/// zone or weight.
 pub fn plan_weights(
     hosts: &[HostRecord],
     zone: Option<&ZonePreference>,
     node: Option<&str>,
 ) -> Weights {
-    // Plain loops in here: iterator chains over index pairs cost the wasm
-    // module bytes.
-    let (mut ready, mut terminating): (Vec<Indexed>, Vec<Indexed>) = (Vec::new(), Vec::new());
-    for host in hosts.iter().enumerate() {
-        match host.1.conditions().tier() {
-            Tier::Ready => ready.push(host),
-            Tier::TerminatingFallback => terminating.push(host),
-            Tier::NoServing => {}
-        }
-    }
     // The tier's hosts set the priorities' health; the hints choose among them.
-    let (tier, in_tier) = if !ready.is_empty() {
-        (Tier::Ready, ready)
-    } else if terminating.is_empty() {
-        (Tier::NoServing, terminating)
-    } else {
-        (Tier::TerminatingFallback, terminating)
-    };
+    let (tier, in_tier) = tier_hosts(hosts);
     let local_zone = zone.map(|z| z.local_zone.as_str());
     let topology = match tier {
         Tier::Ready => topology_mode(&in_tier, local_zone, node),
@@ -315,7 +301,44 @@ pub fn plan_weights(
                 has_hints(&h.topology.hints_zones) || has_hints(&h.topology.hints_nodes)
             })
     });
-    // Per priority (lowest first): the tier's hosts there and their health.
+    let groups = priority_groups(hosts, &in_tier, here);
+    Weights {
+        tier,
+        topology,
+        hosts: load_weights(&groups, zone),
+    }
+}
+
+/// The tier (KEP-1672: serving and not terminating if any, else serving
+/// and terminating, else none) and its hosts, in the hosts' order.
+fn tier_hosts(hosts: &[HostRecord]) -> (Tier, Vec<Indexed<'_>>) {
+    // Plain loops in here and below: iterator chains over index pairs cost
+    // the wasm module bytes.
+    let (mut ready, mut terminating): (Vec<Indexed>, Vec<Indexed>) = (Vec::new(), Vec::new());
+    for host in hosts.iter().enumerate() {
+        match host.1.conditions().tier() {
+            Tier::Ready => ready.push(host),
+            Tier::TerminatingFallback => terminating.push(host),
+            Tier::NoServing => {}
+        }
+    }
+    if !ready.is_empty() {
+        (Tier::Ready, ready)
+    } else if terminating.is_empty() {
+        (Tier::NoServing, terminating)
+    } else {
+        (Tier::TerminatingFallback, terminating)
+    }
+}
+
+/// Per priority (lowest first): the tier's hosts there that `here` keeps,
+/// and the priority's health, as Envoy counts it from the tier's share of
+/// all the priority's hosts (before the topology filter).
+fn priority_groups<'a>(
+    hosts: &[HostRecord],
+    in_tier: &[Indexed<'a>],
+    here: impl Fn(&HostRecord) -> bool,
+) -> Vec<(Vec<Indexed<'a>>, f64)> {
     let mut groups: Vec<(Vec<Indexed>, f64)> = Vec::new();
     let mut after = None;
     while let Some(p) = in_tier
@@ -327,7 +350,7 @@ pub fn plan_weights(
     {
         after = Some(p);
         let mut group: Vec<Indexed> = Vec::new();
-        for &host in &in_tier {
+        for &host in in_tier {
             if host.1.priority == p && here(host.1) {
                 group.push(host);
             }
@@ -340,13 +363,24 @@ pub fn plan_weights(
         let health = (OVERPROVISIONING_FACTOR as f64 * there as f64 / all.max(1) as f64).min(100.0);
         groups.push((group, health));
     }
-    // Envoy's priority load: each takes its health of what is left; the sum
-    // is scaled to 100% when the priorities' health falls short of it.
+    groups
+}
+
+/// Envoy's priority load over the groups, each priority's share split by
+/// the zone rule or by weight: (host index, weight), the hosts' own weights
+/// when one priority and no zone rule decide, else weights scaled to the
+/// load.
+fn load_weights(
+    groups: &[(Vec<Indexed>, f64)],
+    zone: Option<&ZonePreference>,
+) -> Vec<(usize, u32)> {
+    // Each priority takes its health of what is left; the sum is scaled to
+    // 100% when the priorities' health falls short of it.
     let total_health: f64 = groups.iter().map(|g| g.1).sum::<f64>().min(100.0);
     let mut left = 100.0;
     let mut weighted: Vec<(Indexed, f64)> = Vec::new();
     let mut split = false;
-    for (group, health) in &groups {
+    for (group, health) in groups {
         let load = health.min(left);
         left -= load;
         if load <= 0.0 {
@@ -374,11 +408,7 @@ pub fn plan_weights(
             out.push((i, ((load * SCALE + 0.5) as u32).max(1)));
         }
     }
-    Weights {
-        tier,
-        topology,
-        hosts: out,
-    }
+    out
 }
 
 #[cfg(test)]

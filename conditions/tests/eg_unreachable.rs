@@ -31,38 +31,19 @@ use serving_picker_xds_load::probe::{self, free_port};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
+#[path = "../../tests/support/pki.rs"]
+mod pki;
+use pki::{Ca, Leaf};
+use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+
 /// How long a call without a deadline is watched not returning.
 const WAIT: Duration = Duration::from_secs(2);
 /// The deadline of the calls that have one.
 const DEADLINE: Duration = Duration::from_secs(1);
 
-struct Ca {
-    pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-impl Ca {
-    fn new() -> Ca {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Ca {
-            pem,
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// A leaf for `name`, valid from `from` to `to` days from now.
-    fn leaf(&self, name: &str, from: i64, to: i64) -> (String, String) {
-        let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now + time::Duration::days(from);
-        params.not_after = now + time::Duration::days(to);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
+/// (cert, key) PEM.
+fn pair(leaf: Leaf) -> (String, String) {
+    (leaf.cert_pem, leaf.key_pem)
 }
 
 struct Companion {
@@ -190,10 +171,10 @@ async fn never_returns_and_fails_with_a_deadline(case: &str, endpoint: Endpoint)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eg_hook_call_to_an_unreachable_companion_never_returns_without_a_deadline() {
-    let ca = Ca::new();
-    let eg = ca.leaf("envoy-gateway", -1, 30);
+    let ca = Ca::new("serving-picker CA");
+    let eg = pair(ca.leaf(&["envoy-gateway"], ClientAuth, -1, 30));
     let host = "serving-picker-conditions.serving-picker.svc";
-    let good = Companion::start("good", &ca, &ca.leaf(host, -1, 30));
+    let good = Companion::start("good", &ca, &pair(ca.leaf(&[host], ServerAuth, -1, 30)));
 
     // The control: well configured, the same client is answered at once.
     let answered = tokio::time::timeout(
@@ -231,7 +212,7 @@ async fn an_eg_hook_call_to_an_unreachable_companion_never_returns_without_a_dea
     .await;
 
     // EG trusts another CA (a renewed CA, the wrong certificateRef).
-    let other = Ca::new();
+    let other = Ca::new("another CA");
     never_returns_and_fails_with_a_deadline(
         "another CA",
         eg_endpoint(good.listen, &other.pem, host, &eg),
@@ -261,7 +242,7 @@ async fn an_eg_hook_call_to_an_unreachable_companion_never_returns_without_a_dea
 async fn expired_server(ca: &Ca, host: &str) -> SocketAddr {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let (cert, key) = ca.leaf(host, -30, -1);
+    let (cert, key) = pair(ca.leaf(&[host], ServerAuth, -30, -1));
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
         .collect::<Result<_, _>>()
         .unwrap();

@@ -19,7 +19,12 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::ByteString;
+use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
 use serde_json::{json, Value};
+
+#[path = "../../tests/support/pki.rs"]
+mod pki;
+use pki::{Ca, Leaf};
 
 const DIGEST: &str = "sha256:4f0a1c6e3d2b9a8877665544332211ffeeddccbbaa00998877665544332211ff";
 
@@ -176,49 +181,9 @@ impl FakeApi {
     }
 }
 
-struct Pki {
-    ca: rcgen::Issuer<'static, rcgen::KeyPair>,
-    ca_pem: String,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "serving-picker-ca");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Pki {
-            ca_pem: cert.pem(),
-            ca: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// (cert, key) PEM for `sans` (DNS names, or URIs when they have ://),
-    /// valid from `days.0` to `days.1` days from now.
-    fn leaf(&self, sans: &[&str], days: (i64, i64)) -> (String, String) {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.subject_alt_names = sans
-            .iter()
-            .map(|s| {
-                if s.contains("://") {
-                    rcgen::SanType::URI(rcgen::string::Ia5String::try_from(*s).unwrap())
-                } else {
-                    rcgen::SanType::DnsName(rcgen::string::Ia5String::try_from(*s).unwrap())
-                }
-            })
-            .collect();
-        // As cert-manager's certificates do: the issuer's key identifier.
-        params.use_authority_key_identifier_extension = true;
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now + time::Duration::days(days.0);
-        params.not_after = now + time::Duration::days(days.1);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
+/// (cert, key) PEM.
+fn pair(leaf: Leaf) -> (String, String) {
+    (leaf.cert_pem, leaf.key_pem)
 }
 
 fn secret_with(ns: &str, name: &str, data: &[(&str, &str)]) -> Value {
@@ -363,7 +328,7 @@ fn set_deployments(api: &FakeApi, items: Vec<Value>) {
 }
 
 /// A cluster ready for `mode` ("eds", "envoy-gateway" or "istio").
-fn ready_cluster(mode: &str) -> (FakeApi, Pki) {
+fn ready_cluster(mode: &str) -> (FakeApi, Ca) {
     let api = FakeApi::default();
     *api.allowed.lock().unwrap() = vec!["list".into(), "watch".into()];
     set_version(&api, "v1.33.2");
@@ -378,18 +343,18 @@ fn ready_cluster(mode: &str) -> (FakeApi, Pki) {
     ] {
         api.set(&crd_path(name), crd(name, "v1.20.3"));
     }
-    let pki = Pki::new();
+    let pki = Ca::new("serving-picker-ca");
     let ns = "serving-picker";
     // The CA's own Secret is in the cluster (with its key): the preflight
     // must never read it.
     api.set(
         CA_SECRET,
-        secret(ns, "serving-picker-ca", &pki.ca_pem, "KEY", &pki.ca_pem),
+        secret(ns, "serving-picker-ca", &pki.pem, "KEY", &pki.pem),
     );
     let put = |name: &str, (cert, key): (String, String)| {
         api.set(
             &format!("GET /api/v1/namespaces/{ns}/secrets/{name}"),
-            secret(ns, name, &cert, &key, &pki.ca_pem),
+            secret(ns, name, &cert, &key, &pki.pem),
         );
     };
     let (server, client, id) = if mode == "eds" {
@@ -407,22 +372,24 @@ fn ready_cluster(mode: &str) -> (FakeApi, Pki) {
     };
     put(
         &format!("{server}-tls"),
-        pki.leaf(
+        pair(pki.leaf(
             &[
                 &format!("{server}.{ns}.svc"),
                 &format!("{server}.{ns}.svc.cluster.local"),
             ],
-            (-1, 90),
-        ),
+            ServerAuth,
+            -1,
+            90,
+        )),
     );
-    put(client, pki.leaf(&[&id], (-1, 90)));
+    put(client, pair(pki.leaf(&[&id], ClientAuth, -1, 90)));
     // The CA-only bundle trust-manager writes: tls.crt, no key.
     api.set(
         BUNDLE,
         secret_with(
             "serving-picker-gateway",
             "serving-picker-ca-bundle",
-            &[("tls.crt", &pki.ca_pem)],
+            &[("tls.crt", &pki.pem)],
         ),
     );
     let mut svc = Service::default();
@@ -618,10 +585,12 @@ fn each_problem_fails_on_its_own_line_with_the_fix() {
     // cert-manager missing.
     api.remove(&crd_path("certificates.cert-manager.io"));
     // The companion's certificate expired; the client's key from another pair.
-    let (old, old_key) = pki.leaf(
+    let (old, old_key) = pair(pki.leaf(
         &["serving-picker-conditions-eg.serving-picker.svc"],
-        (-30, -1),
-    );
+        ServerAuth,
+        -30,
+        -1,
+    ));
     api.set(
         "GET /api/v1/namespaces/serving-picker/secrets/serving-picker-conditions-eg-tls",
         secret(
@@ -629,14 +598,16 @@ fn each_problem_fails_on_its_own_line_with_the_fix() {
             "serving-picker-conditions-eg-tls",
             &old,
             &old_key,
-            &pki.ca_pem,
+            &pki.pem,
         ),
     );
-    let (cert, _) = pki.leaf(
+    let (cert, _) = pair(pki.leaf(
         &["spiffe://cluster.local/ns/serving-picker-gateway/sa/envoy-gateway"],
-        (-1, 90),
-    );
-    let (_, other_key) = pki.leaf(&["x"], (-1, 90));
+        ClientAuth,
+        -1,
+        90,
+    ));
+    let (_, other_key) = pair(pki.leaf(&["x"], ClientAuth, -1, 90));
     api.set(
         "GET /api/v1/namespaces/serving-picker/secrets/serving-picker-eg-client",
         secret(
@@ -644,7 +615,7 @@ fn each_problem_fails_on_its_own_line_with_the_fix() {
             "serving-picker-eg-client",
             &cert,
             &other_key,
-            &pki.ca_pem,
+            &pki.pem,
         ),
     );
     // The platform's EG carries the hook too.
@@ -1040,20 +1011,20 @@ fn eg_trusts_a_ca_only_bundle() {
         secret_with(
             "serving-picker-gateway",
             "serving-picker-ca-bundle",
-            &[("tls.crt", &pki.ca_pem), ("tls.key", "KEY")],
+            &[("tls.crt", &pki.pem), ("tls.key", "KEY")],
         ),
     );
     let (passed, out) = preflight(&api, "envoy-gateway");
     assert!(!passed, "{out}");
     assert_lines(&out, &[("FAIL", "secret", "holds a private key (tls.key)")]);
 
-    let other = Pki::new();
+    let other = Ca::new("serving-picker-ca");
     api.set(
         BUNDLE,
         secret_with(
             "serving-picker-gateway",
             "serving-picker-ca-bundle",
-            &[("tls.crt", &other.ca_pem)],
+            &[("tls.crt", &other.pem)],
         ),
     );
     let (passed, out) = preflight(&api, "envoy-gateway");

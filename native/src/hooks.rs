@@ -1,7 +1,7 @@
 //! The hooks Envoy calls (`envoy_dynamic_module_on_*`), and only them: each
 //! checks its pointers (through `abi`), catches any panic (the release
 //! profile unwinds; a panic across `extern "C"` would abort Envoy) and hands
-//! over to `policy` through the `host` adapter.
+//! over to `policy` through the `envoy_host` adapter.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

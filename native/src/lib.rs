@@ -7,8 +7,8 @@
 //!   panic guard, nothing else;
 //! - `policy`: what the hooks do (configuration, rebuilds, picks, logs,
 //!   metrics), plain Rust against small traits, tested against fakes;
-//! - `host`: Envoy behind those traits; `abi`: the Envoy callbacks and the
-//!   hooks' pointer conversions (the only raw pointers);
+//! - `envoy_host`: Envoy behind those traits; `abi`: the Envoy callbacks
+//!   and the hooks' pointer conversions (the only raw pointers);
 //! - `envoy_version`: which Envoy a build is for, and the load-time check;
 //! - `config` parses the policy JSON, `table` reads a cluster's hosts into
 //!   the core's records, plans them and picks per request, `metrics` names

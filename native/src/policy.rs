@@ -7,7 +7,7 @@
 //! them through three small traits, so that they are tested natively
 //! against fakes (`testing`): `Proxy` (logs, metrics, the thread's CPU
 //! clock), `table::HostSource` (the cluster's hosts) and `Request` (one
-//! request's retry state). `host` implements them over the ABI.
+//! request's retry state). `envoy_host` implements them over the ABI.
 //!
 //! Threading (checked on Envoy 1.38 to 1.40): config new/destroy run on the
 //! main thread; each cluster has one LB instance per worker plus one on the
@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serving_picker_core::plan::{Tier, Topology};
+use serving_picker_core::contract::Tier;
+use serving_picker_core::plan::Topology;
 
 use crate::config::{self, NativeConfig, POLICY_NAME};
 use crate::metrics::{Metric, NotOffered};

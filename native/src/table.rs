@@ -12,12 +12,12 @@
 
 use rustc_hash::FxHashMap;
 use serving_picker_core::config::SelectionConfig;
-use serving_picker_core::contract::{key, EdsHealth, MetaFlags};
+use serving_picker_core::contract::{key, EdsHealth, MetaFlags, Tier};
 use serving_picker_core::health::{effective, Health};
 use serving_picker_core::host::HostRecord;
-use serving_picker_core::metadata::TopologyMeta;
 use serving_picker_core::picker::Picker;
-use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Tier, Topology};
+use serving_picker_core::plan::{hints_used, merge_listings, plan_weights, Topology, Weights};
+use serving_picker_core::topology::TopologyMeta;
 
 /// Envoy's health of a host as `lb_get_host_health` answers it (Envoy's
 /// coarse health: EDS DRAINING, failed checks and ejection all read
@@ -152,6 +152,88 @@ fn text(value: Option<&str>) -> String {
     value.map(str::to_string).unwrap_or_default()
 }
 
+/// What `build` reads of each host beyond its conditions: the metadata
+/// namespace, and which keys the plan can use.
+struct Wanted<'c> {
+    ns: &'c str,
+    /// The zone of serving hosts: a local zone is set.
+    zone: bool,
+    /// The hint lists of ready hosts (`hints_used`).
+    zone_hints: bool,
+    node_hints: bool,
+}
+
+/// One host as the core's record, its address left out (the plan answers
+/// by index), and whether its metadata (or EDS status) calls it serving
+/// though Envoy does not offer it (`offered`: in the healthy list).
+fn read_host(
+    src: &impl HostSource,
+    want: &Wanted,
+    p: u32,
+    i: usize,
+    offered: bool,
+) -> (HostRecord, bool) {
+    let flags = read_flags(src, p, i, want.ns);
+    let (health, weight, serving_not_offered) = if offered {
+        // In the healthy list: healthy, by Envoy's definition.
+        let health = Health {
+            eds: None,
+            coarse: EdsHealth::Healthy,
+            failing: false,
+        };
+        (health, src.weight(p, i), false)
+    } else {
+        let coarse = match src.health(p, i) {
+            HostHealth::Healthy => EdsHealth::Healthy,
+            HostHealth::Degraded => EdsHealth::Degraded,
+            HostHealth::Unhealthy => EdsHealth::Unhealthy,
+        };
+        let mut health = Health {
+            eds: None,
+            coarse,
+            failing: false,
+        };
+        let serving = effective(&flags, &health).serving;
+        // Envoy will not route to it: not serving, whatever the metadata says.
+        health.failing = true;
+        // Never planned: its weight does not matter.
+        (health, 1, serving)
+    };
+    let now = effective(&flags, &health);
+    let zone = if want.zone && now.serving {
+        src.metadata_str(p, i, want.ns, key::ZONE)
+            .filter(|z| !z.is_empty())
+            .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
+            .map(str::to_string)
+    } else {
+        None
+    };
+    let ready = now.serving && !now.terminating;
+    let hints = |used: bool, key| {
+        if used && ready {
+            text(src.metadata_str(p, i, want.ns, key))
+        } else {
+            String::new()
+        }
+    };
+    let topology = TopologyMeta {
+        node_name: String::new(),
+        hints_zones: hints(want.zone_hints, key::HINTS_ZONES),
+        hints_nodes: hints(want.node_hints, key::HINTS_NODES),
+    };
+    let record = HostRecord {
+        // The plan answers by index: the address stays with the caller.
+        address: String::new(),
+        weight,
+        priority: p,
+        flags,
+        zone,
+        topology,
+        health,
+    };
+    (record, serving_not_offered)
+}
+
 /// Reads every host and plans the cluster. Reads only what the plan can
 /// use: the zone of serving hosts when a local zone is set, the hints of
 /// ready hosts when a local zone or node can match them (`hints_used`),
@@ -159,10 +241,15 @@ fn text(value: Option<&str>) -> String {
 /// measurable difference in Envoy, whose allocator reuses the freed memory,
 /// and would keep over a megabyte per instance of a 10,000-host cluster.)
 pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
-    let ns = cfg.metadata_namespace.as_str();
     let zone_pref = cfg.zone_preference();
     let local_node = cfg.local_node.as_deref();
     let (zone_hints, node_hints) = hints_used(zone_pref.as_ref(), local_node);
+    let want = Wanted {
+        ns: cfg.metadata_namespace.as_str(),
+        zone: zone_pref.is_some(),
+        zone_hints,
+        node_hints,
+    };
     let priorities = src.priority_count().min(u32::MAX as usize) as u32;
     let total: usize = (0..priorities).map(|p| src.host_count(p)).sum();
     let mut records = Vec::with_capacity(total);
@@ -181,69 +268,12 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
                 unreadable += 1;
                 continue;
             };
-            let flags = read_flags(src, p, i, ns);
-            let (health, weight) = match healthy_index {
-                // In the healthy list: healthy, by Envoy's definition.
-                Some(_) => {
-                    let health = Health {
-                        eds: None,
-                        coarse: EdsHealth::Healthy,
-                        failing: false,
-                    };
-                    (health, src.weight(p, i))
-                }
-                None => {
-                    let coarse = match src.health(p, i) {
-                        HostHealth::Healthy => EdsHealth::Healthy,
-                        HostHealth::Degraded => EdsHealth::Degraded,
-                        HostHealth::Unhealthy => EdsHealth::Unhealthy,
-                    };
-                    let mut health = Health {
-                        eds: None,
-                        coarse,
-                        failing: false,
-                    };
-                    if effective(&flags, &health).serving {
-                        not_offered.push(addr.to_string());
-                    }
-                    // Envoy will not route to it: not serving, whatever the metadata says.
-                    health.failing = true;
-                    // Never planned: its weight does not matter.
-                    (health, 1)
-                }
-            };
-            let now = effective(&flags, &health);
-            let zone = if zone_pref.is_some() && now.serving {
-                src.metadata_str(p, i, ns, key::ZONE)
-                    .filter(|z| !z.is_empty())
-                    .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
-                    .map(str::to_string)
-            } else {
-                None
-            };
-            let ready = now.serving && !now.terminating;
-            let hints = |used: bool, key| {
-                if used && ready {
-                    text(src.metadata_str(p, i, ns, key))
-                } else {
-                    String::new()
-                }
-            };
-            let topology = TopologyMeta {
-                node_name: String::new(),
-                hints_zones: hints(zone_hints, key::HINTS_ZONES),
-                hints_nodes: hints(node_hints, key::HINTS_NODES),
-            };
-            records.push(HostRecord {
-                // The plan answers by index: the address stays in `addresses`.
-                address: String::new(),
-                weight,
-                priority: p,
-                flags,
-                zone,
-                topology,
-                health,
-            });
+            let (record, serving_not_offered) =
+                read_host(src, &want, p, i, healthy_index.is_some());
+            if serving_not_offered {
+                not_offered.push(addr.to_string());
+            }
+            records.push(record);
             offered.push(healthy_index.map(|h| Slot {
                 priority: p,
                 healthy_index: h,
@@ -254,8 +284,20 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
     }
     let hosts = records.len() + unreadable;
     let plan = plan_weights(&records, zone_pref.as_ref(), local_node);
-    // A host listed twice (same address, e.g. in two localities) is one
-    // pick with both weights, at its first planned listing.
+    not_offered.sort();
+    not_offered.dedup();
+    Built {
+        table: table_of(&plan, &offered, &addresses),
+        not_offered,
+        hosts,
+        unreadable,
+    }
+}
+
+/// The planned hosts (by record index) mapped back to where Envoy offers
+/// them, ready for picks. A host listed twice (same address, e.g. in two
+/// localities) is one pick with both weights, at its first planned listing.
+fn table_of(plan: &Weights, offered: &[Option<Slot>], addresses: &[&str]) -> Table {
     let merged = merge_listings(&plan.hosts, |i| addresses.get(i).copied());
     let mut slots: Vec<Slot> = Vec::with_capacity(merged.len());
     let mut weights: Vec<u32> = Vec::with_capacity(merged.len());
@@ -272,18 +314,11 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
     } else {
         Tier::NoServing
     };
-    not_offered.sort();
-    not_offered.dedup();
-    Built {
-        table: Table {
-            tier,
-            topology: plan.topology,
-            slots,
-            picker,
-        },
-        not_offered,
-        hosts,
-        unreadable,
+    Table {
+        tier,
+        topology: plan.topology,
+        slots,
+        picker,
     }
 }
 

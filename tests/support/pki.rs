@@ -4,8 +4,9 @@
 //! (`tls.crt`, `tls.key`, `ca.crt`, swapped atomically through a `..data`
 //! symlink as the kubelet does), and Envoy's SDS files that read them.
 //!
-//! Standalone (no other support module): `scripts/demo_certs.rs` includes
-//! it too.
+//! Standalone (no other support module): the one certificate helper of every
+//! test. `scripts/demo_certs.rs` and the companion's own tests
+//! (`conditions/src/net/tls/mod.rs`, `conditions/tests/`) include it by path.
 #![allow(dead_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -81,6 +82,8 @@ impl Ca {
             KeyUsagePurpose::KeyEncipherment,
         ];
         params.extended_key_usages = vec![usage];
+        // As cert-manager's certificates do: the issuer's key identifier.
+        params.use_authority_key_identifier_extension = true;
         params.not_before = days(from);
         params.not_after = days(to);
         let key = KeyPair::generate().unwrap();

@@ -31,7 +31,7 @@
 mod common;
 
 use serde::de::IgnoredAny;
-use serving_picker_core::plan::Tier;
+use serving_picker_core::contract::Tier;
 use serving_picker_wasm::admin_json::{parse_clusters, parse_config_dump};
 use serving_picker_wasm::codec;
 use serving_picker_wasm::config::PluginConfig;

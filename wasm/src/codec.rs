@@ -1,7 +1,8 @@
 //! The compact snapshot the leader publishes through shared data: plans only,
 //! length-prefixed binary, so workers never parse JSON.
 
-use serving_picker_core::plan::{ClusterPlan, PlannedHost, Tier, Topology};
+use serving_picker_core::contract::Tier;
+use serving_picker_core::plan::{ClusterPlan, PlannedHost, Topology};
 
 const MAGIC: &[u8; 4] = b"SPK1";
 

@@ -29,7 +29,7 @@ mod tests {
     use super::*;
     use crate::admin_json::{parse_clusters, parse_config_dump};
     use crate::config::parse_config;
-    use serving_picker_core::plan::Tier;
+    use serving_picker_core::contract::Tier;
 
     const DUMP: &str = r#"{"configs":[{"static_endpoint_configs":[
       {"endpoint_config":{"cluster_name":"zeta","endpoints":[{"lb_endpoints":[

@@ -587,7 +587,7 @@ fn read_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serving_picker_core::plan::Tier;
+    use serving_picker_core::contract::Tier;
 
     /// Envoy's admin API with canned answers: records what is asked.
     #[derive(Default)]

@@ -9,7 +9,7 @@
 use crate::config::{BeforeFirstSnapshot, OnNoServing, PluginConfig};
 use crate::table::{Decision, RoutingTable};
 use rustc_hash::FxBuildHasher;
-use serving_picker_core::plan::Tier;
+use serving_picker_core::contract::Tier;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 

@@ -4,8 +4,9 @@
 
 use crate::codec::{self, DecodeError};
 use rustc_hash::FxBuildHasher;
+use serving_picker_core::contract::Tier;
 use serving_picker_core::picker::Picker;
-use serving_picker_core::plan::{ClusterPlan, Tier, Topology};
+use serving_picker_core::plan::{ClusterPlan, Topology};
 use std::cell::Cell;
 use std::collections::HashMap;
 

@@ -9,9 +9,9 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Map, Value};
-use serving_picker_core::contract::{EdsHealth, MetaFlags};
+use serving_picker_core::contract::{EdsHealth, MetaFlags, Tier};
 use serving_picker_core::health::Health;
-use serving_picker_core::plan::{ClusterPlan, PlannedHost, Tier};
+use serving_picker_core::plan::{ClusterPlan, PlannedHost};
 use serving_picker_wasm::admin_json::{
     join_live_health, parse_clusters, parse_config_dump, ClusterHosts, EndpointsDump, HostRecord,
     LiveCluster, LiveHealth, LiveHost,

@@ -43,7 +43,7 @@ pub const OVERPROVISIONING_FACTOR: u32 = 100_000;
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct Output {
     /// filter_metadata namespace of the conditions.
-    #[arg(long, default_value = serving_picker_core::config::DEFAULT_METADATA_NAMESPACE)]
+    #[arg(long, default_value = serving_picker_core::contract::DEFAULT_NAMESPACE)]
     pub metadata_namespace: String,
     /// Priority output for Envoys without serving-picker: ready endpoints at
     /// priority 0, serving+terminating at 1, not serving left out.

@@ -6,7 +6,8 @@
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
-use serving_picker_core::plan::{ClusterPlan, PlannedHost, Tier};
+use serving_picker_core::contract::Tier;
+use serving_picker_core::plan::{ClusterPlan, PlannedHost};
 use serving_picker_wasm::codec;
 use serving_picker_wasm::table::RoutingTable;
 

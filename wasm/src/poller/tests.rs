@@ -6,7 +6,8 @@
 use super::*;
 use crate::codec::DecodeError;
 use crate::testing::{FakeAdmin, FakeShared};
-use serving_picker_core::plan::{PlannedHost, Tier, Topology};
+use serving_picker_core::contract::Tier;
+use serving_picker_core::plan::{PlannedHost, Topology};
 use std::cell::RefCell;
 
 fn keys(data: &FakeShared) -> SharedKeys<&FakeShared> {

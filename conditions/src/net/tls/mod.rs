@@ -86,6 +86,11 @@ pub struct TlsArgs {
     pub client_sans: Vec<String>,
 }
 
+/// The one certificate helper of the tests (the harness's), by path.
+#[cfg(test)]
+#[path = "../../../../tests/support/pki.rs"]
+mod pki;
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -100,9 +105,12 @@ mod tests {
     use std::sync::Arc;
     use std::time::SystemTime;
 
+    use super::pki;
+
+    /// A CA from the harness's helper, its certificate in `dir/ca.crt`.
     struct Pki {
         dir: PathBuf,
-        ca: rcgen::Issuer<'static, rcgen::KeyPair>,
+        ca: pki::Ca,
     }
 
     impl Pki {
@@ -111,25 +119,21 @@ mod tests {
                 std::env::temp_dir().join(format!("sp-tls-unit-{}-{tag}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
-            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-            let key = rcgen::KeyPair::generate().unwrap();
-            let cert = params.self_signed(&key).unwrap();
-            std::fs::write(dir.join("ca.crt"), cert.pem()).unwrap();
-            Pki {
-                dir,
-                ca: rcgen::Issuer::new(params, key),
-            }
+            let ca = pki::Ca::new("serving-picker test CA");
+            std::fs::write(dir.join("ca.crt"), &ca.pem).unwrap();
+            Pki { dir, ca }
         }
 
+        /// A server certificate for `name`, valid from `days.0` to `days.1`
+        /// days from now: (cert, key) PEM.
         fn leaf(&self, name: &str, days: (i64, i64)) -> (String, String) {
-            let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
-            let now = time::OffsetDateTime::now_utc();
-            params.not_before = now + time::Duration::days(days.0);
-            params.not_after = now + time::Duration::days(days.1);
-            let key = rcgen::KeyPair::generate().unwrap();
-            let cert = params.signed_by(&key, &self.ca).unwrap();
-            (cert.pem(), key.serialize_pem())
+            let leaf = self.ca.leaf(
+                &[name],
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                days.0,
+                days.1,
+            );
+            (leaf.cert_pem, leaf.key_pem)
         }
 
         fn files(&self, cert: &str, key: &str) -> (Files, Contents) {

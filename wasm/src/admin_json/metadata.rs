@@ -1,12 +1,14 @@
-//! Reading a host's metadata namespace: the contract's keys (`contract`)
-//! from JSON, values of the wrong type read as absent and reported.
+//! Reading a host's metadata namespace from the admin API's JSON: the
+//! contract's keys (`serving_picker_core::contract`), values of the wrong
+//! type read as absent and reported.
 
-use crate::contract::{key, MetaFlags};
-use crate::de::Field;
+use super::de::Field;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
+use serving_picker_core::contract::{key, MetaFlags};
+use serving_picker_core::topology::TopologyMeta;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -15,28 +17,6 @@ use std::fmt;
 pub struct OddValue {
     pub key: &'static str,
     pub found: String,
-}
-
-/// A host's topology keys (`node_name`, `hints_zones`, `hints_nodes`), as
-/// the EndpointSlice has them: the hint keys are comma-separated names, and
-/// an empty string (or an absent key) is no hint.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct TopologyMeta {
-    pub node_name: String,
-    pub hints_zones: String,
-    pub hints_nodes: String,
-}
-
-/// Whether a hint list names anything (commas alone do not).
-pub fn has_hints(list: &str) -> bool {
-    list.bytes().any(|b| b != b',')
-}
-
-/// Whether a hint list names `name` (never the empty name). Names are
-/// Kubernetes zone and node names, which hold no commas nor spaces.
-pub fn hinted(list: &str, name: &str) -> bool {
-    let name = name.as_bytes();
-    !name.is_empty() && list.as_bytes().split(|b| *b == b',').any(|n| n == name)
 }
 
 /// A host's metadata: condition flags, zone, topology, and the values that were ignored.
@@ -235,7 +215,9 @@ impl<'de> DeserializeSeed<'de> for NamespaceSeed {
     }
 }
 
-/// Reads the namespace's metadata object; values of the wrong type read as absent.
+/// Reads the namespace's metadata object; values of the wrong type read as
+/// absent. What the tests compare `NamespaceSeed`'s streaming reading with.
+#[cfg(test)]
 pub fn read_metadata(namespace: Option<&Value>) -> MetaReading {
     // Reading a `Value` cannot fail: the default is never used.
     namespace
@@ -246,9 +228,18 @@ pub fn read_metadata(namespace: Option<&Value>) -> MetaReading {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::Conditions;
-    use crate::health::{effective, Health};
     use serde_json::json;
+    use serving_picker_core::contract::{Conditions, EdsHealth};
+    use serving_picker_core::health::{effective, Health};
+    use serving_picker_core::topology::hinted;
+
+    fn live(eds: EdsHealth) -> Health {
+        Health {
+            eds: Some(eds),
+            coarse: EdsHealth::Healthy,
+            failing: false,
+        }
+    }
 
     #[test]
     fn odd_types_are_absent_and_reported() {
@@ -280,16 +271,48 @@ mod tests {
         );
         assert!(r.odd.is_empty());
         assert!(hinted(&r.topology.hints_zones, "zone-b"));
-        assert!(!hinted(&r.topology.hints_zones, "zone"));
-        assert!(!has_hints(&r.topology.hints_nodes));
-        assert!(!has_hints(",,") && has_hints(",a,") && hinted(",a,", "a"));
-        assert!(!hinted(",", ""));
         let bad = read_metadata(Some(
             &json!({"node_name": 1, "hints_zones": ["zone-a"], "hints_nodes": null}),
         ));
         assert_eq!(bad.topology, TopologyMeta::default());
         let keys: Vec<_> = bad.odd.iter().map(|o| o.key).collect();
         assert_eq!(keys, ["node_name", "hints_zones"]);
+    }
+
+    #[test]
+    fn null_conditions_are_absent() {
+        let r = read_metadata(Some(
+            &json!({"ready": null, "serving": null, "terminating": null}),
+        ));
+        assert_eq!(r.flags, MetaFlags::default());
+        assert!(r.odd.is_empty());
+        let r = read_metadata(Some(
+            &json!({"ready": false, "serving": true, "terminating": true}),
+        ));
+        assert_eq!(
+            effective(&r.flags, &Health::UNKNOWN),
+            Conditions::SERVING_TERMINATING
+        );
+    }
+
+    #[test]
+    fn namespace_not_an_object_falls_back_to_health() {
+        let r = read_metadata(Some(&json!("serving")));
+        assert_eq!(r.odd.len(), 1);
+        assert_eq!(
+            effective(&r.flags, &live(EdsHealth::Draining)),
+            Conditions::SERVING_TERMINATING
+        );
+    }
+
+    #[test]
+    fn metadata_with_only_zone_reads_health() {
+        let r = read_metadata(Some(&json!({"zone": "z1"})));
+        assert_eq!(
+            effective(&r.flags, &live(EdsHealth::Draining)),
+            Conditions::SERVING_TERMINATING
+        );
+        assert_eq!(r.zone.as_deref(), Some("z1"));
     }
 
     #[test]
