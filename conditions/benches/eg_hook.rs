@@ -134,7 +134,7 @@ fn service(priorities: bool) -> HookService {
     let shared = Arc::new(Shared::default());
     apply_updates(&shared, vec![Update::now(Change::Replace(slices("web")))]);
     let mut config = HookConfig::default();
-    config.output.priorities = priorities;
+    config.output.flat = !priorities;
     let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
     HookService::new(shared, config, None, metrics)
 }
