@@ -292,7 +292,8 @@ impl CdsFile {
 
 /// A hook that moves the static cluster `name` to CDS from a watched file
 /// (`CdsFile::in_envoy_dir(dir)`). Runs after the hooks that shape the
-/// cluster; keeps the other `dynamic_resources` (ADS).
+/// cluster; keeps the other `dynamic_resources` (ADS); static route
+/// configurations stop validating cluster names at start-up.
 pub fn cluster_from_cds_file(name: &str) -> impl Fn(&mut Value, &Path) + 'static {
     let name = name.to_string();
     move |bootstrap: &mut Value, dir: &Path| {
@@ -314,5 +315,19 @@ pub fn cluster_from_cds_file(name: &str) -> impl Fn(&mut Value, &Path) + 'static
                 "watched_directory": {"path": cds.dir.to_string_lossy()}
             }
         });
+        // Static routes to a CDS cluster: Envoy checks them only once it is there.
+        for l in bootstrap["static_resources"]["listeners"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            for chain in l["filter_chains"].as_array_mut().into_iter().flatten() {
+                for f in chain["filters"].as_array_mut().into_iter().flatten() {
+                    if f["typed_config"]["route_config"].is_object() {
+                        f["typed_config"]["route_config"]["validate_clusters"] = json!(false);
+                    }
+                }
+            }
+        }
     }
 }

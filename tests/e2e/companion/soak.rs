@@ -322,7 +322,12 @@ fn picker_removed_halfway(form: Form) {
             CLUSTER,
             json!({"outlier_detection": envoy_yaml_outlier_detection()}),
         ))
-        .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Ads))
+        // Plain EDS: the swapped cluster opens a stream of its own and gets
+        // the current assignment at once. Over ADS the companion takes the
+        // warming cluster's request (the same names, version and nonce as
+        // its last ACK) for an ACK, and Envoy warms the new cluster only at
+        // its initial fetch timeout, 15 s, from its cached assignment.
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Eds))
         .form(form)
         .bootstrap_hook(cluster_from_cds_file(CLUSTER))
         .start();
