@@ -290,6 +290,9 @@ pub fn print_log_tail_if_failing(log: &Path) {
     }
 }
 
+/// A bootstrap edit, as `EnvoyBuilder::bootstrap_hook` takes it.
+pub type BootstrapHook = Box<dyn Fn(&mut Value, &Path) + 'static>;
+
 /// How the Envoy in the chain picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Picker {
@@ -309,7 +312,7 @@ impl Picker {
 
     /// A bootstrap hook putting cluster `name` on this picker's plain
     /// policy (`None` for a module: the builder's form sets it).
-    pub fn plain_policy(self, name: &str) -> Option<Box<dyn Fn(&mut Value, &Path) + 'static>> {
+    pub fn plain_policy(self, name: &str) -> Option<BootstrapHook> {
         match self {
             Picker::Module(_) => None,
             Picker::PlainRoundRobin => Some(Box::new(plain_round_robin(name))),
