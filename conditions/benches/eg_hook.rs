@@ -260,11 +260,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut cla =
-        serving_picker_conditions::envoy_gateway::proto::PostEndpointsModifyRequest::default()
-            .load_assignment
-            .unwrap_or_default();
-    cla.merge(cla_bytes.as_slice()).unwrap();
+    let mut cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        cla_bytes.as_slice(),
+    )
+    .unwrap();
     for i in 0..clusters / 2 {
         cla.cluster_name = format!("c{i}");
         rt.block_on(svc.answer(request(&cla.encode_to_vec())));
