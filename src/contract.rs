@@ -11,9 +11,10 @@
 //!   `terminating` is false ([`MetaFlags::resolve`]).
 //! - **Tiers** ([`Conditions::tier`]): serving and not terminating is the
 //!   ready tier, serving and terminating the fallback, not serving none.
-//!   The companion's priority output puts them at priorities 0 and 1 and
-//!   leaves the last out ([`Tier::priority`]); its EDS health is HEALTHY
-//!   for serving endpoints, UNHEALTHY otherwise ([`SliceConditions::eds_health`]).
+//!   The companion's output (tiered by default) puts them at priorities 0
+//!   and 1 and leaves the last out ([`Tier::priority`]); its EDS health is
+//!   HEALTHY for serving endpoints, UNHEALTHY otherwise (what the flat
+//!   output sends for them: [`SliceConditions::eds_health`]).
 //! - **Envoy Gateway's drain rule**: EG marks an endpoint DRAINING when
 //!   `terminating || !serving`, that is every endpoint outside the ready
 //!   tier ([`SliceConditions::eg_would_drain`]).
@@ -180,7 +181,7 @@ impl Tier {
         }
     }
 
-    /// The companion's priority output: a host of this tier at this
+    /// The companion's tiered output: a host of this tier at this
     /// priority, or left out (`None`). Left out rather than UNHEALTHY: with
     /// every host unhealthy Envoy's panic mode would route to them.
     pub fn priority(self) -> Option<u32> {

@@ -6,10 +6,14 @@
 //!
 //! 1. `hook::modify` alone (EG's encoded assignment in, the answer's out);
 //! 2. the service's answer without the network: the request's bytes
-//!    walked, modified, written (what a call costs the companion);
-//!    also with the priority output, and for an unmanaged assignment (echo);
+//!    walked, modified, written (what a call costs the companion), with the
+//!    default (tiered) output and with `--flat-output`, and for an
+//!    unmanaged assignment (echo);
 //! 3. a gRPC round trip on loopback (tonic client and server, one core
-//!    each at most), as EG would see it.
+//!    each at most), as EG would see it;
+//! 4. PostTranslateModify over 1,000 of EG's clusters, half of them with a
+//!    verdict for the native policy (`--native-lb-policy`), and the echo
+//!    without the flag.
 //!
 //! Prints p50 / p99 / mean; asserts nothing about time.
 //! `cargo bench -p serving-picker-conditions --bench eg_hook`.
@@ -33,7 +37,7 @@ use serving_picker_conditions::envoy_gateway::service::{
     HookConfig, HookMetrics, HookService, Shared,
 };
 use serving_picker_conditions::envoy_gateway::testing::{
-    eg_draining, rule_assignments, BackendRef, EgEndpoint,
+    eg_draining, eg_rule_cluster, rule_assignments, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::model::slice::{ServiceKey, Slice};
 use serving_picker_conditions::source::{Change, Update};
@@ -134,7 +138,7 @@ fn service(priorities: bool) -> HookService {
     let shared = Arc::new(Shared::default());
     apply_updates(&shared, vec![Update::now(Change::Replace(slices("web")))]);
     let mut config = HookConfig::default();
-    config.output.priorities = priorities;
+    config.output.flat = !priorities;
     let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
     HookService::new(shared, config, None, metrics)
 }
@@ -185,8 +189,8 @@ fn main() {
         post_endpoints_context: Some(Bytes::new()),
     };
     for (what, priorities) in [
-        ("answer: walk + modify + write", false),
-        ("answer: walk + modify + write, --priorities", true),
+        ("answer: walk + modify + write, --flat-output", false),
+        ("answer: walk + modify + write, tiered (default)", true),
     ] {
         let svc = service(priorities);
         report(
@@ -238,6 +242,63 @@ fn main() {
                 .block_on(c.post_endpoints_modify_raw(request(&cla_bytes)))
                 .unwrap();
             assert!(r.load_assignment.is_some());
+        }),
+    );
+
+    // 4. PostTranslateModify: 1,000 clusters, the first 500 with a yes.
+    let clusters = 1000;
+    let mut native = HookConfig {
+        native_lb: true,
+        ..HookConfig::default()
+    };
+    native.output.flat = false;
+    let shared = Arc::new(Shared::default());
+    apply_updates(&shared, vec![Update::now(Change::Replace(slices("web")))]);
+    let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
+    let svc = HookService::new(shared, native, None, metrics);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        cla_bytes.as_slice(),
+    )
+    .unwrap();
+    for i in 0..clusters / 2 {
+        cla.cluster_name = format!("c{i}");
+        rt.block_on(svc.answer(request(&cla.encode_to_vec())));
+    }
+    let typed = serving_picker_conditions::envoy_gateway::proto::PostTranslateModifyRequest {
+        post_translate_context: Some(Default::default()),
+        clusters: (0..clusters)
+            .map(|i| eg_rule_cluster(&format!("c{i}")))
+            .collect(),
+        ..Default::default()
+    };
+    let wire = typed.encode_to_vec();
+    println!(
+        "PostTranslateModify: {clusters} of EG's clusters, {} bytes",
+        wire.len()
+    );
+    let raw = || {
+        serving_picker_conditions::envoy_gateway::proto::RawPostTranslateModifyRequest::decode(
+            wire.as_slice(),
+        )
+        .unwrap()
+    };
+    report(
+        "PostTranslateModify: 500 set, 500 kept (decode + answer)",
+        time(n / 10, || {
+            let r = rt.block_on(svc.translate(raw())).unwrap();
+            assert_eq!(r.clusters.len(), clusters);
+        }),
+    );
+    let off = service(true);
+    report(
+        "PostTranslateModify without --native-lb-policy (decode + echo)",
+        time(n / 10, || {
+            let r = rt.block_on(off.translate(raw())).unwrap();
+            assert_eq!(r.clusters.len(), clusters);
         }),
     );
 }

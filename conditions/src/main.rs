@@ -7,7 +7,7 @@
 //! KUBECONFIG / ~/.kube/config).
 //!
 //! `serving-picker-conditions envoy-gateway --listen ADDR:PORT [--manage SELECTOR]
-//! [--slices-dir DIR] [--priorities]`: Envoy Gateway's PostEndpointsModify hook
+//! [--slices-dir DIR] [--flat-output] [--native-lb-policy]`: Envoy Gateway's extension hooks
 //! (`envoy_gateway`).
 //!
 //! `serving-picker-conditions preflight [--mode eds|envoy-gateway|istio] [--kubeconfig FILE]`:

@@ -314,6 +314,7 @@ fn every_deploy_folder_builds_with_kubectl_kustomize() {
         "deploy/conditions",
         "deploy/conditions-namespaced",
         "deploy/envoy-gateway",
+        "deploy/envoy-gateway-native",
     ] {
         assert!(names.contains(&want), "{want} not built: {names:?}");
     }
@@ -641,7 +642,8 @@ fn every_companion_build_is_secure_by_default() {
         [
             "deploy/conditions",
             "deploy/conditions-namespaced",
-            "deploy/envoy-gateway"
+            "deploy/envoy-gateway",
+            "deploy/envoy-gateway-native"
         ],
         "companion builds reviewed"
     );
@@ -700,7 +702,18 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
     assert_eq!(manager["name"], "serving-picker");
     assert_eq!(
         manager["hooks"]["xdsTranslator"]["post"],
-        serde_json::json!(["Endpoints"])
+        serde_json::json!(["Endpoints", "Translation"])
+    );
+    // PostTranslateModify gets the clusters only: never the Gateways'
+    // secrets (EG sends clusters and secrets unless told otherwise).
+    assert_eq!(
+        manager["hooks"]["xdsTranslator"]["translation"],
+        serde_json::json!({
+            "cluster": {"includeAll": true},
+            "secret": {"includeAll": false},
+            "listener": {"includeAll": false},
+            "route": {"includeAll": false},
+        })
     );
     assert_eq!(manager["failOpen"], true);
     assert_eq!(manager["maxMessageSize"], "16M");
@@ -810,4 +823,76 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
             });
         assert!(granted, "{build}: EG may not get {ns}/{secret} by name");
     }
+}
+
+/// The native form's overlay: the base, with the GatewayClass referencing
+/// the platform's EnvoyProxy (which the base applies, inert, and which
+/// mounts the module) and the companion on `--native-lb-policy`; the base
+/// alone has neither.
+#[test]
+fn the_native_overlay_mounts_the_module_class_wide_and_turns_the_policy_on() {
+    let builds = kustomize_builds();
+    let build = |name: &str| {
+        builds
+            .iter()
+            .find(|(b, _)| b == name)
+            .map(|(_, d)| d.clone())
+            .unwrap_or_else(|| panic!("{name} not built"))
+    };
+    let (base, native) = (
+        build("deploy/envoy-gateway"),
+        build("deploy/envoy-gateway-native"),
+    );
+    let companion_args = |docs: &[Value]| {
+        let d = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "Deployment" && d["metadata"]["name"] == "serving-picker-conditions-eg"
+            })
+            .unwrap();
+        strings(&d["spec"]["template"]["spec"]["containers"][0]["args"])
+    };
+    let class = |docs: &[Value]| {
+        docs.iter()
+            .find(|d| d["kind"] == "GatewayClass")
+            .cloned()
+            .unwrap()
+    };
+    assert!(!companion_args(&base).contains(&"--native-lb-policy".to_string()));
+    assert!(class(&base)["spec"].get("parametersRef").is_none());
+    assert!(companion_args(&native).contains(&"--native-lb-policy".to_string()));
+    let r = &class(&native)["spec"]["parametersRef"];
+    assert_eq!(
+        (&r["group"], &r["kind"]),
+        (
+            &Value::from("gateway.envoyproxy.io"),
+            &Value::from("EnvoyProxy")
+        )
+    );
+    let proxy = native
+        .iter()
+        .find(|d| {
+            d["kind"] == "EnvoyProxy"
+                && d["metadata"]["name"] == r["name"]
+                && d["metadata"]["namespace"] == r["namespace"]
+        })
+        .unwrap_or_else(|| {
+            panic!("the EnvoyProxy the GatewayClass names is not in the build: {r}")
+        });
+    let k8s = &proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"];
+    let env = k8s["container"]["env"].as_array().unwrap();
+    let path = env
+        .iter()
+        .find(|e| e["name"] == "ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+        .unwrap()["value"]
+        .clone();
+    assert!(k8s["container"]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["mountPath"] == path));
+    // The namespace it lives in is created by the base itself.
+    assert!(base
+        .iter()
+        .any(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == r["namespace"]));
 }

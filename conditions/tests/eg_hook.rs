@@ -96,7 +96,7 @@ fn server(priorities: bool, reread: Option<Arc<dyn Reread>>, timeout: Duration) 
         reread_timeout: timeout,
         ..HookConfig::default()
     };
-    config.output.priorities = priorities;
+    config.output.flat = !priorities;
     server_with(config, reread)
 }
 

@@ -4,8 +4,8 @@
 //!
 //! Form-agnostic: `eds_from_companion` is a bootstrap hook that points every
 //! EDS cluster of any EnvoyBuilder at the companion; the filter or LB policy
-//! stays the builder's business (`plain_round_robin` swaps the policy for
-//! Envoy's own round robin, for the priority output).
+//! stays the builder's business (`plain_round_robin` and
+//! `plain_least_request` swap the policy for Envoy's own, no module).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use super::http::{self, Response};
 use super::ports::free_port;
 use super::tweak::cluster_mut;
 use super::{
-    assert_batch, expect_routing, no_serving_503, picked, served_by, settle, Backend,
+    assert_batch, expect_routing, no_serving_503, per_backend, picked, served_by, settle, Backend,
     BACKEND_HEADER, BATCH,
 };
 
@@ -290,13 +290,35 @@ pub fn print_log_tail_if_failing(log: &Path) {
     }
 }
 
+/// A bootstrap edit, as `EnvoyBuilder::bootstrap_hook` takes it.
+pub type BootstrapHook = Box<dyn Fn(&mut Value, &Path) + 'static>;
+
 /// How the Envoy in the chain picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Picker {
     /// serving-picker in this form (the harness's builder loads it).
     Module(Form),
-    /// No module, Envoy's round robin (with the companion's `--priorities`).
+    /// No module, Envoy's round robin (the companion's tiered output).
     PlainRoundRobin,
+    /// No module, Envoy's least request (Envoy Gateway's default policy).
+    PlainLeastRequest,
+}
+
+impl Picker {
+    /// No module: Envoy's own balancer decides.
+    pub fn is_plain(self) -> bool {
+        !matches!(self, Picker::Module(_))
+    }
+
+    /// A bootstrap hook putting cluster `name` on this picker's plain
+    /// policy (`None` for a module: the builder's form sets it).
+    pub fn plain_policy(self, name: &str) -> Option<BootstrapHook> {
+        match self {
+            Picker::Module(_) => None,
+            Picker::PlainRoundRobin => Some(Box::new(plain_round_robin(name))),
+            Picker::PlainLeastRequest => Some(Box::new(plain_least_request(name, false))),
+        }
+    }
 }
 
 /// Where a step's traffic must go.
@@ -326,25 +348,43 @@ pub fn expect(
 ) {
     match e {
         Expect::To(b) => {
-            expect_routing(envoy, path, &[], what, goes_to(picker, b));
+            let rs = expect_routing(envoy, path, &[], what, goes_to(picker, b));
+            print_row_tally(picker, what, &rs, all);
         }
         Expect::Nobody => {
             let nobody = |r: &Response| match picker {
                 // Both forms answer the same clear 503 (native: its local_reply_config).
                 Picker::Module(_) => no_serving_503(cluster)(r),
                 // Envoy's own answer for a cluster without a usable host.
-                Picker::PlainRoundRobin => r.status == 503 && r.header(BACKEND_HEADER).is_none(),
+                Picker::PlainRoundRobin | Picker::PlainLeastRequest => {
+                    r.status == 503 && r.header(BACKEND_HEADER).is_none()
+                }
             };
             settle(envoy, path, &[], what, nobody);
             for b in all {
                 b.reset();
             }
-            assert_batch(envoy, path, &[], BATCH, what, nobody);
+            let rs = assert_batch(envoy, path, &[], BATCH, what, nobody);
             for b in all {
                 assert_eq!(b.count(), 0, "{what}: {} got requests", b.name());
             }
+            print_row_tally(picker, what, &rs, all);
         }
     }
+}
+
+/// One line per asserted step (`row-tally | picker | step | A n | B n |
+/// 503 n | of N`): where the step's batch went, for the figures.
+fn print_row_tally(picker: Picker, what: &str, rs: &[Response], all: &[&Backend]) {
+    let served = per_backend(rs);
+    let mut line = format!("row-tally | {picker:?} | {what}");
+    for b in all {
+        let n = served.get(b.name()).copied().unwrap_or(0);
+        line.push_str(&format!(" | {} {n}", b.name()));
+    }
+    let refused = rs.iter().filter(|r| r.status == 503).count();
+    line.push_str(&format!(" | 503 {refused} | of {}", rs.len()));
+    println!("{line}");
 }
 
 /// How Envoy subscribes.
@@ -401,18 +441,47 @@ pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, 
 /// A bootstrap hook: cluster `name` on Envoy's plain round robin (no
 /// override_host, no module).
 pub fn plain_round_robin(name: &str) -> impl Fn(&mut Value, &Path) + 'static {
+    plain_policy_hook(name, round_robin_policy())
+}
+
+/// A bootstrap hook: cluster `name` on Envoy's least request (no
+/// override_host, no module); `locality_weighted`: with the locality
+/// weighted config Envoy Gateway writes on every cluster
+/// (envoyproxy/gateway@v1.9.0 `internal/xds/translator/cluster.go`).
+pub fn plain_least_request(
+    name: &str,
+    locality_weighted: bool,
+) -> impl Fn(&mut Value, &Path) + 'static {
+    plain_policy_hook(name, least_request_policy(locality_weighted))
+}
+
+/// Envoy's round robin as a `load_balancing_policy`.
+pub fn round_robin_policy() -> Value {
+    json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.round_robin",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
+    }}]})
+}
+
+/// Envoy's least request as a `load_balancing_policy` (see `plain_least_request`).
+pub fn least_request_policy(locality_weighted: bool) -> Value {
+    let mut typed = json!({"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"});
+    if locality_weighted {
+        typed["locality_lb_config"] = json!({"locality_weighted_lb_config": {}});
+    }
+    json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.least_request",
+        "typed_config": typed
+    }}]})
+}
+
+fn plain_policy_hook(name: &str, policy: Value) -> impl Fn(&mut Value, &Path) + 'static {
     let name = name.to_string();
     move |bootstrap: &mut Value, _dir: &Path| {
         let c = cluster_mut(bootstrap, &name);
         if let Some(o) = c.as_object_mut() {
             o.remove("common_lb_config");
-            o.insert(
-                "load_balancing_policy".into(),
-                json!({"policies": [{"typed_extension_config": {
-                    "name": "envoy.load_balancing_policies.round_robin",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
-                }}]}),
-            );
+            o.insert("load_balancing_policy".into(), policy.clone());
         }
     }
 }

@@ -201,3 +201,133 @@ pub fn listener_from_lds_file() -> impl Fn(&mut Value, &Path) + 'static {
         });
     }
 }
+
+/// Clusters as CDS from a watched file: `<dir>/cds/cds.json`, so that a
+/// cluster's load-balancing policy can be swapped at run time, as a control
+/// plane that drops a patch (or a policy that no longer attaches) does.
+pub struct CdsFile {
+    dir: PathBuf,
+}
+
+impl CdsFile {
+    pub fn in_envoy_dir(envoy_dir: &Path) -> CdsFile {
+        CdsFile {
+            dir: envoy_dir.join("cds"),
+        }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join("cds.json")
+    }
+
+    /// The clusters currently in the file.
+    pub fn clusters(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.path())
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.path().display()));
+        let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("cds json: {e}"));
+        doc["resources"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut c| {
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("@type");
+                }
+                c
+            })
+            .collect()
+    }
+
+    fn version(&self) -> u64 {
+        std::fs::read_to_string(self.path())
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|d| d["version_info"].as_str().and_then(|v| v.parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// Writes a new version (new file beside the watched one, renamed into place).
+    pub fn write(&self, clusters: &[Value]) -> u64 {
+        std::fs::create_dir_all(&self.dir)
+            .unwrap_or_else(|e| panic!("create {}: {e}", self.dir.display()));
+        let v = self.version() + 1;
+        let resources: Vec<Value> = clusters
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(o) = c.as_object_mut() {
+                    o.insert(
+                        "@type".into(),
+                        json!("type.googleapis.com/envoy.config.cluster.v3.Cluster"),
+                    );
+                }
+                c
+            })
+            .collect();
+        let doc = json!({"version_info": v.to_string(), "resources": resources});
+        let tmp = self.dir.join(format!(".cds.json.{v}.tmp"));
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| panic!("cds json: {e}"));
+        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+        std::fs::rename(&tmp, self.path())
+            .unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
+        v
+    }
+
+    /// Writes a new version where cluster `name` has this
+    /// `load_balancing_policy` and no `common_lb_config`.
+    pub fn set_policy(&self, name: &str, policy: Value) -> u64 {
+        let mut clusters = self.clusters();
+        let c = clusters
+            .iter_mut()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("cds has no cluster {name:?}"));
+        if let Some(o) = c.as_object_mut() {
+            o.remove("common_lb_config");
+            o.insert("load_balancing_policy".into(), policy);
+        }
+        self.write(&clusters)
+    }
+}
+
+/// A hook that moves the static cluster `name` to CDS from a watched file
+/// (`CdsFile::in_envoy_dir(dir)`). Runs after the hooks that shape the
+/// cluster; keeps the other `dynamic_resources` (ADS); static route
+/// configurations stop validating cluster names at start-up.
+pub fn cluster_from_cds_file(name: &str) -> impl Fn(&mut Value, &Path) + 'static {
+    let name = name.to_string();
+    move |bootstrap: &mut Value, dir: &Path| {
+        let clusters = bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .unwrap_or_else(|| panic!("bootstrap without static_resources.clusters"));
+        let at = clusters
+            .iter()
+            .position(|c| c["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("bootstrap has no cluster {name:?}"));
+        let cluster = clusters.remove(at);
+        let cds = CdsFile::in_envoy_dir(dir);
+        let _ = std::fs::remove_file(cds.path());
+        cds.write(&[cluster]);
+        bootstrap["dynamic_resources"]["cds_config"] = json!({
+            "resource_api_version": "V3",
+            "path_config_source": {
+                "path": cds.path().to_string_lossy(),
+                "watched_directory": {"path": cds.dir.to_string_lossy()}
+            }
+        });
+        // Static routes to a CDS cluster: Envoy checks them only once it is there.
+        for l in bootstrap["static_resources"]["listeners"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            for chain in l["filter_chains"].as_array_mut().into_iter().flatten() {
+                for f in chain["filters"].as_array_mut().into_iter().flatten() {
+                    if f["typed_config"]["route_config"].is_object() {
+                        f["typed_config"]["route_config"]["validate_clusters"] = json!(false);
+                    }
+                }
+            }
+        }
+    }
+}

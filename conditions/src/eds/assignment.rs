@@ -5,11 +5,16 @@
 //! not serving UNHEALTHY). Endpoints are grouped by priority and zone
 //! (`locality.zone`), in a stable order.
 //!
-//! With the priority output (for Envoys without serving-picker), serving
-//! and not terminating endpoints are at priority 0, serving and terminating
-//! ones at priority 1, not serving ones are left out, and the
-//! overprovisioning factor is so high that priority 1 gets nothing while a
-//! priority-0 host is healthy: plain round robin then follows KEP-1669.
+//! The tiered output (the default): serving and not terminating endpoints
+//! are at priority 0, serving and terminating ones at priority 1, not
+//! serving ones are left out, and the overprovisioning factor is so high
+//! that priority 1 gets nothing while a priority-0 host is healthy. So an
+//! Envoy whose picker is missing (no module, a policy that did not attach)
+//! still follows KEP-1669 with its own round robin or least request, and
+//! both forms read the same assignment (the tier from the metadata, the
+//! priority from its locality). The flat output (`--flat-output`) puts
+//! every endpoint at priority 0, not serving ones UNHEALTHY: only for an
+//! Envoy that needs to see them (docs/companion.md says when).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -35,8 +40,8 @@ use crate::model::port_view::EndpointChange;
 /// Type URL of the EDS resource.
 pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
-/// With the priority output: priority 1 gets load only when priority 0
-/// has no healthy host at all (Envoy's default of 140 spills early).
+/// With the tiered output: priority 1 gets load only when priority 0 has
+/// no healthy host at all (Envoy's default of 140 spills early).
 pub const OVERPROVISIONING_FACTOR: u32 = 100_000;
 
 /// How endpoints are written; the same flags in both modes.
@@ -45,17 +50,46 @@ pub struct Output {
     /// filter_metadata namespace of the conditions.
     #[arg(long, default_value = serving_picker_core::contract::DEFAULT_NAMESPACE)]
     pub metadata_namespace: String,
-    /// Priority output for Envoys without serving-picker: ready endpoints at
-    /// priority 0, serving+terminating at 1, not serving left out.
-    #[arg(long)]
-    pub priorities: bool,
+    /// Accepted and ignored: the tiered output (ready endpoints at priority
+    /// 0, serving+terminating at 1, not serving left out) is the default.
+    #[arg(long = "priorities", conflicts_with = "flat")]
+    pub priorities_flag: bool,
+    /// Flat output: every endpoint at priority 0, not serving ones
+    /// UNHEALTHY. An Envoy without serving-picker then spreads new requests
+    /// over terminating pods too; see docs/companion.md before using it.
+    #[arg(long = "flat-output")]
+    pub flat: bool,
 }
 
 impl Default for Output {
     fn default() -> Self {
         Output {
             metadata_namespace: serving_picker_core::contract::DEFAULT_NAMESPACE.to_string(),
-            priorities: false,
+            priorities_flag: false,
+            flat: false,
+        }
+    }
+}
+
+impl Output {
+    /// Whether the tiers go out as EDS priorities (everything but `--flat-output`).
+    pub fn tiered(&self) -> bool {
+        !self.flat
+    }
+
+    /// The flat output (tests and benchmarks that compare both).
+    pub fn flat() -> Output {
+        Output {
+            flat: true,
+            ..Output::default()
+        }
+    }
+
+    /// The tiered output if `tiered`, else the flat one.
+    pub fn with_tiers(tiered: bool) -> Output {
+        Output {
+            flat: !tiered,
+            ..Output::default()
         }
     }
 }
@@ -132,7 +166,7 @@ pub fn cluster_load_assignment(
 ) -> ClusterLoadAssignment {
     let mut groups: BTreeMap<(u32, &str), Vec<LbEndpoint>> = BTreeMap::new();
     for ep in endpoints {
-        let priority = if out.priorities {
+        let priority = if out.tiered() {
             match ep.conditions.tier().priority() {
                 Some(p) => p,
                 None => continue,
@@ -159,7 +193,7 @@ pub fn cluster_load_assignment(
                 ..Default::default()
             })
             .collect(),
-        policy: out.priorities.then(|| Policy {
+        policy: out.tiered().then(|| Policy {
             overprovisioning_factor: Some(UInt32Value {
                 value: OVERPROVISIONING_FACTOR,
             }),
@@ -203,10 +237,10 @@ fn push_field(buf: &mut Vec<u8>, tag: u32, len: usize) {
     encode_varint(len as u64, buf);
 }
 
-/// Where an endpoint is written; `None`: left out (the priority output
+/// Where an endpoint is written; `None`: left out (the tiered output
 /// leaves out not serving endpoints).
 fn group_of(ep: &Endpoint, out: &Output) -> Option<GroupKey> {
-    let priority = if out.priorities {
+    let priority = if out.tiered() {
         ep.conditions.tier().priority()?
     } else {
         0
@@ -300,7 +334,7 @@ impl Encoder {
     pub fn assemble(&self, cluster_name: &str, out: &Output) -> Vec<u8> {
         let shell = ClusterLoadAssignment {
             cluster_name: cluster_name.to_string(),
-            policy: out.priorities.then(|| Policy {
+            policy: out.tiered().then(|| Policy {
                 overprovisioning_factor: Some(UInt32Value {
                     value: OVERPROVISIONING_FACTOR,
                 }),
@@ -382,7 +416,7 @@ mod tests {
 
     #[test]
     fn metadata_and_health() {
-        let out = Output::default();
+        let out = Output::flat();
         let lb = lb_endpoint(&ep("10.0.0.1:80", false, true, true, Some("z1")), &out);
         assert_eq!(addr(&lb), "10.0.0.1:80");
         assert_eq!(md(&lb, "ready"), Some(&Kind::BoolValue(false)));
@@ -405,13 +439,13 @@ mod tests {
     }
 
     #[test]
-    fn grouped_by_zone_all_at_priority_0_without_the_priority_output() {
+    fn grouped_by_zone_all_at_priority_0_with_the_flat_output() {
         let eps = vec![
             ep("10.0.0.1:80", true, true, false, Some("z2")),
             ep("10.0.0.2:80", false, true, true, Some("z1")),
             ep("10.0.0.3:80", false, false, false, None),
         ];
-        let cla = cluster_load_assignment("backend", &eps, &Output::default());
+        let cla = cluster_load_assignment("backend", &eps, &Output::flat());
         assert_eq!(cla.cluster_name, "backend");
         assert!(cla.policy.is_none());
         let zones: Vec<(u32, String, usize)> = cla
@@ -461,10 +495,7 @@ mod tests {
             changed
         }
         for priorities in [false, true] {
-            let out = Output {
-                priorities,
-                ..Output::default()
-            };
+            let out = Output::with_tiers(priorities);
             let mut eps = vec![
                 ep("10.0.0.1:80", true, true, false, Some("z2")),
                 ep("10.0.0.2:80", false, true, true, Some("z1")),
@@ -524,11 +555,24 @@ mod tests {
     }
 
     #[test]
-    fn priority_output() {
-        let out = Output {
-            priorities: true,
-            ..Output::default()
-        };
+    fn priorities_is_accepted_and_the_flat_output_is_a_flag_of_its_own() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            output: Output,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.output);
+        assert!(parse(&["x"]).unwrap().tiered());
+        assert!(parse(&["x", "--priorities"]).unwrap().tiered());
+        assert!(!parse(&["x", "--flat-output"]).unwrap().tiered());
+        assert!(parse(&["x", "--priorities", "--flat-output"]).is_err());
+    }
+
+    #[test]
+    fn tiered_output_by_default() {
+        let out = Output::default();
+        assert!(out.tiered());
         let eps = vec![
             ep("10.0.0.1:80", true, true, false, None),
             ep("10.0.0.2:80", false, true, true, None),

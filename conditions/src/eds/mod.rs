@@ -2,7 +2,7 @@
 //! by every stream.
 //!
 //! - `assignment`: endpoints -> a ClusterLoadAssignment (conditions
-//!   metadata, or the priority output).
+//!   metadata, the tiers as priorities).
 //! - `publish`: applies the source's updates to the index and publishes
 //!   snapshots (never half built).
 //! - `response_bytes`: a DiscoveryResponse's bytes, resource entries

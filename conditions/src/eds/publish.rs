@@ -160,7 +160,7 @@ impl Publisher {
     }
 
     /// Each cluster with its endpoints now (the status page), and whether
-    /// the priority output is on.
+    /// the tiered output is on.
     pub fn port_endpoints(
         &self,
     ) -> (
@@ -172,7 +172,7 @@ impl Publisher {
             .iter()
             .zip(&self.served)
             .map(|(c, s)| (c, s.view.endpoints()));
-        (self.output.priorities, ports)
+        (self.output.tiered(), ports)
     }
 
     /// Applies updates; returns the new snapshot when something an Envoy
@@ -468,10 +468,7 @@ mod tests {
         }
         let r = &mut 0x2545_F491_4F6C_DD1Du64;
         for priorities in [false, true] {
-            let out = Output {
-                priorities,
-                ..Output::default()
-            };
+            let out = Output::with_tiers(priorities);
             let specs = vec![spec("a", "web"), spec("b", "api")];
             let mut p = Publisher::new(specs.clone(), IpFamily::Auto, out.clone());
             let mut last: BTreeMap<String, (u64, Vec<u8>)> = BTreeMap::new();

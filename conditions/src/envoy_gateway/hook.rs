@@ -20,8 +20,9 @@
 //!   Otherwise a doubtful endpoint is left exactly as EG sent it (EG's
 //!   health, no conditions metadata): the behaviour without the companion,
 //!   never worse. An unknown endpoint is always left as EG sent it.
-//! - With the priority output: localities keep EG's grouping, weights and
-//!   metadata, and each managed one is split by tier: serving and not
+//! - With the tiered output (the default; not with `--flat-output`):
+//!   localities keep EG's grouping, weights and metadata, and each managed
+//!   one is split by tier: serving and not
 //!   terminating at `2p`, serving and terminating at `2p + 1` (`p`: EG's
 //!   priority, 1 for `fallback` Backends), not serving left out; endpoints
 //!   left as EG sent them go by EG's health (UNKNOWN/HEALTHY/DEGRADED at
@@ -99,10 +100,12 @@ pub struct Answer {
     pub doubts: Vec<Doubt>,
     /// Disagreements settled by the index (Service in `trusted`).
     pub overruled: usize,
-    /// Not serving endpoints left out (priority output).
+    /// Not serving endpoints left out (tiered output).
     pub dropped: usize,
-    /// Localities of a managed assignment that name no Service.
+    /// Localities of a managed assignment that name no managed Service.
     pub not_services: usize,
+    /// Distinct backends (Service and port) of its managed localities.
+    pub backends: usize,
 }
 
 /// The hook's result for one assignment.
@@ -139,7 +142,7 @@ pub fn cluster_name(cla: &[u8]) -> String {
         .unwrap_or_default()
 }
 
-/// The tier of an endpoint left as EG sent it (priority output).
+/// The tier of an endpoint left as EG sent it (tiered output).
 fn eg_tier(lb: &LbEndpoint) -> u32 {
     match HealthStatus::try_from(lb.health_status) {
         Ok(HealthStatus::Unknown | HealthStatus::Healthy | HealthStatus::Degraded) => 0,
@@ -409,11 +412,13 @@ pub fn modify(
         .map(|f| walk_locality(f.raw, payload_of(f)?))
         .collect::<Result<_, _>>()?;
     // Which localities are managed, by which Service.
+    let mut backends = BTreeSet::new();
     let owners: Vec<Option<(ServiceKey, &ServiceEndpoints)>> = localities
         .iter()
         .map(|l| {
             let b = metadata_backend(l.metadata.as_ref()).ok()?;
             let eps = index.service(&b.service)?;
+            backends.insert((b.service.clone(), b.section_name));
             Some((b.service, eps))
         })
         .collect();
@@ -425,6 +430,7 @@ pub fn modify(
     }
     answer.managed = true;
     answer.not_services = owners.iter().filter(|o| o.is_none()).count();
+    answer.backends = backends.len();
     let ns = out.metadata_namespace.as_bytes();
     let mut split: Vec<(u32, LocalityOut<'_>)> = Vec::with_capacity(localities.len() * 2);
     for (loc, owner) in localities.iter().zip(owners) {
@@ -460,7 +466,7 @@ pub fn modify(
 /// The decision for a managed locality's endpoints: each one's tier and
 /// what is written for it (the index's conditions, or EG's endpoint kept
 /// when the index does not know it or disagrees without a re-read), as
-/// tier 0 and tier 1 (with the priority output; else all in tier 0).
+/// tier 0 and tier 1 (with the tiered output; else all in tier 0).
 /// Counts and doubts go to `answer`.
 fn tiers_of<'a>(
     loc: &Locality<'a>,
@@ -512,7 +518,7 @@ fn tiers_of<'a>(
                 }
             }
         };
-        match (out.priorities, tier) {
+        match (out.tiered(), tier) {
             (false, _) => tiers[0].push(written),
             (true, Some(t)) => tiers[t.min(1) as usize].push(written),
             (true, None) => answer.dropped += 1,
@@ -522,7 +528,7 @@ fn tiers_of<'a>(
 }
 
 /// Writes the assignment: EG's other fields as they came, the localities
-/// in `split` (with the priority output renumbered 0, 1, ... and the
+/// in `split` (with the tiered output renumbered 0, 1, ... and the
 /// policy's overprovisioning factor set), `capacity` bytes reserved.
 fn write_assignment(
     capacity: usize,
@@ -533,11 +539,11 @@ fn write_assignment(
     let ns = out.metadata_namespace.as_bytes();
     let mut buf = Vec::with_capacity(capacity);
     for f in top {
-        if f.number != CLA_ENDPOINTS && !(out.priorities && f.number == CLA_POLICY) {
+        if f.number != CLA_ENDPOINTS && !(out.tiered() && f.number == CLA_POLICY) {
             buf.extend_from_slice(f.raw);
         }
     }
-    if !out.priorities {
+    if !out.tiered() {
         for (_, l) in &split {
             write_locality(&mut buf, l, ns);
         }
@@ -716,10 +722,7 @@ mod tests {
         priorities: bool,
     ) -> (ClusterLoadAssignment, Answer) {
         let mut cla = rule_assignments("shop", "app", 0, refs, false).remove(0);
-        let out = Output {
-            priorities,
-            ..Output::default()
-        };
+        let out = Output::with_tiers(priorities);
         let a = modify_typed(&mut cla, ix, &BTreeSet::new(), &out);
         (cla, a)
     }
@@ -1002,10 +1005,7 @@ mod tests {
             section_name: None,
         }]));
         cla.endpoints.push(fallback);
-        let out = Output {
-            priorities: true,
-            ..Output::default()
-        };
+        let out = Output::default();
         modify_typed(&mut cla, &ix, &BTreeSet::new(), &out);
         let p: Vec<(u32, usize)> = cla
             .endpoints
@@ -1110,10 +1110,7 @@ mod tests {
             weighted_priority_health: true,
             ..Default::default()
         });
-        let out = Output {
-            priorities: true,
-            ..Output::default()
-        };
+        let out = Output::default();
         modify_typed(&mut cla, &ix, &BTreeSet::new(), &out);
         let policy = cla.policy.unwrap();
         assert_eq!(

@@ -6,15 +6,19 @@
 //!                                            ^------ bounded re-read of one Service on a doubt
 //! ```
 //!
-//! - `proto`: EG's extension service, the PostEndpointsModify rpc, generated
-//!   at build time from `conditions/proto/extension/post_endpoints.proto`
-//!   (protox, tonic-prost-build), and a client.
+//! - `proto`: EG's extension service, the PostEndpointsModify and
+//!   PostTranslateModify rpcs, generated at build time from
+//!   `conditions/proto/extension/hooks.proto` (protox, tonic-prost-build),
+//!   and a client.
 //! - `naming`: EG's locality metadata -> the Service.
 //! - `hook`: the pure function, assignment in -> assignment out, edited
 //!   on the wire (`field_edit`).
 //! - `prepared`: the index plus each managed Service's endpoints with their
 //!   conditions metadata encoded, made when its slices change.
 //! - `service`: the gRPC service over it (re-reads, metrics).
+//! - `native_lb`: PostTranslateModify, the native form's load-balancing
+//!   policy on the clusters whose assignments the hook wrote
+//!   (`--native-lb-policy`).
 //! - `testing` (tests and the `testing` feature only): what EG >= 1.6
 //!   sends, for tests and benchmarks that play EG.
 //!
@@ -27,15 +31,16 @@
 //! watches only managed slices, needs no Service or route access (RBAC:
 //! list/watch endpointslices), and "managed" is "has slices in the index".
 //! Opt-in on purpose: a managed cluster's terminating pods become HEALTHY
-//! with their conditions in metadata, which only serving-picker (either
-//! form) or the priority output turns into the right choice; Envoy's own
-//! balancer would spread load over them. `--manage ''` selects every
+//! with their conditions in metadata (at the priority after the ready ones,
+//! with the tiered output), which serving-picker (either form) and Envoy's
+//! own balancer alike turn into the right choice. `--manage ''` selects every
 //! Service. With `--slices-dir`, every Service in the directory is managed
 //! (the files carry the selection; `--manage` is refused there).
 
 pub mod field_edit;
 pub mod hook;
 pub mod naming;
+pub mod native_lb;
 pub mod prepared;
 pub mod proto;
 pub mod service;
@@ -103,6 +108,18 @@ pub struct Args {
     /// At least twice --max-message-size.
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     pub max_bytes_held: usize,
+    /// Answer PostTranslateModify by putting the native module's
+    /// load-balancing policy on the clusters whose assignments this hook
+    /// wrote (every locality a managed Service of one backendRef, every
+    /// endpoint annotated). Only where the Gateways' EnvoyProxy mounts the
+    /// module: Envoy refuses a cluster whose module it cannot load. Off:
+    /// PostTranslateModify sends every resource back unchanged.
+    #[arg(long)]
+    pub native_lb_policy: bool,
+    /// Cluster verdicts remembered for PostTranslateModify; a cluster over
+    /// the limit keeps Envoy Gateway's policy (counted).
+    #[arg(long, value_name = "N", default_value_t = native_lb::DEFAULT_MAX_VERDICTS)]
+    pub native_lb_max_clusters: usize,
     /// Connection and metrics-port limits (`limits`).
     #[command(flatten)]
     pub limits: crate::limits::ServeLimits,
@@ -130,7 +147,7 @@ pub async fn consume(
     shared: Arc<Shared>,
     mut updates: mpsc::Receiver<Update>,
     metrics: Arc<Metrics>,
-    priorities: bool,
+    tiered: bool,
 ) {
     let mut batches: u64 = 0;
     while let Some(batch) = next_batch(&mut updates).await {
@@ -145,7 +162,7 @@ pub async fn consume(
             service_ports(&index).into_iter().unzip();
         metrics.status().set_services(
             &format!("index-{batches}"),
-            priorities,
+            tiered,
             ports.iter().zip(endpoints),
         );
         if ready && !was_ready {

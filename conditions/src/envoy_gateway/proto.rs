@@ -1,12 +1,13 @@
-//! Envoy Gateway's extension service, the PostEndpointsModify rpc only.
+//! Envoy Gateway's extension service, the PostEndpointsModify and
+//! PostTranslateModify rpcs.
 //!
 //! The server and the messages it takes are generated at build time
 //! (`conditions/build.rs`: protox and tonic-prost-build, no protoc) from
-//! `conditions/proto/extension/post_endpoints.proto`, EG's package, service
-//! and rpc with the ClusterLoadAssignment kept as its encoded bytes. The
-//! hook edits the assignment on the wire and answers an unmanaged one with
-//! the very bytes it got: prost drops unknown fields and orders `Struct`
-//! maps unlike Go, so a decode and re-encode would not be byte-identical.
+//! `conditions/proto/extension/hooks.proto`, EG's package, service and rpcs
+//! with every Envoy resource kept as its encoded bytes. The hooks edit on
+//! the wire and answer what they leave alone with the very bytes they got:
+//! prost drops unknown fields and orders `Struct` maps unlike Go, so a
+//! decode and re-encode would not be byte-identical.
 //!
 //! Two views of the same wire messages:
 //! - raw ([`RawPostEndpointsModifyRequest`], generated): the assignment
@@ -20,14 +21,20 @@
 //! assignment). [`EnvoyGatewayExtensionClient`] calls the rpc as EG does
 //! (tests, benchmarks, debugging).
 
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use tonic::codegen::http;
 
 /// The gRPC service name.
 pub const SERVICE_NAME: &str = "envoygateway.extension.EnvoyGatewayExtension";
-/// The one rpc implemented.
+/// The rpcs implemented.
 pub const POST_ENDPOINTS_MODIFY_PATH: &str =
     "/envoygateway.extension.EnvoyGatewayExtension/PostEndpointsModify";
+pub const POST_TRANSLATE_MODIFY_PATH: &str =
+    "/envoygateway.extension.EnvoyGatewayExtension/PostTranslateModify";
 
 /// `PostEndpointsExtensionContext` (empty in every EG version read).
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
@@ -49,6 +56,71 @@ pub struct PostEndpointsModifyResponse {
     pub load_assignment: Option<ClusterLoadAssignment>,
 }
 
+/// `PostTranslateExtensionContext`: the extension's own policies (none
+/// for serving-picker; kept as bytes, never read).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PostTranslateExtensionContext {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    pub extension_resources: Vec<Vec<u8>>,
+}
+
+/// `PostTranslateModifyRequest`, typed.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PostTranslateModifyRequest {
+    #[prost(message, optional, tag = "1")]
+    pub post_translate_context: Option<PostTranslateExtensionContext>,
+    #[prost(message, repeated, tag = "2")]
+    pub clusters: Vec<Cluster>,
+    #[prost(message, repeated, tag = "3")]
+    pub secrets: Vec<Secret>,
+    #[prost(message, repeated, tag = "4")]
+    pub listeners: Vec<Listener>,
+    #[prost(message, repeated, tag = "5")]
+    pub routes: Vec<RouteConfiguration>,
+}
+
+/// `PostTranslateModifyResponse`, typed.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PostTranslateModifyResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub clusters: Vec<Cluster>,
+    #[prost(message, repeated, tag = "2")]
+    pub secrets: Vec<Secret>,
+    #[prost(message, repeated, tag = "3")]
+    pub listeners: Vec<Listener>,
+    #[prost(message, repeated, tag = "4")]
+    pub routes: Vec<RouteConfiguration>,
+}
+
+/// A request's exact wire bytes, sent as they are (a client playing a later
+/// EG: fields this version does not know).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Wire(pub Vec<u8>);
+
+impl prost::Message for Wire {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// The generated messages and server (`conditions/build.rs`).
 #[allow(
     clippy::all,
@@ -61,12 +133,14 @@ mod generated {
     tonic::include_proto!("envoygateway.extension");
 }
 
+pub use super::native_lb::RawPostTranslateModifyRequest;
 pub use generated::envoy_gateway_extension_server::{
     EnvoyGatewayExtension, EnvoyGatewayExtensionServer,
 };
 pub use generated::{
     PostEndpointsModifyRequest as RawPostEndpointsModifyRequest,
     PostEndpointsModifyResponse as RawPostEndpointsModifyResponse,
+    PostTranslateModifyResponse as RawPostTranslateModifyResponse,
 };
 
 /// A client, as Envoy Gateway is one (tests, benchmarks, debugging).
@@ -120,6 +194,30 @@ impl EnvoyGatewayExtensionClient {
         req: RawPostEndpointsModifyRequest,
     ) -> Result<RawPostEndpointsModifyResponse, tonic::Status> {
         self.unary(POST_ENDPOINTS_MODIFY_PATH, req).await
+    }
+
+    /// PostTranslateModify, typed.
+    pub async fn post_translate_modify(
+        &mut self,
+        req: PostTranslateModifyRequest,
+    ) -> Result<PostTranslateModifyResponse, tonic::Status> {
+        self.unary(POST_TRANSLATE_MODIFY_PATH, req).await
+    }
+
+    /// PostTranslateModify, every resource as bytes both ways.
+    pub async fn post_translate_modify_raw(
+        &mut self,
+        req: RawPostTranslateModifyRequest,
+    ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
+        self.unary(POST_TRANSLATE_MODIFY_PATH, req).await
+    }
+
+    /// PostTranslateModify with these exact request bytes.
+    pub async fn post_translate_modify_wire(
+        &mut self,
+        req: Wire,
+    ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
+        self.unary(POST_TRANSLATE_MODIFY_PATH, req).await
     }
 
     /// PostRouteModify with an empty request (this server does not implement it).
@@ -179,6 +277,10 @@ mod tests {
         assert_eq!(
             format!("/{SERVICE_NAME}/PostEndpointsModify"),
             POST_ENDPOINTS_MODIFY_PATH
+        );
+        assert_eq!(
+            format!("/{SERVICE_NAME}/PostTranslateModify"),
+            POST_TRANSLATE_MODIFY_PATH
         );
     }
 }

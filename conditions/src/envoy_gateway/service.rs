@@ -27,6 +27,12 @@
 //! a call over either limit gets EG's bytes back at once, counted. An
 //! edited answer larger than `max_message_size` (what EG accepts) is
 //! replaced by EG's own bytes, counted.
+//!
+//! PostTranslateModify (`native_lb`): with `--native-lb-policy`, each
+//! PostEndpointsModify answer leaves a verdict for its cluster, and
+//! PostTranslateModify puts the module's policy on the clusters whose
+//! verdict says so; every other resource goes back as EG sent it. Without
+//! the flag, and over the same limits, every resource goes back unchanged.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -42,9 +48,11 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::hook::{self, Modified};
+use super::native_lb::{self, ClusterOutcome, NativeLbMetrics, NativePolicy, Verdicts};
 use super::prepared::PreparedIndex;
 use super::proto::{
     EnvoyGatewayExtension, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
+    RawPostTranslateModifyRequest, RawPostTranslateModifyResponse,
 };
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
@@ -237,6 +245,10 @@ pub struct HookConfig {
     /// Largest answer EG accepts: a larger edited answer is replaced by
     /// EG's own bytes.
     pub max_message_size: usize,
+    /// PostTranslateModify sets the native policy (`--native-lb-policy`).
+    pub native_lb: bool,
+    /// Cluster verdicts remembered at most (`--native-lb-max-clusters`).
+    pub native_lb_max_clusters: usize,
 }
 
 impl Default for HookConfig {
@@ -248,8 +260,20 @@ impl Default for HookConfig {
             max_calls: 8,
             max_bytes_held: 32 << 20,
             max_message_size: EG_DEFAULT_MAX_MESSAGE_SIZE,
+            native_lb: false,
+            native_lb_max_clusters: native_lb::DEFAULT_MAX_VERDICTS,
         }
     }
+}
+
+/// PostTranslateModify's state: the policy it writes, the verdicts it
+/// reads, its metrics (registered or not).
+struct NativeLb {
+    policy: NativePolicy,
+    verdicts: Verdicts,
+    metrics: Option<NativeLbMetrics>,
+    /// EG sent its secrets: logged once (the shipped values leave them out).
+    secrets_logged: AtomicBool,
 }
 
 /// A call's share of the limits, given back when the call is answered.
@@ -280,6 +304,7 @@ pub struct HookService {
     /// `answer_too_big` is logged at most once a minute (EG asks again at
     /// every translation).
     too_big_log: Mutex<PerKey<()>>,
+    native_lb: NativeLb,
 }
 
 fn recent(
@@ -312,12 +337,49 @@ impl HookService {
         HookService {
             calls: Semaphore::new(config.max_calls.min(Semaphore::MAX_PERMITS)),
             bytes: Semaphore::new(config.max_bytes_held.min(Semaphore::MAX_PERMITS)),
+            native_lb: NativeLb {
+                policy: NativePolicy::new(&config.output.metadata_namespace),
+                verdicts: Verdicts::new(config.native_lb_max_clusters, native_lb::VERDICT_TTL),
+                metrics: None,
+                secrets_logged: AtomicBool::new(false),
+            },
             shared,
             config,
             reread,
             attempted: Mutex::new(HashMap::new()),
             metrics,
             too_big_log: Mutex::new(PerKey::new(Duration::from_secs(60), 1)),
+        }
+    }
+
+    /// PostTranslateModify's metrics, registered by the caller.
+    pub fn with_native_lb_metrics(mut self, metrics: NativeLbMetrics) -> HookService {
+        metrics.zero();
+        metrics
+            .max_verdicts
+            .set(self.config.native_lb_max_clusters as i64);
+        self.native_lb.metrics = Some(metrics);
+        self
+    }
+
+    /// Leaves PostTranslateModify the verdict of the assignment `raw` (with
+    /// `--native-lb-policy`): eligible when `answer` (the one sent) says so.
+    fn verdict(&self, raw: &[u8], answer: Option<&hook::Answer>) {
+        if !self.config.native_lb {
+            return;
+        }
+        let name = hook::cluster_name(raw);
+        if name.is_empty() {
+            return;
+        }
+        let eligible = answer.is_some_and(native_lb::eligible);
+        let n = &self.native_lb;
+        let kept = n.verdicts.record(&name, eligible, Instant::now());
+        if let Some(m) = &n.metrics {
+            m.verdicts.set(n.verdicts.len() as i64);
+            if !kept {
+                m.verdicts_refused.inc();
+            }
         }
     }
 
@@ -404,6 +466,7 @@ impl HookService {
         };
         if !self.shared.ready.load(Ordering::SeqCst) {
             self.metrics.call("not_ready");
+            self.verdict(&raw, None);
             return echo(Some(raw));
         }
         let _admitted = match self.admit(raw.len()) {
@@ -415,6 +478,7 @@ impl HookService {
                     bytes = raw.len(),
                     "hook call over a limit: Envoy Gateway's assignment sent back"
                 );
+                self.verdict(&raw, None);
                 return echo(Some(raw));
             }
         };
@@ -425,9 +489,11 @@ impl HookService {
             tracing::warn!(
                 "a ClusterLoadAssignment from Envoy Gateway does not decode: sent back untouched"
             );
+            self.verdict(&raw, None);
             return echo(Some(raw));
         };
         if !modified.answer.managed {
+            self.verdict(&raw, None);
             self.metrics.call("unmanaged");
             self.metrics
                 .seconds
@@ -472,6 +538,7 @@ impl HookService {
                     "the edited assignment is larger than Envoy Gateway accepts (--max-message-size): its own sent back (logged once a minute, counted as answer_too_big)"
                 );
             }
+            self.verdict(&raw, None);
             return echo(Some(raw));
         }
         let disagreed = answer
@@ -496,7 +563,98 @@ impl HookService {
         self.metrics
             .seconds
             .observe(started.elapsed().as_secs_f64());
+        self.verdict(&raw, Some(answer));
         echo(Some(modified.assignment.map_or(raw, Bytes::from)))
+    }
+
+    /// One PostTranslateModify call: EG's resources -> the final lists.
+    /// `Err` only for a request with a field this version does not know
+    /// (EG with `failOpen` then keeps its own resources).
+    pub async fn translate(
+        &self,
+        req: RawPostTranslateModifyRequest,
+    ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
+        let n = &self.native_lb;
+        let count = |result: &'static str| {
+            if let Some(m) = &n.metrics {
+                m.call(result);
+            }
+        };
+        if !req.unknown_fields.is_empty() {
+            count("refused");
+            tracing::warn!(
+                fields = ?req.unknown_fields,
+                "PostTranslateModify request with fields this version does not know: refused (Envoy Gateway with failOpen keeps its own resources)"
+            );
+            return Err(tonic::Status::failed_precondition(format!(
+                "serving-picker-conditions does not know fields {:?} of PostTranslateModifyRequest: its answer would drop them",
+                req.unknown_fields
+            )));
+        }
+        if !req.secrets.is_empty() && !n.secrets_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                secrets = req.secrets.len(),
+                "Envoy Gateway sends its secrets to PostTranslateModify: set hooks.xdsTranslator.translation.secret.includeAll: false (sent back untouched; logged once)"
+            );
+        }
+        let echo = |req: RawPostTranslateModifyRequest| RawPostTranslateModifyResponse {
+            clusters: req.clusters,
+            secrets: req.secrets,
+            listeners: req.listeners,
+            routes: req.routes,
+        };
+        if !self.config.native_lb {
+            count("disabled");
+            return Ok(echo(req));
+        }
+        let _admitted = match self.admit(prost::Message::encoded_len(&req)) {
+            Ok(a) => a,
+            Err(limit) => {
+                count(limit);
+                return Ok(echo(req));
+            }
+        };
+        let now = Instant::now();
+        let mut outcomes = [0u64; ClusterOutcome::ALL.len()];
+        let clusters: Vec<Bytes> = req
+            .clusters
+            .iter()
+            .map(|c| {
+                let (edited, outcome) =
+                    native_lb::apply(c, |name| n.verdicts.lookup(name, now), &n.policy);
+                if let Some(k) = ClusterOutcome::ALL.iter().position(|o| *o == outcome) {
+                    outcomes[k] += 1;
+                }
+                edited.map_or_else(|| c.clone(), Bytes::from)
+            })
+            .collect();
+        let set = outcomes[0];
+        let answer = RawPostTranslateModifyResponse {
+            clusters,
+            secrets: req.secrets.clone(),
+            listeners: req.listeners.clone(),
+            routes: req.routes.clone(),
+        };
+        if prost::Message::encoded_len(&answer) > self.config.max_message_size {
+            count("answer_too_big");
+            tracing::warn!(
+                max_message_size = self.config.max_message_size,
+                "the PostTranslateModify answer is larger than Envoy Gateway accepts (--max-message-size): its resources sent back unchanged"
+            );
+            return Ok(echo(req));
+        }
+        if let Some(m) = &n.metrics {
+            for (o, k) in ClusterOutcome::ALL.iter().zip(outcomes) {
+                m.cluster(*o, k);
+            }
+        }
+        count(if set > 0 { "modified" } else { "unchanged" });
+        tracing::debug!(
+            clusters = req.clusters.len(),
+            set,
+            "PostTranslateModify answered"
+        );
+        Ok(answer)
     }
 }
 
@@ -509,5 +667,14 @@ impl EnvoyGatewayExtension for HookService {
         Ok(tonic::Response::new(
             self.answer(request.into_inner()).await,
         ))
+    }
+
+    async fn post_translate_modify(
+        &self,
+        request: tonic::Request<RawPostTranslateModifyRequest>,
+    ) -> Result<tonic::Response<RawPostTranslateModifyResponse>, tonic::Status> {
+        self.translate(request.into_inner())
+            .await
+            .map(tonic::Response::new)
     }
 }

@@ -223,6 +223,82 @@ pub fn rule_assignments(
     .collect()
 }
 
+/// The Cluster EG's translator writes for a route rule's Service backends
+/// (the shape of envoyproxy/gateway@v1.8.3 and @v1.9.0
+/// `internal/xds/translator/testdata/out/xds-ir/http-route.clusters.yaml`,
+/// kept in `platforms/eg-xds/`): EDS over ADS with its own name as the
+/// service name, least request with the locality weighted config, empty
+/// `commonLbConfig`, `ignoreHealthOnHostRemoval`. `tests/e2e` checks this
+/// shape against the fixture through a real Envoy's config dump.
+pub fn eg_rule_cluster(name: &str) -> envoy_types::pb::envoy::config::cluster::v3::Cluster {
+    use envoy_types::pb::envoy::config::cluster::v3::{
+        circuit_breakers::Thresholds, cluster, load_balancing_policy, CircuitBreakers, Cluster,
+        LoadBalancingPolicy,
+    };
+    use envoy_types::pb::envoy::config::core::v3::{
+        config_source, AggregatedConfigSource, ApiVersion, ConfigSource, TypedExtensionConfig,
+    };
+    use envoy_types::pb::envoy::extensions::load_balancing_policies::common::v3::{
+        locality_lb_config, LocalityLbConfig,
+    };
+    use envoy_types::pb::envoy::extensions::load_balancing_policies::least_request::v3::LeastRequest;
+    use envoy_types::pb::google::protobuf::{Any, Duration};
+    use prost::Message;
+    let least_request = LeastRequest {
+        locality_lb_config: Some(LocalityLbConfig {
+            locality_config_specifier: Some(
+                locality_lb_config::LocalityConfigSpecifier::LocalityWeightedLbConfig(
+                    Default::default(),
+                ),
+            ),
+        }),
+        ..Default::default()
+    };
+    Cluster {
+        name: name.to_string(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: Some(ConfigSource {
+                resource_api_version: ApiVersion::V3 as i32,
+                config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+                    AggregatedConfigSource::default(),
+                )),
+                ..Default::default()
+            }),
+            service_name: name.to_string(),
+        }),
+        connect_timeout: Some(Duration {
+            seconds: 10,
+            nanos: 0,
+        }),
+        dns_lookup_family: cluster::DnsLookupFamily::V4Preferred as i32,
+        per_connection_buffer_limit_bytes: Some(UInt32Value { value: 32768 }),
+        circuit_breakers: Some(CircuitBreakers {
+            thresholds: vec![Thresholds {
+                max_retries: Some(UInt32Value { value: 1024 }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        common_lb_config: Some(cluster::CommonLbConfig::default()),
+        ignore_health_on_host_removal: true,
+        load_balancing_policy: Some(LoadBalancingPolicy {
+            policies: vec![load_balancing_policy::Policy {
+                typed_extension_config: Some(TypedExtensionConfig {
+                    name: "envoy.load_balancing_policies.least_request".to_string(),
+                    typed_config: Some(Any {
+                        type_url: "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest".to_string(),
+                        value: least_request.encode_to_vec(),
+                    }),
+                }),
+            }],
+        }),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

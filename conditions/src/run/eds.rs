@@ -89,7 +89,7 @@ pub async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         clusters = ?args.clusters.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        priorities = args.output.priorities,
+        tiered_output = args.output.tiered(),
         source = %run::source_name(args.slices_dir.as_ref()),
         "serving-picker-conditions eds starting"
     );

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::envoy_gateway::native_lb::NativeLbMetrics;
 use crate::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared,
 };
@@ -27,6 +28,7 @@ pub async fn run(
         .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
     let mut metrics = Metrics::new();
     let hook_metrics = HookMetrics::register(metrics.registry_mut());
+    let native_lb_metrics = NativeLbMetrics::register(metrics.registry_mut());
     let plumbing = Plumbing::start(
         args.listen,
         args.metrics_listen,
@@ -40,7 +42,8 @@ pub async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         manage = %args.slices_dir.as_ref().map(|_| "every Service in the directory".to_string()).unwrap_or_else(|| selector.clone()),
-        priorities = args.output.priorities,
+        tiered_output = args.output.tiered(),
+        native_lb_policy = args.native_lb_policy,
         source = %run::source_name(args.slices_dir.as_ref()),
         "serving-picker-conditions envoy-gateway starting"
     );
@@ -51,7 +54,7 @@ pub async fn run(
         shared.clone(),
         updates_rx,
         metrics.clone(),
-        args.output.priorities,
+        args.output.tiered(),
     ));
     let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
         Some(dir) => (
@@ -75,7 +78,8 @@ pub async fn run(
     };
     let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
 
-    let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics);
+    let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics)
+        .with_native_lb_metrics(native_lb_metrics);
     let svc = proto::EnvoyGatewayExtensionServer::new(hook)
         .max_decoding_message_size(args.max_message_size)
         .max_encoding_message_size(args.max_message_size);
@@ -104,6 +108,9 @@ fn check(args: &Args) -> anyhow::Result<()> {
     if args.slices_dir.is_some() && args.manage.is_some() {
         anyhow::bail!("--manage selects Services in the Kubernetes API; with --slices-dir every Service in the directory is managed");
     }
+    if args.native_lb_policy && args.native_lb_max_clusters == 0 {
+        anyhow::bail!("--native-lb-max-clusters must be at least 1 with --native-lb-policy");
+    }
     if args.max_concurrent_calls == 0 {
         anyhow::bail!("--max-concurrent-calls must be at least 1");
     }
@@ -125,6 +132,8 @@ fn hook_config(args: &Args) -> HookConfig {
         max_calls: args.max_concurrent_calls,
         max_bytes_held: args.max_bytes_held,
         max_message_size: args.max_message_size,
+        native_lb: args.native_lb_policy,
+        native_lb_max_clusters: args.native_lb_max_clusters,
         ..HookConfig::default()
     }
 }

@@ -63,7 +63,7 @@ struct EndpointRow {
     hints_zones: Option<String>,
     hints_nodes: Option<String>,
     tier: Tier,
-    /// With the priority output: the priority written, `None` when left out.
+    /// With the tiered output: the priority written, `None` when left out.
     priority: Option<u32>,
 }
 
@@ -288,7 +288,12 @@ impl Board {
                         "hints_nodes": e.hints_nodes,
                         "tier": tier(e.tier),
                         "priority": if services.priorities { json!(e.priority) } else { json!(0) },
-                        "health": if e.serving { "HEALTHY" } else { "UNHEALTHY" },
+                        // The tiered output leaves a not serving endpoint out of EDS.
+                        "health": match (e.serving, services.priorities) {
+                            (true, _) => "HEALTHY",
+                            (false, true) => "not sent",
+                            (false, false) => "UNHEALTHY",
+                        },
                     })).collect::<Vec<_>>(),
                 })
             })
@@ -358,7 +363,7 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
 .nack{color:#a00}.small{color:#666;font-size:12px}</style></head><body>\n");
     let _ = writeln!(
         h,
-        "<h1>serving-picker-conditions</h1><p>Snapshot <b id=\"version\">{}</b>, published {} s ago. Priority output: {}.</p>",
+        "<h1>serving-picker-conditions</h1><p>Snapshot <b id=\"version\">{}</b>, published {} s ago. Tiers as EDS priorities: {}.</p>",
         esc(&j["snapshot_version"]),
         esc(&j["published_seconds_ago"]),
         esc(&j["priority_output"])
@@ -479,6 +484,8 @@ mod tests {
         assert_eq!(web["endpoints"][1]["tier"], "terminating_fallback");
         assert_eq!(web["endpoints"][1]["priority"], 1);
         assert_eq!(web["endpoints"][2]["priority"], Value::Null);
+        assert_eq!(web["endpoints"][2]["health"], "not sent");
+        assert_eq!(web["endpoints"][1]["health"], "HEALTHY");
         assert_eq!(j["services"][1]["endpoints"].as_array().unwrap().len(), 997);
         assert_eq!(j["bounds"]["endpoint_rows_left_out"], 203);
         let s = &j["subscribers"][0];

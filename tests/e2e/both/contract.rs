@@ -225,10 +225,7 @@ fn written(eps: &[SliceEndpoint], priorities: bool) -> (Vec<Endpoint>, ClusterLo
             Endpoint::new(&ep, 8080)
         })
         .collect();
-    let out = Output {
-        priorities,
-        ..Output::default()
-    };
+    let out = Output::with_tiers(priorities);
     let cla = cluster_load_assignment("backend", &endpoints, &out);
     (endpoints, cla)
 }

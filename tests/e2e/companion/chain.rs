@@ -2,10 +2,12 @@
 //! real binary) -> Envoy 1.40 (EDS over gRPC from the companion) ->
 //! serving-picker -> real backends.
 //!
-//! - the seed table's rows, walked through slice changes, with the wasm form
-//!   (ADS), both forms over mutual TLS (ADS, envoy-companion.yaml's
-//!   transport socket), the native form over EDS, and with the priority
-//!   output and Envoy's plain round robin (no module, plain EDS);
+//! - the seed table's rows, walked through slice changes, on the
+//!   companion's default (tiered) output: with the wasm form (ADS), both
+//!   forms over mutual TLS (ADS, envoy-companion.yaml's transport socket),
+//!   the native form over EDS, and with no module at all, Envoy's round robin
+//!   (ADS; and with `--priorities`, plain EDS) and least request (plain
+//!   EDS); the flat output with no module, to show what it misroutes;
 //! - the seed rows again beside 1,000 xDS streams that never read (half
 //!   with a window of 0, half that stop reading), subscribed to the same
 //!   cluster and to a 2,000-endpoint one that changes all along: Envoy gets
@@ -25,11 +27,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::json;
 use serving_picker_xds_load::{open_stuck, raise_fd_limit};
 
-use support::companion::{
-    eds_from_companion, plain_round_robin, Companion, Expect, Picker, SliceDir, XdsApi,
-};
+use support::companion::{eds_from_companion, Companion, Expect, Picker, SliceDir, XdsApi};
 use support::envoy::fresh_dir;
 use support::load::{Load, LoadConfig};
 use support::mtls::Mtls;
@@ -58,12 +59,10 @@ fn envoy_over(
     if let Some(m) = mtls {
         b = b.bootstrap_hook(m.envoy_hook());
     }
-    match picker {
-        Picker::Module(form) => b.form(form).start(),
-        Picker::PlainRoundRobin => b
-            .with_filter(None)
-            .bootstrap_hook(plain_round_robin(CLUSTER))
-            .start(),
+    match (picker, picker.plain_policy(CLUSTER)) {
+        (Picker::Module(form), _) => b.form(form).start(),
+        (_, Some(policy)) => b.with_filter(None).bootstrap_hook(policy).start(),
+        (_, None) => unreachable!("a plain picker has a policy"),
     }
 }
 
@@ -82,6 +81,11 @@ fn chain(first: &[Endpoint], extra: &[&str]) -> Chain {
 fn expect(envoy: &Envoy, picker: Picker, what: &str, e: Expect<'_>, all: &[&Backend]) {
     support::companion::expect(envoy, picker, (CLUSTER, PATH), what, e, all);
 }
+
+/// Distinct assignments `walk_seed_rows` sends, the first included, with
+/// the tiered output (steps that change only pods that are not serving
+/// change nothing Envoy sees).
+const SEED_WALK_ASSIGNMENTS: u64 = 8;
 
 /// Every seed-table row, as a sequence of slice changes on one Envoy.
 fn walk_seed_rows(c: &Chain, envoy: &Envoy, picker: Picker, a: &Backend, b: &Backend) {
@@ -188,11 +192,13 @@ fn seed_rows_over(picker: Picker, api: XdsApi, extra: &[&str], mtls: Option<&Mtl
 #[test]
 fn seed_rows_wasm_form_over_ads() {
     let c = seed_rows(Picker::Module(Form::Wasm), XdsApi::Ads, &[]);
+    // Every assignment of the walk ACKed: eight distinct ones (the tiered
+    // output leaves not serving pods out, so some steps change nothing).
     assert!(
         c.companion
             .metric("serving_picker_conditions_xds_acks_total")
             .unwrap_or(0.0)
-            >= 10.0
+            >= SEED_WALK_ASSIGNMENTS as f64
     );
 }
 
@@ -231,9 +237,78 @@ fn seed_rows_native_form_over_eds() {
     seed_rows(Picker::Module(Form::Native), XdsApi::Eds, &[]);
 }
 
+/// `--priorities` is still accepted: the default output, the same rows.
 #[test]
 fn seed_rows_priority_output_plain_round_robin_over_eds() {
     seed_rows(Picker::PlainRoundRobin, XdsApi::Eds, &["--priorities"]);
+}
+
+/// No module at all, the companion's default output: Envoy's own round
+/// robin follows every row (the tiers are EDS priorities).
+#[test]
+fn seed_rows_default_output_no_module_round_robin_over_ads() {
+    seed_rows(Picker::PlainRoundRobin, XdsApi::Ads, &[]);
+}
+
+/// The same with least request, Envoy Gateway's default policy.
+#[test]
+fn seed_rows_default_output_no_module_least_request_over_eds() {
+    seed_rows(Picker::PlainLeastRequest, XdsApi::Eds, &[]);
+}
+
+/// The flat output with no module: what the tiers prevent. Row 5 (A
+/// serving+terminating, B serving) spreads new requests over A too, and
+/// row 2 (nothing serving) reaches the not serving pod through Envoy's
+/// panic mode. Kept as the reason `--flat-output` is never the default.
+#[test]
+fn flat_output_with_no_module_misroutes_rows_5_and_2() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let c = chain(&[Endpoint::serving(a.addr())], &["--flat-output"]);
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-flat",
+        Picker::PlainRoundRobin,
+        XdsApi::Eds,
+    );
+    settle(&envoy, PATH, &[], "A serves", served_by(&a));
+    c.slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    wait_until("B serves (EDS applied)", Duration::from_secs(10), || {
+        per_backend(&batch(&envoy, PATH, &[], 4)).contains_key("B")
+    });
+    let rs = batch(&envoy, PATH, &[], BATCH);
+    let to_a = per_backend(&rs).get("A").copied().unwrap_or(0);
+    println!(
+        "row-tally | flat output, round robin | row 5 | A {to_a} | of {}",
+        rs.len()
+    );
+    assert!(
+        to_a > 0,
+        "row 5 with the flat output: A got none of {}",
+        rs.len()
+    );
+    c.slices
+        .set_endpoints(SERVICE, &[Endpoint::not_serving(b.addr())]);
+    settle(&envoy, PATH, &[], "the no-serving row applied", |r| {
+        r.status == 200 && r.header(BACKEND_HEADER) == Some("B")
+    });
+    let rs = batch(&envoy, PATH, &[], BATCH);
+    let to_b = per_backend(&rs).get("B").copied().unwrap_or(0);
+    println!(
+        "row-tally | flat output, round robin | row 2 | B {to_b} | of {}",
+        rs.len()
+    );
+    assert_eq!(
+        to_b,
+        rs.len(),
+        "panic mode sends everything to the UNHEALTHY pod"
+    );
 }
 
 /// A Service of 2,000 endpoints in 20 slices; `n` moves one of them to
@@ -325,7 +400,7 @@ fn seed_rows_beside_1000_stuck_streams() {
     let big_changes = churn.join().unwrap();
     let m = |name: &str| c.companion.metric(name).unwrap_or(0.0);
     assert_eq!(m("serving_picker_conditions_xds_nacks_total"), 0.0);
-    assert!(envoy.stat("cluster.backend.update_success").unwrap_or(0) >= 10);
+    assert!(envoy.stat("cluster.backend.update_success").unwrap_or(0) >= SEED_WALK_ASSIGNMENTS);
     // Envoy's responses are ACKed; every other response started went to a
     // stuck stream, at most one each, while the big cluster changed
     // {big_changes} times.
@@ -352,7 +427,9 @@ fn seed_rows_beside_1000_stuck_streams() {
 }
 
 /// The assignment Envoy holds carries the conditions as metadata and the
-/// health status (config dump), for an endpoint of each state.
+/// health status (config dump), for an endpoint of each state, with the
+/// flat output (`--flat-output`: every endpoint at priority 0, the not
+/// serving one UNHEALTHY).
 #[test]
 fn envoy_holds_conditions_metadata_and_health() {
     let a = Backend::start("A");
@@ -362,7 +439,7 @@ fn envoy_holds_conditions_metadata_and_health() {
             Endpoint::serving_terminating(a.addr()).zone("zone-a"),
             Endpoint::not_serving(b.addr()),
         ],
-        &[],
+        &["--flat-output"],
     );
     let envoy = envoy_on(
         &c.companion,
@@ -437,6 +514,71 @@ fn envoy_holds_conditions_metadata_and_health() {
             && statuses.contains(&(u64::from(b.addr().port()), "UNHEALTHY".into())),
         "{statuses:?}"
     );
+}
+
+/// The default output as Envoy holds it (config dump and /clusters): the
+/// ready pod at priority 0, the serving+terminating one at priority 1, both
+/// HEALTHY with their conditions as metadata, the not serving one not in
+/// Envoy at all, and the overprovisioning factor that keeps priority 1 idle
+/// while priority 0 has a healthy host.
+#[test]
+fn envoy_holds_the_tiers_as_priorities_by_default() {
+    let (a, b, d) = (
+        Backend::start("A"),
+        Backend::start("B"),
+        Backend::start("D"),
+    );
+    let c = chain(
+        &[
+            Endpoint::serving_terminating(a.addr()).zone("zone-a"),
+            Endpoint::not_serving(b.addr()),
+            Endpoint::serving(d.addr()),
+        ],
+        &[],
+    );
+    let envoy = envoy_on(
+        &c.companion,
+        "companion-dump-tiers",
+        Picker::Module(Form::Native),
+        XdsApi::Ads,
+    );
+    expect_routing(&envoy, PATH, &[], "D serves", served_by(&d));
+    let dump = envoy.admin_get("/config_dump?include_eds");
+    let v: serde_json::Value = serde_json::from_str(&dump.body).unwrap();
+    let mut found = Vec::new();
+    let mut factor = None;
+    for cfg in v["configs"].as_array().unwrap() {
+        for key in ["static_endpoint_configs", "dynamic_endpoint_configs"] {
+            for ec in cfg[key].as_array().into_iter().flatten() {
+                let ec = &ec["endpoint_config"];
+                if ec["cluster_name"] != CLUSTER {
+                    continue;
+                }
+                factor = ec["policy"]["overprovisioning_factor"].as_u64();
+                for group in ec["endpoints"].as_array().into_iter().flatten() {
+                    for lb in group["lb_endpoints"].as_array().into_iter().flatten() {
+                        found.push((
+                            lb["endpoint"]["address"]["socket_address"]["port_value"]
+                                .as_u64()
+                                .unwrap(),
+                            group["priority"].as_u64().unwrap_or(0),
+                            lb["metadata"]["filter_metadata"]["k8s.endpointslice"]["terminating"]
+                                .clone(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    let port = |b: &Backend| u64::from(b.addr().port());
+    let mut want = vec![
+        (port(&a), 1, serde_json::json!(true)),
+        (port(&d), 0, serde_json::json!(false)),
+    ];
+    want.sort_by_key(|f| f.0);
+    assert_eq!(found, want, "B (not serving) is not sent");
+    assert_eq!(factor, Some(100_000));
 }
 
 #[test]
@@ -597,4 +739,75 @@ fn malformed_slice_file_is_logged_and_the_last_good_state_kept() {
     });
     assert_batch(&envoy, PATH, &[], BATCH, "B still", picked(&b));
     assert_eq!(c.companion.get("/readyz").status, 200);
+}
+
+/// Why `--flat-output` exists: Envoy keeps a host that leaves EDS while it
+/// passes active health checks (unless the cluster sets
+/// `ignore_health_on_host_removal`, as Envoy Gateway does). A pod whose
+/// readiness fails but that still answers the check (B here) then keeps its
+/// traffic under the tiered output, which leaves it out; the flat output
+/// marks it UNHEALTHY and Envoy drops it at once. Round robin, no module,
+/// A and B ready, then B not serving: the share B gets afterwards, per
+/// output and setting.
+#[test]
+fn active_health_checks_keep_a_pod_that_leaves_eds_unless_the_cluster_ignores_them() {
+    let run = |flags: &[&str], ignore_on_removal: bool, tag: &str| -> usize {
+        let a = Backend::start("A");
+        let b = Backend::start("B");
+        let c = chain(
+            &[Endpoint::serving(a.addr()), Endpoint::serving(b.addr())],
+            flags,
+        );
+        let mut extra = json!({"health_checks": [{
+            "timeout": "0.2s",
+            "interval": "0.2s",
+            "no_traffic_interval": "0.2s",
+            "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
+            "http_health_check": {"path": "/healthz"}
+        }]});
+        if ignore_on_removal {
+            extra["ignore_health_on_host_removal"] = json!(true);
+        }
+        let envoy = EnvoyBuilder::new()
+            .tag(tag)
+            .eds_cluster(CLUSTER, &[])
+            .bootstrap_hook(eds_from_companion(c.companion.listen_addr(), XdsApi::Eds))
+            .with_filter(None)
+            .bootstrap_hook(support::companion::plain_round_robin(CLUSTER))
+            .bootstrap_hook(support::tweak::merge_cluster(CLUSTER, extra))
+            .start();
+        wait_until(
+            "B serves (both checked healthy)",
+            Duration::from_secs(10),
+            || per_backend(&batch(&envoy, PATH, &[], 4)).contains_key("B"),
+        );
+        c.slices.set_endpoints(
+            SERVICE,
+            &[Endpoint::serving(a.addr()), Endpoint::not_serving(b.addr())],
+        );
+        // The change reaches Envoy: A alone, or B's pending removal.
+        std::thread::sleep(Duration::from_millis(1500));
+        let rs = batch(&envoy, PATH, &[], BATCH);
+        let to_b = per_backend(&rs).get("B").copied().unwrap_or(0);
+        println!(
+            "row-tally | active health checks, {tag} | B not serving | B {to_b} | of {}",
+            rs.len()
+        );
+        to_b
+    };
+    assert!(
+        run(&[], false, "tiered") > 0,
+        "tiered output, active checks: the removed pod keeps traffic while it passes them"
+    );
+    assert_eq!(
+        run(&[], true, "tiered-ignore-on-removal"),
+        0,
+        "ignore_health_on_host_removal: the pod goes with its EDS entry"
+    );
+    assert_eq!(
+        run(&["--flat-output"], false, "flat"),
+        0,
+        "flat output: the pod is UNHEALTHY at once"
+    );
 }

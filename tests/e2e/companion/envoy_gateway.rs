@@ -7,10 +7,12 @@
 //! locality and `envoy-gateway` metadata), checks the answer, and hands the
 //! answer's exact bytes to a real Envoy 1.40 as its EDS (a binary
 //! DiscoveryResponse file, `eds.pb`, watched) -> serving-picker (wasm or
-//! native form) or plain round robin with `--priorities` -> backends.
+//! native form) or no module at all (Envoy's round robin, or least request
+//! as EG writes it) -> backends.
 //!
 //! The seed table's rows and a one-replica rolling update are walked for
-//! each path. Also, over the real binary: unmanaged assignments come back
+//! each path, on the companion's default (tiered) output; with no module
+//! also with `--priorities` (accepted, the same output). Also, over the real binary: unmanaged assignments come back
 //! byte-identical, other rpcs are UNIMPLEMENTED, metrics count the calls.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -21,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::pb::google::protobuf::{value::Kind, Any};
@@ -28,14 +31,16 @@ use prost::Message;
 use serde_json::Value;
 use serving_picker_conditions::envoy_gateway::hook::lb_addr;
 use serving_picker_conditions::envoy_gateway::proto::{
-    EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
+    EnvoyGatewayExtensionClient, PostTranslateModifyRequest, RawPostEndpointsModifyRequest,
+    RawPostTranslateModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::testing::{
-    eg_draining, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
+    eg_draining, eg_rule_cluster, rule_assignments, rule_cluster, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::model::slice::ServiceKey;
 use support::companion::{
-    companion_bin, plain_round_robin, Expect, Picker, SliceDir, NAMESPACE, PORT_NAME,
+    companion_bin, plain_least_request, plain_round_robin, Expect, Picker, SliceDir, NAMESPACE,
+    PORT_NAME,
 };
 use support::envoy::fresh_dir;
 use support::ports::free_port;
@@ -263,7 +268,7 @@ fn answered(cla: &ClusterLoadAssignment) -> Vec<Answered> {
 }
 
 /// Whether the answer carries the slices' conditions, health and (with
-/// the priority output) priorities.
+/// the tiered output) priorities.
 fn answer_is_right(cla: &ClusterLoadAssignment, eps: &[Endpoint], priorities: bool) -> bool {
     let got = answered(cla);
     let mut want = Vec::new();
@@ -377,11 +382,15 @@ struct Run {
     priorities: bool,
 }
 
-fn start(picker: Picker, first: &[Endpoint]) -> Run {
-    let priorities = picker == Picker::PlainRoundRobin;
+/// The companion (with `extra` flags), the test's EG and an Envoy with
+/// `picker`; no module means EG's own policy on the cluster: least request
+/// with its locality weighted config, as EG writes it
+/// (envoyproxy/gateway@v1.9.0 `testdata/out/xds-ir/*.clusters.yaml`), or
+/// round robin.
+fn start(picker: Picker, first: &[Endpoint], extra: &[&str]) -> Run {
+    let priorities = !extra.contains(&"--flat-output");
     let slices = SliceDir::create(&fresh_dir("eg-slices"));
     slices.set_endpoints(SERVICE, first);
-    let extra: &[&str] = if priorities { &["--priorities"] } else { &[] };
     let companion = EgCompanion::start(slices.path(), extra);
     let eg = Eg::connect(companion.listen);
     let cluster = cluster();
@@ -394,6 +403,10 @@ fn start(picker: Picker, first: &[Endpoint]) -> Run {
         Picker::PlainRoundRobin => b
             .with_filter(None)
             .bootstrap_hook(plain_round_robin(&cluster))
+            .start(),
+        Picker::PlainLeastRequest => b
+            .with_filter(None)
+            .bootstrap_hook(plain_least_request(&cluster, true))
             .start(),
     };
     Run {
@@ -417,11 +430,11 @@ impl Run {
     }
 }
 
-fn seed_rows(picker: Picker) {
+fn seed_rows(picker: Picker, extra: &[&str]) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let all = [&a, &b];
-    let r = start(picker, &[Endpoint::serving(a.addr())]);
+    let r = start(picker, &[Endpoint::serving(a.addr())], extra);
     r.step(
         "row 1: A serving -> A",
         &[Endpoint::serving(a.addr())],
@@ -465,6 +478,32 @@ fn seed_rows(picker: Picker) {
         Expect::To(&b),
         &all,
     );
+    // The status page shows the terminating fallback at priority 1 (the
+    // default output: the tiers as priorities).
+    let a_row = |j: &Value| {
+        j["services"][0]["endpoints"]
+            .as_array()
+            .and_then(|eps| {
+                eps.iter()
+                    .find(|e| e["address"] == a.addr().to_string().as_str())
+                    .cloned()
+            })
+            .unwrap_or(Value::Null)
+    };
+    let tiered = !extra.contains(&"--flat-output");
+    let shown = eventually(Duration::from_secs(5), || {
+        let body = r.companion.get("/debug/services").body;
+        serde_json::from_str::<Value>(&body).is_ok_and(|j| {
+            let e = a_row(&j);
+            e["tier"] == "terminating_fallback" && e["priority"] == u32::from(tiered)
+        })
+    });
+    assert!(
+        shown,
+        "A at priority {} on the status page: {}",
+        u32::from(tiered),
+        r.companion.get("/debug/services").body
+    );
     r.step(
         "row 6: A terminating not serving, B serving -> B",
         &[
@@ -506,11 +545,11 @@ fn seed_rows(picker: Picker) {
 }
 
 /// One replica replaced, step by step, as EG sends each state.
-fn rolling_update(picker: Picker) {
+fn rolling_update(picker: Picker, extra: &[&str]) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let all = [&a, &b];
-    let r = start(picker, &[Endpoint::serving(a.addr())]);
+    let r = start(picker, &[Endpoint::serving(a.addr())], extra);
     let steps: Vec<(&str, Vec<Endpoint>, Expect<'_>)> = vec![
         ("A ready", vec![Endpoint::serving(a.addr())], Expect::To(&a)),
         (
@@ -551,32 +590,49 @@ fn rolling_update(picker: Picker) {
 
 #[test]
 fn seed_rows_wasm_form() {
-    seed_rows(Picker::Module(Form::Wasm));
+    seed_rows(Picker::Module(Form::Wasm), &[]);
 }
 
 #[test]
 fn seed_rows_native_form() {
-    seed_rows(Picker::Module(Form::Native));
+    seed_rows(Picker::Module(Form::Native), &[]);
 }
 
 #[test]
 fn seed_rows_priority_output_plain_round_robin() {
-    seed_rows(Picker::PlainRoundRobin);
+    seed_rows(Picker::PlainRoundRobin, &["--priorities"]);
+}
+
+/// No picker attached (the policy did not attach, the module did not
+/// load): EG's own least request on the companion's default output.
+#[test]
+fn seed_rows_no_picker_least_request() {
+    seed_rows(Picker::PlainLeastRequest, &[]);
+}
+
+#[test]
+fn seed_rows_no_picker_round_robin() {
+    seed_rows(Picker::PlainRoundRobin, &[]);
 }
 
 #[test]
 fn rolling_update_wasm_form() {
-    rolling_update(Picker::Module(Form::Wasm));
+    rolling_update(Picker::Module(Form::Wasm), &[]);
 }
 
 #[test]
 fn rolling_update_native_form() {
-    rolling_update(Picker::Module(Form::Native));
+    rolling_update(Picker::Module(Form::Native), &[]);
 }
 
 #[test]
 fn rolling_update_priority_output_plain_round_robin() {
-    rolling_update(Picker::PlainRoundRobin);
+    rolling_update(Picker::PlainRoundRobin, &["--priorities"]);
+}
+
+#[test]
+fn rolling_update_no_picker_least_request() {
+    rolling_update(Picker::PlainLeastRequest, &[]);
 }
 
 /// Over the real binary, no Envoy: byte-identical echoes and UNIMPLEMENTED.
@@ -664,7 +720,7 @@ fn the_hook_over_mutual_tls_with_a_client_shaped_as_eg() {
         vec![Endpoint::serving_terminating(a), Endpoint::serving(b)],
     ] {
         slices.set_endpoints(SERVICE, &eps);
-        ask(&eg, &eps, false, "over mTLS");
+        ask(&eg, &eps, true, "over mTLS");
     }
     assert!(Eg::connect_tls(companion.listen, &ca.pem, &host, None).is_err());
     let stranger = ca.client(&["spiffe://cluster.local/ns/default/sa/someone"]);
@@ -681,5 +737,304 @@ fn the_hook_over_mutual_tls_with_a_client_shaped_as_eg() {
     assert!(
         companion.metric("serving_picker_conditions_eg_hook_calls_total{result=\"managed\"}")
             >= 3.0
+    );
+}
+
+/// The test's EG translation with `--native-lb-policy`: PostEndpointsModify
+/// for the rule's assignment (asked until right), then PostTranslateModify
+/// with EG's clusters (`eg_rule_cluster`, EG's testdata shape). Returns the
+/// answered assignment and clusters.
+fn translate(
+    eg: &Eg,
+    eps: &[Endpoint],
+    clusters: &[Cluster],
+    what: &str,
+) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let cla = ask(eg, eps, true, what);
+    let mut c = eg.client.clone();
+    let req = PostTranslateModifyRequest {
+        post_translate_context: Some(Default::default()),
+        clusters: clusters.to_vec(),
+        ..Default::default()
+    };
+    let raw = RawPostTranslateModifyRequest::decode(req.encode_to_vec().as_slice()).unwrap();
+    let answer = eg.rt.block_on(c.post_translate_modify_raw(raw)).unwrap();
+    assert_eq!(
+        answer.clusters.len(),
+        clusters.len(),
+        "{what}: every cluster back"
+    );
+    (cla, answer.clusters.iter().map(|b| b.to_vec()).collect())
+}
+
+/// A cluster EG would send over ADS, fed here from `eds.pb` instead (the
+/// test's Envoy has no ADS server): only `eds_config` is changed.
+fn eds_from_file(cluster: &[u8], eds_pb: &Path) -> Cluster {
+    use envoy_types::pb::envoy::config::core::v3::{
+        config_source, ApiVersion, ConfigSource, PathConfigSource, WatchedDirectory,
+    };
+    let mut c = Cluster::decode(cluster).unwrap();
+    if let Some(eds) = c.eds_cluster_config.as_mut() {
+        eds.eds_config = Some(ConfigSource {
+            resource_api_version: ApiVersion::V3 as i32,
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::PathConfigSource(
+                PathConfigSource {
+                    path: eds_pb.to_string_lossy().into_owned(),
+                    watched_directory: Some(WatchedDirectory {
+                        path: eds_pb.parent().unwrap().to_string_lossy().into_owned(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        });
+    }
+    c
+}
+
+static CDS_WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// Writes a binary CDS DiscoveryResponse with these clusters (beside, then renamed).
+fn write_cds(path: &Path, clusters: &[Cluster]) {
+    const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    let n = CDS_WRITES.fetch_add(1, Ordering::SeqCst) + 1;
+    let doc = DiscoveryResponse {
+        version_info: n.to_string(),
+        resources: clusters
+            .iter()
+            .map(|c| Any {
+                type_url: CLUSTER_TYPE_URL.into(),
+                value: c.encode_to_vec(),
+            })
+            .collect(),
+        type_url: CLUSTER_TYPE_URL.into(),
+        ..Default::default()
+    };
+    let tmp = path.with_file_name(format!(".cds.pb.{n}.tmp"));
+    std::fs::write(&tmp, doc.encode_to_vec()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// `camelCase` protojson keys as Envoy's config dump writes them.
+fn snake_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let key = if k.starts_with('@') {
+                        k.clone()
+                    } else {
+                        let mut s = String::new();
+                        for ch in k.chars() {
+                            if ch.is_ascii_uppercase() {
+                                s.push('_');
+                                s.push(ch.to_ascii_lowercase());
+                            } else {
+                                s.push(ch);
+                            }
+                        }
+                        s
+                    };
+                    (key, snake_keys(v))
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(snake_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A cluster as Envoy's config dump has it, without what the test or the
+/// hook sets (name, EDS source, policy, common_lb_config).
+fn dumped_cluster(envoy: &Envoy, name: &str) -> Value {
+    let r = envoy.admin_get("/config_dump?resource=dynamic_active_clusters");
+    let j: Value = serde_json::from_str(&r.body).unwrap();
+    j["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cluster"].clone())
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no active cluster {name}: {}", r.body))
+}
+
+fn without(mut c: Value, keys: &[&str]) -> Value {
+    if let Some(o) = c.as_object_mut() {
+        for k in keys {
+            o.remove(*k);
+        }
+        if let Some(eds) = o
+            .get_mut("eds_cluster_config")
+            .and_then(Value::as_object_mut)
+        {
+            eds.remove("eds_config");
+            eds.remove("service_name");
+        }
+    }
+    c
+}
+
+/// The native form with no EnvoyPatchPolicy: the hook's PostTranslateModify
+/// answer for EG's own cluster, loaded by a real Envoy 1.40 as CDS with the
+/// module on its search path, and its PostEndpointsModify answer as EDS.
+/// Checked: EG's cluster as the test builds it is EG's testdata cluster
+/// (v1.8.3 and v1.9.0, through Envoy's config dump); the hook changes only
+/// its load-balancing policy and override set; the module is the cluster's
+/// balancer (its counters move) and the seed rows go where the table says.
+#[test]
+fn the_hook_sets_the_native_policy_and_a_real_envoy_runs_it() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let all = [&a, &b];
+    let slices = SliceDir::create(&fresh_dir("eg-native-slices"));
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
+    let companion = EgCompanion::start(slices.path(), &["--native-lb-policy"]);
+    let eg = Eg::connect(companion.listen);
+    let name = cluster();
+    // EG's cluster for the rule, and the same unmodified beside it.
+    let eg_clusters = vec![eg_rule_cluster(&name)];
+    let original = eg_rule_cluster("eg-original");
+    let envoy = EnvoyBuilder::new()
+        .tag("eg-native-hook")
+        .eds_cluster(&name, &[])
+        .bootstrap_hook(eds_pb(name.clone()))
+        .form(Form::Native)
+        .bootstrap_hook({
+            let name = name.clone();
+            let original = original.clone();
+            move |bootstrap: &mut Value, dir: &Path| {
+                // The rule's cluster comes from CDS (first the unmodified EG
+                // cluster, replaced at the first translation below).
+                let clusters = bootstrap["static_resources"]["clusters"]
+                    .as_array_mut()
+                    .unwrap();
+                clusters.retain(|c| c["name"] != name.as_str());
+                // The route names a cluster that comes from CDS.
+                bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+                    ["typed_config"]["route_config"]["validate_clusters"] = false.into();
+                let eds = dir.join("eds").join(&name).join("eds.pb");
+                std::fs::create_dir_all(dir.join("cds")).unwrap();
+                let cds = dir.join("cds").join("cds.pb");
+                write_cds(
+                    &cds,
+                    &[
+                        eds_from_file(&eg_rule_cluster(&name).encode_to_vec(), &eds),
+                        eds_from_file(&original.encode_to_vec(), &eds),
+                    ],
+                );
+                bootstrap["dynamic_resources"]["cds_config"] = serde_json::json!({
+                    "resource_api_version": "V3",
+                    "path_config_source": {
+                        "path": cds.to_string_lossy(),
+                        "watched_directory": {"path": dir.join("cds").to_string_lossy()}
+                    }
+                });
+            }
+        })
+        .start();
+    let eds = envoy.eds(&name).dir().join("eds.pb");
+    let cds = envoy.dir().join("cds").join("cds.pb");
+    let step = |what: &str, eps: &[Endpoint], e: Expect<'_>| {
+        eprintln!("step: {what}");
+        slices.set_endpoints(SERVICE, eps);
+        let (cla, clusters) = translate(&eg, eps, &eg_clusters, what);
+        write_pb(&eds, cla);
+        write_cds(
+            &cds,
+            &[
+                eds_from_file(&clusters[0], &eds),
+                eds_from_file(&original.encode_to_vec(), &eds),
+            ],
+        );
+        expect(&envoy, Picker::Module(Form::Native), what, e, &all);
+    };
+    step(
+        "row 1: A serving -> A",
+        &[Endpoint::serving(a.addr())],
+        Expect::To(&a),
+    );
+
+    // EG's cluster is EG's testdata cluster, and the hook changed only the
+    // policy and the override set.
+    let dumped = dumped_cluster(&envoy, &name);
+    let policy = dumped["load_balancing_policy"].to_string();
+    assert!(
+        policy.contains("envoy.load_balancing_policies.dynamic_modules"),
+        "{policy}"
+    );
+    assert!(policy.contains("serving_picker"), "{policy}");
+    assert_eq!(
+        dumped["common_lb_config"]["override_host_status"]["statuses"],
+        serde_json::json!(["UNKNOWN", "HEALTHY"])
+    );
+    let eg_dumped = dumped_cluster(&envoy, "eg-original");
+    let volatile = ["name", "load_balancing_policy", "common_lb_config"];
+    assert_eq!(
+        without(dumped.clone(), &volatile),
+        without(eg_dumped.clone(), &volatile)
+    );
+    for tag in ["v1.8.3", "v1.9.0"] {
+        let path =
+            support::repo_root().join(format!("platforms/eg-xds/{tag}/http-route.clusters.yaml"));
+        let fixture: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let fixture = snake_keys(&fixture[0]);
+        assert_eq!(
+            without(eg_dumped.clone(), &["name", "@type"]),
+            without(fixture, &["name", "@type"]),
+            "EG's cluster as the test builds it is EG's {tag} testdata cluster"
+        );
+    }
+
+    step(
+        "row 4: A serving+terminating, B not yet serving -> A",
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::not_serving(b.addr()),
+        ],
+        Expect::To(&a),
+    );
+    step(
+        "row 5: A serving+terminating, B serving -> B",
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+        Expect::To(&b),
+    );
+    step(
+        "row 6: A terminating not serving, B serving -> B",
+        &[
+            Endpoint::terminating_not_serving(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+        Expect::To(&b),
+    );
+    step(
+        "row 2: B not serving -> nobody",
+        &[Endpoint::not_serving(b.addr())],
+        Expect::Nobody,
+    );
+    step(
+        "row 3: B serving+terminating -> B",
+        &[Endpoint::serving_terminating(b.addr())],
+        Expect::To(&b),
+    );
+    // The module picked: its own counters moved on this Envoy.
+    let picks: u64 = envoy
+        .stats_matching("dynamicmodulescustom.")
+        .iter()
+        .filter(|(k, _)| k.ends_with(".pick.ready") || k.ends_with(".pick.terminating_fallback"))
+        .filter_map(|(_, v)| v.parse::<u64>().ok())
+        .sum();
+    assert!(
+        picks > 0,
+        "the module's pick counters: {:?}",
+        envoy.stats_matching("dynamicmodulescustom.")
+    );
+    assert!(
+        companion.metric("serving_picker_conditions_eg_native_lb_clusters_total{outcome=\"set\"}")
+            >= 6.0
     );
 }

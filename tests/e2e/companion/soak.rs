@@ -11,18 +11,29 @@
 //! Both with envoy.yaml's retry policy and outlier detection. Asserted for
 //! both: no failed request over the whole walk; B never reached before it is
 //! serving; no new request reaches A later than the grace after B serves.
+//!
+//! Then the picker removed halfway, each form, on the companion's default
+//! output: two one-replica updates (A -> B with the picker, then B -> C)
+//! with the cluster swapped by CDS to Envoy's plain round robin between
+//! them, as when a patch or policy stops attaching. Every pod keeps
+//! answering while it is not serving, so a request sent to one shows as
+//! served by it: 0 failures, and 0 requests to a pod that is not serving,
+//! in both halves.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
 use serde_json::json;
 use support::companion::{
-    eds_from_companion, plain_round_robin, Companion, Picker, SliceDir, XdsApi,
+    eds_from_companion, plain_round_robin, round_robin_policy, Companion, Picker, SliceDir, XdsApi,
 };
 use support::envoy::fresh_dir;
 use support::load::{Load, LoadConfig};
 use support::mtls::Mtls;
-use support::tweak::{envoy_yaml_outlier_detection, envoy_yaml_retry_policy, merge_cluster};
+use support::tweak::{
+    cluster_from_cds_file, envoy_yaml_outlier_detection, envoy_yaml_retry_policy, merge_cluster,
+    CdsFile,
+};
 use support::*;
 
 const CLUSTER: &str = "backend";
@@ -39,7 +50,7 @@ fn walk_one_replica(picker: Picker, mtls: Option<Mtls>) {
     slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
     let mut extra: Vec<String> = match picker {
         Picker::Module(_) => vec![],
-        Picker::PlainRoundRobin => vec!["--priorities".into()],
+        _ => vec!["--priorities".into()],
     };
     extra.extend(mtls.iter().flat_map(Mtls::companion_args));
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
@@ -58,7 +69,7 @@ fn walk_one_replica(picker: Picker, mtls: Option<Mtls>) {
     }
     builder = match picker {
         Picker::Module(form) => builder.form(form),
-        Picker::PlainRoundRobin => builder
+        _ => builder
             .with_filter(None)
             .bootstrap_hook(plain_round_robin(CLUSTER)),
     };
@@ -196,4 +207,209 @@ fn soak_one_replica_update_priority_output_plain_round_robin() {
 #[test]
 fn soak_one_replica_update_native_form_over_mtls() {
     walk_one_replica(Picker::Module(Form::Native), Some(Mtls::new("soak")));
+}
+
+/// One one-replica update, `old` to `new`, under the running load; phases
+/// named `<n>: ...`. Every pod keeps answering throughout.
+fn update(load: &Load, slices: &SliceDir, n: &str, old: &Backend, new: &Backend) {
+    let (o, w) = (old.name(), new.name());
+    let step = |name: String, eps: &[Endpoint]| {
+        load.phase(&name);
+        slices.set_endpoints(SERVICE, eps);
+    };
+    step(
+        format!("{n}: {w} created, not serving"),
+        &[
+            Endpoint::serving(old.addr()),
+            Endpoint::not_serving(new.addr()),
+        ],
+    );
+    std::thread::sleep(PHASE);
+    step(
+        format!("{n}: {o} serving+terminating, {w} not serving"),
+        &[
+            Endpoint::serving_terminating(old.addr()),
+            Endpoint::not_serving(new.addr()),
+        ],
+    );
+    std::thread::sleep(PHASE);
+    step(
+        format!("{n}: {w} serving (first 0.5 s: propagation)"),
+        &[
+            Endpoint::serving_terminating(old.addr()),
+            Endpoint::serving(new.addr()),
+        ],
+    );
+    std::thread::sleep(GRACE);
+    load.phase(&format!("{n}: {w} serving"));
+    std::thread::sleep(PHASE);
+    step(
+        format!("{n}: {o} not serving (first 0.5 s: propagation)"),
+        &[
+            Endpoint::terminating_not_serving(old.addr()),
+            Endpoint::serving(new.addr()),
+        ],
+    );
+    std::thread::sleep(GRACE);
+    load.phase(&format!("{n}: {o} not serving"));
+    std::thread::sleep(PHASE);
+    step(format!("{n}: {o} gone"), &[Endpoint::serving(new.addr())]);
+    std::thread::sleep(PHASE);
+}
+
+/// Requests a pod got while it was not serving in update `n` (`new` before
+/// it served, `old` from the grace after it stopped), and requests `old`
+/// got from the grace after `new` served (row 5: new requests go to the
+/// ready pod); also whether `old` served in its serving+terminating phase
+/// (row 4: the only serving pod).
+fn update_misroutes(
+    report: &support::load::LoadReport,
+    n: &str,
+    old: &Backend,
+    new: &Backend,
+) -> (usize, usize, usize) {
+    let (o, w) = (old.name(), new.name());
+    let created = report.phase_start(&format!("{n}: {w} created, not serving"));
+    let serving = report.phase_start(&format!("{n}: {w} serving (first 0.5 s: propagation)"));
+    let new_served = report.phase_start(&format!("{n}: {w} serving"));
+    let stopped = report.phase_start(&format!("{n}: {o} not serving"));
+    let terminating = report.phase_start(&format!("{n}: {o} serving+terminating, {w} not serving"));
+    (
+        report.served_by_in(w, created, serving) + report.served_by_in(o, stopped, report.end),
+        report.served_by_in(o, new_served, report.end),
+        report.served_by_in(o, terminating, serving),
+    )
+}
+
+/// Whether cluster `name` is active with a round-robin policy and nothing
+/// is warming (the CDS swap applied).
+fn runs_round_robin(envoy: &Envoy, name: &str) -> bool {
+    let r = envoy.admin_get("/config_dump?resource=dynamic_active_clusters");
+    let warming = envoy.admin_get("/config_dump?resource=dynamic_warming_clusters");
+    let Ok(j) = serde_json::from_str::<serde_json::Value>(&r.body) else {
+        return false;
+    };
+    let active = j["configs"].as_array().into_iter().flatten().any(|c| {
+        let cluster = &c["cluster"];
+        cluster["name"] == name
+            && cluster["load_balancing_policy"]
+                .to_string()
+                .contains("round_robin")
+            && !cluster["load_balancing_policy"]
+                .to_string()
+                .contains("dynamic_modules")
+            && !cluster["load_balancing_policy"]
+                .to_string()
+                .contains("override_host")
+    });
+    active && !warming.body.contains(name)
+}
+
+fn picker_removed_halfway(form: Form) {
+    let (a, b, c) = (
+        Backend::start("A"),
+        Backend::start("B"),
+        Backend::start("C"),
+    );
+    let slices = SliceDir::create(&fresh_dir("soak-removed-slices"));
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
+    let companion = Companion::start(slices.path(), &[(CLUSTER, SERVICE)], &[]);
+    let envoy = EnvoyBuilder::new()
+        .tag(&format!("companion-soak-removed-{form:?}"))
+        .eds_cluster(CLUSTER, &[])
+        .retry_policy(envoy_yaml_retry_policy())
+        .bootstrap_hook(merge_cluster(
+            CLUSTER,
+            json!({"outlier_detection": envoy_yaml_outlier_detection()}),
+        ))
+        // Plain EDS: the swapped cluster opens a stream of its own and gets
+        // the current assignment at once. Over ADS the companion takes the
+        // warming cluster's request (the same names, version and nonce as
+        // its last ACK) for an ACK, and Envoy warms the new cluster only at
+        // its initial fetch timeout, 15 s, from its cached assignment.
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Eds))
+        .form(form)
+        .bootstrap_hook(cluster_from_cds_file(CLUSTER))
+        .start();
+    match form {
+        Form::Wasm => settle(
+            &envoy,
+            PATH,
+            &[],
+            "filter routes to A",
+            filter_routed_to(&a),
+        ),
+        Form::Native => settle(&envoy, PATH, &[], "A serves", served_by(&a)),
+    }
+    let load = Load::start(
+        envoy.listen_addr(),
+        LoadConfig {
+            threads: 8,
+            rate_per_thread: 100.0,
+            path: PATH.into(),
+            timeout: Duration::from_secs(5),
+        },
+        "A serving, with the picker",
+    );
+    std::thread::sleep(PHASE);
+    update(&load, &slices, "1", &a, &b);
+    load.phase("picker removed: the cluster on plain round robin");
+    CdsFile::in_envoy_dir(envoy.dir()).set_policy(CLUSTER, round_robin_policy());
+    wait_until(
+        "the cluster runs plain round robin",
+        Duration::from_secs(10),
+        || runs_round_robin(&envoy, CLUSTER),
+    );
+    std::thread::sleep(PHASE);
+    update(&load, &slices, "2", &b, &c);
+    let report = load.finish();
+    let title = format!("picker removed halfway through the companion's default output, {form:?}");
+    let table = report.phase_table(&title);
+    println!("{table}");
+    let (to_not_serving_1, late_1, row4_1) = update_misroutes(&report, "1", &a, &b);
+    let (to_not_serving_2, late_2, row4_2) = update_misroutes(&report, "2", &b, &c);
+    println!(
+        "companion-soak-removed-summary | {form:?} | requests {} | failures {} | to a not serving pod: with the picker {to_not_serving_1}, without {to_not_serving_2} | {:.0} req/s",
+        report.requests(),
+        report.failures(),
+        report.rate()
+    );
+    assert_eq!(report.failures(), 0, "no request may fail\n{table}");
+    assert_eq!(
+        (to_not_serving_1, to_not_serving_2),
+        (0, 0),
+        "requests reached a pod that was not serving (with the picker, without)\n{table}"
+    );
+    assert_eq!(
+        (late_1, late_2),
+        (0, 0),
+        "new requests reached the old pod after the grace once the new one served\n{table}"
+    );
+    assert!(
+        row4_1 > 0 && row4_2 > 0,
+        "the serving+terminating pod served while it was the only serving one\n{table}"
+    );
+    assert!(
+        report.served_by_in("C", report.phase_start("2: C serving"), report.end) > 0,
+        "C took no traffic\n{table}"
+    );
+    assert!(
+        report.rate() >= 300.0,
+        "the load fell to {:.0} req/s",
+        report.rate()
+    );
+    assert_eq!(
+        companion.metric("serving_picker_conditions_xds_nacks_total"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn soak_picker_removed_halfway_wasm_form() {
+    picker_removed_halfway(Form::Wasm);
+}
+
+#[test]
+fn soak_picker_removed_halfway_native_form() {
+    picker_removed_halfway(Form::Native);
 }

@@ -127,6 +127,22 @@ fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
     let url = format!("http://{}/debug/services.html", companion.metrics_addr());
 
     let v1 = acked_current(&companion);
+    // The default output: the terminating fallback at priority 1, the not
+    // serving endpoint not sent at all.
+    let endpoints = status(&companion)["services"][0]["endpoints"].clone();
+    let at = |addr: std::net::SocketAddr| {
+        endpoints
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["address"] == addr.to_string().as_str())
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(at(a.addr())["priority"], 0, "{endpoints}");
+    assert_eq!(at(b.addr())["priority"], 1, "{endpoints}");
+    assert_eq!(at(c.addr())["priority"], Value::Null, "{endpoints}");
+    assert_eq!(at(c.addr())["health"], "not sent", "{endpoints}");
     let dom = chromium(&["--dump-dom"], &url);
     assert!(dom.contains("cluster backend: e2e/web port http"), "{dom}");
     assert!(row(&dom, "ready", a.addr()), "A ready:\n{dom}");
