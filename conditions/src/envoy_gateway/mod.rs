@@ -38,6 +38,7 @@ pub mod hook;
 pub mod naming;
 pub mod prepared;
 pub mod proto;
+pub mod reread_budget;
 pub mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -86,6 +87,12 @@ pub struct Args {
     /// Gateway disagree (EG waits for the answer without a deadline).
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub reread_timeout_ms: u64,
+    /// Re-read time one translation of Envoy Gateway's may spend in all
+    /// (EG calls once per cluster, one call after the other): past it, calls
+    /// are answered from the index at once, counted as
+    /// eg_rereads_total{result="over_budget"}.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub reread_budget_ms: u64,
     /// Largest request accepted and largest answer sent: set it to EG's
     /// extensionManager.maxMessageSize. The default is what EG accepts when
     /// that is unset (4 MiB, grpc-go's client default). A larger request is
