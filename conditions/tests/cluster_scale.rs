@@ -104,10 +104,10 @@ fn a_cluster_of_labelled_services_served_by_name_through_churn_and_a_410() {
                 && delta_all.resources() == 3 * SERVICES as u64
         },
     );
-    assert_eq!(
-        c.metric("serving_picker_conditions_xds_subscriptions"),
-        6.0 * SERVICES as f64 + 200.0
-    );
+    // (The gauge is set once a second.)
+    wait_until("the subscriptions gauge", LIMIT, || {
+        c.metric("serving_picker_conditions_xds_subscriptions") == 6.0 * SERVICES as f64 + 200.0
+    });
 
     // Churn: one transition at a time among the small Services; each sends
     // that Service's assignment only, to its subscribers only.

@@ -234,17 +234,12 @@ impl FakeApi {
         };
         let mut items = String::from("[");
         let mut last = None;
-        let mut n = 0;
-        for (k, text) in range {
-            if n == limit {
-                break;
-            }
+        for (n, (k, text)) in range.take(limit).enumerate() {
             if n > 0 {
                 items.push(',');
             }
             items.push_str(text);
             last = Some(k.clone());
-            n += 1;
         }
         items.push(']');
         let more = match &last {

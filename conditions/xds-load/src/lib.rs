@@ -133,7 +133,7 @@ impl Subscription {
             ..Default::default()
         }
         .encode_to_vec();
-        let with_node = !(self.node_on_first_only && !nonce.is_empty());
+        let with_node = !self.node_on_first_only || nonce.is_empty();
         let mut node_part = BytesMut::new();
         if with_node {
             let id_field = Node {
