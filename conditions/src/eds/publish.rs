@@ -580,8 +580,8 @@ impl Publisher {
 
     /// Forgets the template ports that have had no slice for
     /// [`TOMBSTONE_TTL`] (their last, empty, assignment stays with the
-    /// Envoys that have it); how many.
-    pub fn forget_tombstones(&mut self, now: Instant) -> usize {
+    /// Envoys that have it); their names.
+    pub fn forget_tombstones(&mut self, now: Instant) -> Vec<Arc<str>> {
         let old: Vec<Arc<str>> = self
             .tombstones
             .iter()
@@ -602,7 +602,7 @@ impl Publisher {
             }
         }
         self.table.put(&[], &hashes);
-        old.len()
+        old
     }
 
     fn snapshot(&mut self, changed: Vec<u64>) -> Snapshot {
@@ -678,8 +678,12 @@ pub async fn run(
             },
             _ = tick.tick() => {
                 let forgotten = shared.lock().forget_tombstones(Instant::now());
-                if forgotten > 0 {
-                    tracing::info!(forgotten, "Service ports without slices for a minute: no longer served");
+                for name in &forgotten {
+                    // A port that is gone leaves no gauge series behind.
+                    metrics.status().remove_port(name);
+                }
+                if !forgotten.is_empty() {
+                    tracing::info!(forgotten = forgotten.len(), "Service ports without slices for a minute: no longer served");
                 }
                 continue;
             }
@@ -1004,8 +1008,11 @@ mod tests {
             .unwrap();
         assert!(s3.changed.contains(&name_hash("ns/web:admin")));
         assert!(cla(&s3, "ns/web:admin").endpoints.is_empty());
-        assert_eq!(p.forget_tombstones(Instant::now()), 0, "not yet");
-        assert_eq!(p.forget_tombstones(Instant::now() + TOMBSTONE_TTL), 1);
+        assert!(p.forget_tombstones(Instant::now()).is_empty(), "not yet");
+        assert_eq!(
+            p.forget_tombstones(Instant::now() + TOMBSTONE_TTL),
+            vec![Arc::<str>::from("ns/web:admin")]
+        );
         assert!(
             s3.resource("ns/web:admin").is_none(),
             "the table forgets it"
