@@ -273,6 +273,15 @@ bench-conditions: build envoy
 	cargo bench -p serving-picker-conditions --bench scale
 	cargo bench -p serving-picker-conditions --bench fanout
 
+# One companion at Kubernetes' scalability limits (conditions/benches/cluster.rs): an API server
+# double with 10,000 Services and 150,000 endpoints (paged lists, watch, a 410), the companion with
+# --manage, subscribers 100 x 10,000 and 1,000 x 100 over state of the world and delta, 50 pod
+# transitions/s, a 1,000-pod roll, a real Envoy with 10,000 EDS clusters. Prints the table of
+# docs/performance.md; knobs CLUSTER_SERVICES, CLUSTER_SECONDS, CLUSTER_RUNS, CLUSTER_ENVOY.
+.PHONY: bench-cluster
+bench-cluster: build envoy
+	cargo bench -p serving-picker-conditions --bench cluster
+
 # Releases. One version: Cargo.toml's [workspace.package] version (scripts/version.sh); the
 # crates, `serving-picker-conditions --version`, image tags and labels and the manifests carry it
 # (tests/e2e/companion/release.rs). scripts/set-version.sh X.Y.Z moves it.

@@ -15,6 +15,10 @@
 //!    verdict for the native policy (`--native-lb-policy`), and the echo
 //!    without the flag.
 //!
+//! 5. A translation at Kubernetes' limits: 10,000 Services of 15 endpoints,
+//!    one call per Service one after the other as EG makes them, in
+//!    process and over gRPC: the total a translation waits on the hook.
+//!
 //! Prints p50 / p99 / mean; asserts nothing about time.
 //! `cargo bench -p serving-picker-conditions --bench eg_hook`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -256,7 +260,7 @@ fn main() {
     apply_updates(&shared, vec![Update::now(Change::Replace(slices("web")))]);
     let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
     let svc = HookService::new(shared, native, None, metrics);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let ct = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
@@ -266,7 +270,7 @@ fn main() {
     .unwrap();
     for i in 0..clusters / 2 {
         cla.cluster_name = format!("c{i}");
-        rt.block_on(svc.answer(request(&cla.encode_to_vec())));
+        ct.block_on(svc.answer(request(&cla.encode_to_vec())));
     }
     let typed = serving_picker_conditions::envoy_gateway::proto::PostTranslateModifyRequest {
         post_translate_context: Some(Default::default()),
@@ -289,7 +293,7 @@ fn main() {
     report(
         "PostTranslateModify: 500 set, 500 kept (decode + answer)",
         time(n / 10, || {
-            let r = rt.block_on(svc.translate(raw())).unwrap();
+            let r = ct.block_on(svc.translate(raw())).unwrap();
             assert_eq!(r.clusters.len(), clusters);
         }),
     );
@@ -297,8 +301,138 @@ fn main() {
     report(
         "PostTranslateModify without --native-lb-policy (decode + echo)",
         time(n / 10, || {
-            let r = rt.block_on(off.translate(raw())).unwrap();
+            let r = ct.block_on(off.translate(raw())).unwrap();
             assert_eq!(r.clusters.len(), clusters);
         }),
     );
+    translation(&rt, &client_for_translation(&rt));
+}
+
+/// A gRPC server of its own over a 10,000-Service index, and a client.
+fn client_for_translation(
+    rt: &tokio::runtime::Runtime,
+) -> (EnvoyGatewayExtensionClient, Vec<Vec<u8>>, HookService) {
+    let services = 10_000;
+    let per = 15;
+    let shared = Arc::new(Shared::default());
+    let mut all = Vec::with_capacity(services);
+    let mut clas = Vec::with_capacity(services);
+    for s in 0..services {
+        let name = format!("svc-{s:05}");
+        let eps: Vec<serde_json::Value> = (0..per)
+            .map(|i| {
+                let n = s * per + i;
+                let (r, sv, t) = cond(i);
+                serde_json::json!({
+                    "addresses": [format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255)],
+                    "zone": format!("zone-{}", i % 3),
+                    "conditions": {"ready": r, "serving": sv, "terminating": t}
+                })
+            })
+            .collect();
+        let obj = serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-0"), "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": eps,
+        });
+        all.push(
+            Slice::from_k8s(&serde_json::from_value(obj).unwrap())
+                .unwrap()
+                .0,
+        );
+        let r = BackendRef {
+            service: ServiceKey {
+                namespace: "shop".into(),
+                name: name.clone(),
+            },
+            port: 80,
+            weight: None,
+            endpoints: (0..per)
+                .map(|i| {
+                    let n = s * per + i;
+                    let (r, sv, t) = cond(i);
+                    EgEndpoint {
+                        addr: SocketAddr::new(
+                            Ipv4Addr::new(
+                                10,
+                                (n >> 16 & 255) as u8,
+                                (n >> 8 & 255) as u8,
+                                (n & 255) as u8,
+                            )
+                            .into(),
+                            8080,
+                        ),
+                        draining: eg_draining(Some(r), Some(sv), Some(t)),
+                        zone: None,
+                    }
+                })
+                .collect(),
+        };
+        clas.push(
+            rule_assignments("shop", &name, 0, &[r], false)
+                .remove(0)
+                .encode_to_vec(),
+        );
+    }
+    apply_updates(&shared, vec![Update::now(Change::Replace(all))]);
+    let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
+    let local = HookService::new(shared.clone(), HookConfig::default(), None, metrics.clone());
+    let served = HookService::new(shared, HookConfig::default(), None, metrics);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(EnvoyGatewayExtensionServer::new(served))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
+    );
+    let client = rt
+        .block_on(EnvoyGatewayExtensionClient::connect(format!(
+            "http://{addr}"
+        )))
+        .unwrap();
+    (client, clas, local)
+}
+
+/// One translation: a call per Service, one after the other.
+fn translation(
+    rt: &tokio::runtime::Runtime,
+    (client, clas, local): &(EnvoyGatewayExtensionClient, Vec<Vec<u8>>, HookService),
+) {
+    let request = |bytes: &[u8]| RawPostEndpointsModifyRequest {
+        load_assignment: Some(Bytes::copy_from_slice(bytes)),
+        post_endpoints_context: Some(Bytes::new()),
+    };
+    for round in 0..2 {
+        let t = Instant::now();
+        let mut managed = 0;
+        for cla in clas {
+            let r = rt.block_on(local.answer(request(cla)));
+            managed += usize::from(r.load_assignment.as_deref() != Some(cla.as_slice()));
+        }
+        let in_process = t.elapsed();
+        let t = Instant::now();
+        for cla in clas {
+            let mut c = client.clone();
+            let r = rt
+                .block_on(c.post_endpoints_modify_raw(request(cla)))
+                .unwrap();
+            assert!(r.load_assignment.is_some());
+        }
+        let grpc = t.elapsed();
+        println!(
+            "translation {round}: {} calls (15 endpoints each, {managed} edited): in process {:.0} ms in all ({:.1} us a call); over gRPC on loopback {:.0} ms in all ({:.1} us a call)",
+            clas.len(),
+            in_process.as_secs_f64() * 1e3,
+            in_process.as_secs_f64() * 1e6 / clas.len() as f64,
+            grpc.as_secs_f64() * 1e3,
+            grpc.as_secs_f64() * 1e6 / clas.len() as f64,
+        );
+    }
 }

@@ -440,12 +440,14 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
 /// A codec's response (copy + encode) against the shared one (head, tail
 /// and references), for one 1,000-endpoint assignment.
 fn encoding_cost() {
-    use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
     use prost::Message;
     use serving_picker_conditions::eds::publish::Publisher;
-    use serving_picker_conditions::eds::stream::{EdsStream, Names};
     use serving_picker_conditions::model::slice::Slice;
     use serving_picker_conditions::source::{Change, Update};
+    use serving_picker_conditions::xds::requests::RequestView;
+    use serving_picker_conditions::xds::sotw::SotwStream;
+    use serving_picker_conditions::xds::Names;
 
     let slices: Vec<Slice> = (0..10)
         .map(|i| {
@@ -459,9 +461,9 @@ fn encoding_cost() {
         Default::default(),
     );
     let snap = p.apply(vec![Update::now(Change::Replace(slices))]).unwrap();
-    let resource = snap.resources["svc"].clone();
+    let resource = snap.resource("svc").unwrap();
     let names = Arc::new(Names::new(["svc"]));
-    let req = DiscoveryRequest {
+    let req = RequestView {
         resource_names: vec!["svc".into()],
         type_url: serving_picker_conditions::eds::assignment::CLA_TYPE_URL.into(),
         ..Default::default()
@@ -485,7 +487,7 @@ fn encoding_cost() {
     let t = Instant::now();
     let mut own = 0;
     for _ in 0..n {
-        let mut stream = EdsStream::new(names.clone());
+        let mut stream = SotwStream::new(names.clone(), &snap);
         stream.on_request(&req, &snap, Instant::now());
         let taken = stream
             .take(&snap, usize::MAX, Instant::now())

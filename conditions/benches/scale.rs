@@ -22,12 +22,14 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serving_picker_conditions::eds::publish::Publisher;
-use serving_picker_conditions::eds::stream::{EdsStream, Names};
 use serving_picker_conditions::model::index::{Index, IpFamily};
 use serving_picker_conditions::model::slice::{
     AddressType, ServiceKey, Slice, SliceEndpoint, SliceKey, SlicePort,
 };
 use serving_picker_conditions::source::{Change, Update};
+use serving_picker_conditions::xds::requests::RequestView;
+use serving_picker_conditions::xds::sotw::SotwStream;
+use serving_picker_conditions::xds::Names;
 use serving_picker_xds_load::probe::{self, free_port, metric};
 
 struct Counting;
@@ -150,11 +152,11 @@ fn in_process(one_service: bool) {
         .apply(vec![Update::now(Change::Replace(slices.clone()))])
         .unwrap();
     let first_build = t.elapsed();
-    let bytes: usize = snap.resources.values().map(|r| r.value().len()).sum();
-    let names: Vec<String> = snap.resources.keys().cloned().collect();
-    let mut stream = EdsStream::new(std::sync::Arc::new(Names::new(names.clone())));
-    let req = envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
-        resource_names: names,
+    let bytes: usize = snap.table.all().iter().map(|r| r.value().len()).sum();
+    let names: Vec<String> = snap.table.names();
+    let mut stream = SotwStream::new(std::sync::Arc::new(Names::new(names.clone())), &snap);
+    let req = RequestView {
+        resource_names: names.into_iter().map(Into::into).collect(),
         type_url: serving_picker_conditions::eds::assignment::CLA_TYPE_URL.into(),
         ..Default::default()
     };

@@ -56,10 +56,18 @@ pub struct XdsLimits {
     /// refused with RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "N", default_value_t = 2048)]
     pub max_streams: usize,
-    /// Resource names in one xDS request; a request with more ends its
-    /// stream with RESOURCE_EXHAUSTED.
-    #[arg(long, value_name = "N", default_value_t = 4096)]
+    /// Resource names in one xDS request (and subscribed on one delta
+    /// stream); a request with more ends its stream with
+    /// RESOURCE_EXHAUSTED. The default lets one Envoy subscribe to every
+    /// Service of a cluster at Kubernetes' limits (10,000 Services).
+    #[arg(long, value_name = "N", default_value_t = 16384)]
     pub max_resource_names: usize,
+    /// Resource names subscribed over all xDS streams at once (16 bytes
+    /// each); a request that takes the total over it ends its stream with
+    /// RESOURCE_EXHAUSTED. The default holds 50 Envoys subscribed to
+    /// 10,000 clusters each (16 MiB at most, with what is due).
+    #[arg(long, value_name = "N", default_value_t = 1 << 19)]
+    pub max_subscriptions: usize,
     /// Largest xDS request message; a larger one ends its stream with
     /// RESOURCE_EXHAUSTED, refused from its 5-byte header.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
@@ -107,7 +115,8 @@ impl Default for XdsLimits {
     fn default() -> Self {
         XdsLimits {
             max_streams: 2048,
-            max_resource_names: 4096,
+            max_resource_names: 16384,
+            max_subscriptions: 1 << 19,
             max_request_bytes: 1 << 20,
             request_buffer_bytes: 16 << 20,
             max_response_bytes: 16 << 20,
@@ -155,6 +164,7 @@ pub mod names {
     pub const MAX_STREAMS_PER_CONNECTION: &str = "max-streams-per-connection";
     pub const MAX_STREAMS: &str = "max-streams";
     pub const MAX_RESOURCE_NAMES: &str = "max-resource-names";
+    pub const MAX_SUBSCRIPTIONS: &str = "max-subscriptions";
     pub const MAX_REQUEST_BYTES: &str = "max-request-bytes";
     pub const REQUEST_BUFFER_BYTES: &str = "request-buffer-bytes";
     pub const MAX_RESPONSE_BYTES: &str = "max-response-bytes";

@@ -152,6 +152,16 @@ impl Server {
         apply_updates(&self.shared, vec![Update::now(Change::Replace(slices))]);
     }
 
+    /// The value of `eg_rereads_total{result="<result>"}`.
+    fn rereads(&self, result: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        let want = format!("eg_rereads_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .map_or(0, |v| v.parse().unwrap())
+    }
+
     /// The value of `eg_hook_calls_total{result="<result>"}`.
     fn calls(&self, result: &str) -> u64 {
         let mut text = String::new();
@@ -410,6 +420,41 @@ fn a_source_that_hangs_costs_at_most_the_bound_and_eg_keeps_its_view() {
         t.elapsed()
     );
     assert_eq!(again, cla);
+}
+
+/// Re-reads in one translation (calls back to back) share
+/// `--reread-budget-ms`: once it is spent, the calls of Services in doubt
+/// are answered from the index at once, counted as over budget; after a
+/// pause (a new translation) the budget is back.
+#[test]
+fn rereads_in_one_translation_share_the_budget() {
+    let config = HookConfig {
+        reread_timeout: Duration::from_millis(200),
+        reread_budget: Duration::from_millis(300),
+        ..HookConfig::default()
+    };
+    let mut s = server_with(config, Some(Arc::new(Hangs)));
+    let services: Vec<String> = (0..5).map(|i| format!("svc-{i}")).collect();
+    s.full_list(
+        services
+            .iter()
+            .map(|n| slice(n, &[("10.0.0.1", READY)]))
+            .collect(),
+    );
+    // EG knows an endpoint the index does not: a doubt, a re-read each.
+    let eps = [("10.0.0.1", READY), ("10.0.0.9", READY)];
+    for n in &services {
+        let cla = eg_cla(n, &eps);
+        let (_, out) = s.call(&cla);
+        assert_eq!(seen(&out).len(), 2);
+    }
+    // 200 ms, then the 100 ms left: two re-reads timed out; three not done.
+    assert_eq!(s.rereads("timeout"), 2);
+    assert_eq!(s.rereads("over_budget"), 3);
+    std::thread::sleep(Duration::from_millis(1200));
+    let cla = eg_cla("svc-4", &eps);
+    s.call(&cla);
+    assert_eq!(s.rereads("timeout"), 3, "a new translation, a new budget");
 }
 
 /// One call answered at a time: while it waits on a re-read, another call

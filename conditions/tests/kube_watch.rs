@@ -456,7 +456,7 @@ async fn a_slow_list_is_not_served_before_it_is_complete() {
         .unwrap();
     let s = snap_rx.borrow().clone();
     assert!(s.ready);
-    assert_eq!(s.resources["backend"].endpoints, 1);
+    assert_eq!(s.resource("backend").unwrap().endpoints, 1);
     assert!(metrics.is_ready());
 }
 

@@ -394,6 +394,10 @@ pub enum XdsApi {
     Ads,
     /// `eds_config: {api_config_source: {api_type: GRPC ...}}`.
     Eds,
+    /// As `Ads`, incremental: `ads_config.api_type: DELTA_GRPC`.
+    DeltaAds,
+    /// As `Eds`, incremental: `api_type: DELTA_GRPC`.
+    DeltaEds,
 }
 
 /// A bootstrap hook: a STATIC HTTP/2 cluster to the companion, and every
@@ -407,10 +411,15 @@ pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, 
         for c in clusters.iter_mut() {
             if c["type"] == "EDS" {
                 c["eds_cluster_config"]["eds_config"] = match api {
-                    XdsApi::Ads => json!({"resource_api_version": "V3", "ads": {}}),
-                    XdsApi::Eds => json!({"resource_api_version": "V3", "api_config_source": {
-                        "api_type": "GRPC", "transport_api_version": "V3", "grpc_services": grpc
-                    }}),
+                    XdsApi::Ads | XdsApi::DeltaAds => {
+                        json!({"resource_api_version": "V3", "ads": {}})
+                    }
+                    XdsApi::Eds | XdsApi::DeltaEds => {
+                        json!({"resource_api_version": "V3", "api_config_source": {
+                            "api_type": if api == XdsApi::Eds { "GRPC" } else { "DELTA_GRPC" },
+                            "transport_api_version": "V3", "grpc_services": grpc
+                        }})
+                    }
                 };
             }
         }
@@ -430,9 +439,10 @@ pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, 
                 }}}}
             ]}]}
         }));
-        if api == XdsApi::Ads {
+        if matches!(api, XdsApi::Ads | XdsApi::DeltaAds) {
             bootstrap["dynamic_resources"] = json!({"ads_config": {
-                "api_type": "GRPC", "transport_api_version": "V3", "grpc_services": grpc
+                "api_type": if api == XdsApi::Ads { "GRPC" } else { "DELTA_GRPC" },
+                "transport_api_version": "V3", "grpc_services": grpc
             }});
         }
     }

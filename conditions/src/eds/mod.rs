@@ -5,12 +5,11 @@
 //!   metadata, the tiers as priorities).
 //! - `publish`: applies the source's updates to the index and publishes
 //!   snapshots (never half built).
-//! - `response_bytes`: a DiscoveryResponse's bytes, resource entries
-//!   encoded once per snapshot.
-//! - `stream`: the xDS protocol of one stream (ADS or EDS) over snapshots,
-//!   without a network: requests in, responses due, ACK and NACK.
+//! - `response_bytes`: a DiscoveryResponse's (and a delta response's)
+//!   bytes, resource entries encoded once per version.
+//!
+//! The xDS protocol of a stream is the xDS server's (`xds`).
 
 pub mod assignment;
 pub mod publish;
 pub mod response_bytes;
-pub mod stream;

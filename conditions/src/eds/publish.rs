@@ -1,44 +1,90 @@
-//! The index -> the published snapshot of EDS resources.
+//! The index -> the published EDS resources.
 //!
 //! A source sends `Update`s (a slice applied or deleted, or a full list);
-//! the publisher applies every update waiting, updates the clusters whose
-//! Service changed from the changed slices only (each cluster keeps its
-//! merged view and its encoded endpoints: see `view`, `assignment`), and
-//! publishes a new snapshot when an assignment changed. Nothing is published as ready before the first full list: a
-//! half-built index never reaches Envoy.
+//! the publisher applies every update waiting, updates the resources whose
+//! Service changed from the changed slices only (each keeps its merged
+//! view and its encoded endpoints: see `port_view`, `assignment`), puts the
+//! new versions in the shared [`Table`] and publishes a [`Snapshot`] that
+//! names what changed, so that work downstream is in proportion to the
+//! change, not to the number of resources. Nothing is published as ready
+//! before the first full list: a half-built index never reaches Envoy.
+//!
+//! Resources are the `--cluster` names and, with `--manage`, every Service
+//! port of the selected Services under its template name
+//! (`model::cluster::template_name`). A template port that no slice has any
+//! more is published empty (Envoy keeps the cluster, with no hosts, as for
+//! a Service without slices), then forgotten after [`TOMBSTONE_TTL`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
-use std::time::Instant;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 
 use crate::eds::assignment::{Encoder, Output, CLA_TYPE_URL};
-use crate::eds::response_bytes::resource_entry;
-use crate::model::cluster::ClusterSpec;
+use crate::eds::response_bytes::{delta_entry_parts, resource_entry};
+use crate::model::cluster::{template_name, ClusterSpec};
+use crate::model::endpoint::Endpoint;
 use crate::model::index::{Index, IpFamily};
 use crate::model::port_view::{EndpointChange, PortView};
 use crate::model::slice::{ServiceKey, SliceKey};
 use crate::source::{next_batch, Change, Update};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::status::PortSource;
+
+/// How long a template port that no slice has any more stays published
+/// (empty) before it is forgotten.
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
+
+/// A resource name's key: a 64-bit hash, keyed per process (a client
+/// cannot make up names that collide with served ones).
+pub fn name_hash(name: &str) -> u64 {
+    static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    let mut h = KEYS.get_or_init(Default::default).build_hasher();
+    h.write(name.as_bytes());
+    h.finish()
+}
+
+/// A version of an assignment's content, the same in every process (the
+/// delta protocol's resource version: a client that reconnects with it,
+/// even to a restarted companion, is not sent the same bytes again).
+fn content_version(value: &[u8]) -> String {
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(value);
+    format!("{:016x}", h.finish())
+}
 
 /// One EDS resource as published.
 #[derive(Debug)]
 pub struct Resource {
     pub name: String,
-    /// Changes whenever the assignment does (unique within this process).
+    /// [`name_hash`] of the name.
+    pub hash: u64,
+    /// Changes whenever the assignment does (unique within this process,
+    /// growing).
     pub version: u64,
     /// The encoded ClusterLoadAssignment as a DiscoveryResponse's resource
-    /// entry (`response_bytes::resource_entry`): encoded once per version, shared
-    /// by every stream that sends it.
+    /// entry (`response_bytes::resource_entry`): encoded once per version,
+    /// shared by every stream that sends it.
     pub entry: Bytes,
     /// Where the ClusterLoadAssignment starts in `entry`.
     value_at: usize,
+    /// The delta protocol's entry (a `Resource` of a
+    /// DeltaDiscoveryResponse) is `delta_head`, the assignment, `delta_tail`.
+    pub delta_head: Bytes,
+    pub delta_tail: Bytes,
+    /// The delta protocol's version of this content.
+    pub delta_version: String,
     pub endpoints: usize,
     /// When the source got the change that produced this version.
     pub changed_at: Instant,
+    /// When the change that produced this version happened (the slice's
+    /// trigger time, else when the companion saw it): programming latency
+    /// starts here.
+    pub trigger: SystemTime,
 }
 
 impl Resource {
@@ -50,20 +96,57 @@ impl Resource {
         endpoints: usize,
         changed_at: Instant,
     ) -> Resource {
+        Resource::triggered(
+            name,
+            version,
+            value,
+            endpoints,
+            changed_at,
+            SystemTime::now(),
+        )
+    }
+
+    /// As [`Resource::new`], for a change that happened at `trigger`.
+    pub fn triggered(
+        name: &str,
+        version: u64,
+        value: &[u8],
+        endpoints: usize,
+        changed_at: Instant,
+        trigger: SystemTime,
+    ) -> Resource {
         let (entry, value_at) = resource_entry(CLA_TYPE_URL, value);
+        let delta_version = content_version(value);
+        let (delta_head, delta_tail) =
+            delta_entry_parts(name, &delta_version, CLA_TYPE_URL, value.len());
         Resource {
             name: name.to_string(),
+            hash: name_hash(name),
             version,
             entry,
             value_at,
+            delta_head,
+            delta_tail,
+            delta_version,
             endpoints,
             changed_at,
+            trigger,
         }
     }
 
     /// The encoded ClusterLoadAssignment.
     pub fn value(&self) -> &[u8] {
         self.entry.get(self.value_at..).unwrap_or_default()
+    }
+
+    /// The encoded ClusterLoadAssignment, shared (not copied).
+    pub fn value_bytes(&self) -> Bytes {
+        self.entry.slice(self.value_at.min(self.entry.len())..)
+    }
+
+    /// Bytes of this resource's entry in a delta response.
+    pub fn delta_len(&self) -> usize {
+        self.delta_head.len() + self.value().len() + self.delta_tail.len()
     }
 
     /// As an `Any` (a copy).
@@ -75,14 +158,74 @@ impl Resource {
     }
 }
 
-/// What the xDS streams serve.
+/// Every resource served now, by [`name_hash`]: written by the publisher,
+/// read by the streams when they build a response (always the newest).
+#[derive(Debug, Default)]
+pub struct Table {
+    map: RwLock<HashMap<u64, Arc<Resource>>>,
+}
+
+impl Table {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, Arc<Resource>>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The resource whose name hashes to `hash`.
+    pub fn get(&self, hash: u64) -> Option<Arc<Resource>> {
+        self.read().get(&hash).cloned()
+    }
+
+    /// The resource named `name`.
+    pub fn by_name(&self, name: &str) -> Option<Arc<Resource>> {
+        self.get(name_hash(name)).filter(|r| r.name == name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Every resource name (tests, benchmarks).
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.read().values().map(|r| r.name.clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// Every resource (tests, benchmarks).
+    pub fn all(&self) -> Vec<Arc<Resource>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// Puts new versions in, forgets resources by key.
+    pub(crate) fn put(&self, resources: &[Arc<Resource>], forget: &[u64]) {
+        let mut m = self.map.write().unwrap_or_else(|p| p.into_inner());
+        for r in resources {
+            m.insert(r.hash, r.clone());
+        }
+        for h in forget {
+            m.remove(h);
+        }
+    }
+}
+
+/// What the xDS streams serve: the newest [`Table`], and what changed in
+/// it since the snapshot before.
 #[derive(Debug)]
 pub struct Snapshot {
     /// `<boot id>-<n>`: unique across restarts of the companion.
     pub version: String,
     /// False until the first full list: streams answer nothing before.
     pub ready: bool,
-    pub resources: BTreeMap<String, Arc<Resource>>,
+    pub table: Arc<Table>,
+    /// This snapshot's number, and the one it follows: `changed` lists the
+    /// resources (by [`name_hash`]) that changed or appeared in between.
+    pub seq: u64,
+    pub after: u64,
+    pub changed: Arc<[u64]>,
 }
 
 impl Snapshot {
@@ -90,61 +233,116 @@ impl Snapshot {
         Snapshot {
             version: String::new(),
             ready: false,
-            resources: BTreeMap::new(),
+            table: Arc::new(Table::default()),
+            seq: 0,
+            after: 0,
+            changed: Arc::from(Vec::new()),
         }
+    }
+
+    /// The resource named `name` now.
+    pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
+        self.table.by_name(name)
     }
 }
 
-/// Index + clusters -> snapshots. Driven synchronously (`apply`), so that
+/// One served resource's state between changes.
+struct Served {
+    service: ServiceKey,
+    port_name: String,
+    /// Made by `--manage` (not a `--cluster`).
+    template: bool,
+    view: PortView,
+    encoder: Encoder,
+    published: Option<Arc<Resource>>,
+}
+
+/// Index + resources -> snapshots. Driven synchronously (`apply`), so that
 /// tests and benchmarks need no runtime.
 pub struct Publisher {
     index: Index,
-    clusters: Vec<ClusterSpec>,
-    /// Per cluster (same order): its merged endpoints and their encoding,
-    /// kept up to date slice by slice.
-    served: Vec<Served>,
-    by_service: HashMap<ServiceKey, Vec<usize>>,
+    family: IpFamily,
     output: Output,
-    resources: BTreeMap<String, Arc<Resource>>,
+    clusters: Vec<ClusterSpec>,
+    /// Every Service port of the Services `--manage` selects is served.
+    manage: bool,
+    served: HashMap<Arc<str>, Served>,
+    by_service: HashMap<ServiceKey, Vec<Arc<str>>>,
+    /// Template ports no slice has any more, and since when.
+    tombstones: BTreeMap<Arc<str>, Instant>,
+    table: Arc<Table>,
     boot: String,
     counter: u64,
+    seq: u64,
     ready: bool,
-}
-
-/// One cluster's state between changes.
-struct Served {
-    view: PortView,
-    encoder: Encoder,
 }
 
 impl Publisher {
     pub fn new(clusters: Vec<ClusterSpec>, family: IpFamily, output: Output) -> Publisher {
-        let mut by_service: HashMap<ServiceKey, Vec<usize>> = HashMap::new();
-        for (i, c) in clusters.iter().enumerate() {
-            by_service.entry(c.service.clone()).or_default().push(i);
-        }
-        let served = clusters
-            .iter()
-            .map(|c| Served {
-                view: PortView::new(&c.port_name, family),
-                encoder: Encoder::new(),
-            })
-            .collect();
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        Publisher {
+        let mut p = Publisher {
             index: Index::new(),
-            clusters,
-            served,
-            by_service,
+            family,
             output,
-            resources: BTreeMap::new(),
+            clusters: clusters.clone(),
+            manage: false,
+            served: HashMap::new(),
+            by_service: HashMap::new(),
+            tombstones: BTreeMap::new(),
+            table: Arc::new(Table::default()),
             boot: boot.to_string(),
             counter: 0,
+            seq: 0,
             ready: false,
+        };
+        for c in clusters {
+            p.add(
+                Arc::from(c.name.as_str()),
+                c.service,
+                c.port_name,
+                None,
+                false,
+            );
         }
+        p
+    }
+
+    /// Also serves every Service port of every Service in the index under
+    /// its template name (`--manage`).
+    pub fn managing(mut self, manage: bool) -> Publisher {
+        self.manage = manage;
+        self
+    }
+
+    fn add(
+        &mut self,
+        name: Arc<str>,
+        service: ServiceKey,
+        port_name: String,
+        port_number: Option<u16>,
+        template: bool,
+    ) {
+        if self.served.contains_key(&name) {
+            return;
+        }
+        self.by_service
+            .entry(service.clone())
+            .or_default()
+            .push(name.clone());
+        self.served.insert(
+            name,
+            Served {
+                view: PortView::with_number(&port_name, port_number, self.family),
+                service,
+                port_name,
+                template,
+                encoder: Encoder::new(),
+                published: None,
+            },
+        );
     }
 
     pub fn index(&self) -> &Index {
@@ -159,20 +357,54 @@ impl Publisher {
         self.ready
     }
 
-    /// Each cluster with its endpoints now (the status page), and whether
-    /// the tiered output is on.
-    pub fn port_endpoints(
-        &self,
-    ) -> (
-        bool,
-        impl Iterator<Item = (&ClusterSpec, Vec<crate::model::endpoint::Endpoint>)>,
-    ) {
-        let ports = self
-            .clusters
-            .iter()
-            .zip(&self.served)
-            .map(|(c, s)| (c, s.view.endpoints()));
+    /// The resources served, shared with the streams.
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    /// How many resources are served.
+    pub fn resource_count(&self) -> usize {
+        self.served.len()
+    }
+
+    /// Each cluster with its endpoints now (the status page), in name
+    /// order, at most `max` of them, and whether the tiered output is on.
+    pub fn port_endpoints_upto(&self, max: usize) -> (bool, Vec<(ClusterSpec, Vec<Endpoint>)>) {
+        let mut names: Vec<&Arc<str>> = self.served.keys().collect();
+        names.sort_unstable();
+        let ports = names
+            .into_iter()
+            .take(max)
+            .filter_map(|n| {
+                let s = self.served.get(n)?;
+                Some((
+                    ClusterSpec {
+                        name: n.to_string(),
+                        service: s.service.clone(),
+                        port_name: s.port_name.clone(),
+                    },
+                    s.view.endpoints(),
+                ))
+            })
+            .collect();
         (self.output.tiered(), ports)
+    }
+
+    /// The template ports of `service` its slices have now: (name, port
+    /// name, number of an unnamed port).
+    fn template_ports(&self, service: &ServiceKey) -> BTreeSet<(String, String, Option<u16>)> {
+        let mut ports = BTreeSet::new();
+        for slice in self.index.slices_of(service) {
+            for p in &slice.ports {
+                let number = p.name.is_empty().then_some(p.port);
+                ports.insert((
+                    template_name(service, &p.name, p.port),
+                    p.name.clone(),
+                    number,
+                ));
+            }
+        }
+        ports
     }
 
     /// Applies updates; returns the new snapshot when something an Envoy
@@ -180,27 +412,33 @@ impl Publisher {
     pub fn apply(&mut self, updates: Vec<Update>) -> Option<Snapshot> {
         let earliest = updates.iter().map(|u| u.received).min()?;
         let was_ready = self.ready;
-        // The slices that changed, by the Service they left or joined.
-        let mut slices: BTreeMap<ServiceKey, BTreeSet<String>> = BTreeMap::new();
-        let mut note = |service: ServiceKey, name: &str| {
-            slices.entry(service).or_default().insert(name.to_string());
+        // The slices that changed, by the Service they left or joined, and
+        // when the earliest change to each Service happened.
+        let mut slices: BTreeMap<ServiceKey, (BTreeSet<String>, SystemTime)> = BTreeMap::new();
+        let mut note = |service: ServiceKey, name: &str, at: SystemTime| {
+            let e = slices
+                .entry(service)
+                .or_insert_with(|| (BTreeSet::new(), at));
+            e.0.insert(name.to_string());
+            e.1 = e.1.min(at);
         };
         for u in updates {
+            let at = u.started();
             match u.change {
                 Change::Apply(s) => {
                     let name = s.key.name.clone();
                     for service in self.index.apply(s) {
-                        note(service, &name);
+                        note(service, &name, at);
                     }
                 }
                 Change::Delete(k) => {
                     if let Some(service) = self.index.delete(&k) {
-                        note(service, &k.name);
+                        note(service, &k.name, at);
                     }
                 }
                 Change::Replace(all) => {
                     for (k, service) in self.index.replace_slices(all) {
-                        note(service, &k.name);
+                        note(service, &k.name, at);
                     }
                     self.ready = true;
                 }
@@ -209,75 +447,175 @@ impl Publisher {
         if !self.ready {
             return None;
         }
-        let mut changed = !was_ready;
+        let mut changed = Vec::new();
         if !was_ready {
-            // The first full list: every cluster from every slice known.
-            for i in 0..self.clusters.len() {
-                let service = &self.clusters[i].service;
+            // The first full list: every resource from every slice known.
+            let now = SystemTime::now();
+            let mut services: Vec<ServiceKey> = self.by_service.keys().cloned().collect();
+            if self.manage {
+                services.extend(self.index.services().cloned());
+            }
+            services.sort();
+            services.dedup();
+            for service in services {
                 let names: Vec<String> = self
+                    .index
+                    .slices_of(&service)
+                    .map(|s| s.key.name.clone())
+                    .collect();
+                self.refresh_service(&service, &names, earliest, now, &mut changed);
+            }
+        } else {
+            for (service, (names, at)) in &slices {
+                let names: Vec<String> = names.iter().cloned().collect();
+                self.refresh_service(service, &names, earliest, *at, &mut changed);
+            }
+        }
+        if changed.is_empty() && was_ready {
+            return None;
+        }
+        self.table.put(&changed, &[]);
+        Some(self.snapshot(changed.iter().map(|r| r.hash).collect()))
+    }
+
+    /// Updates every resource of `service` from its slices `names`; the
+    /// new versions go to `changed`.
+    fn refresh_service(
+        &mut self,
+        service: &ServiceKey,
+        names: &[String],
+        changed_at: Instant,
+        trigger: SystemTime,
+        changed: &mut Vec<Arc<Resource>>,
+    ) {
+        let mut present = BTreeSet::new();
+        if self.manage {
+            for (name, port_name, number) in self.template_ports(service) {
+                let name: Arc<str> = Arc::from(name.as_str());
+                present.insert(name.clone());
+                self.tombstones.remove(&name);
+                if !self.served.contains_key(&name) {
+                    self.add(name, service.clone(), port_name, number, true);
+                }
+            }
+        }
+        let resources = self.by_service.get(service).cloned().unwrap_or_default();
+        for name in resources {
+            let fresh = self
+                .served
+                .get(&name)
+                .is_some_and(|s| s.published.is_none());
+            let all: Vec<String>;
+            let which: &[String] = if fresh {
+                // A new resource reads every slice of its Service.
+                all = self
                     .index
                     .slices_of(service)
                     .map(|s| s.key.name.clone())
                     .collect();
-                changed |= self.refresh(i, &names, earliest);
+                &all
+            } else {
+                names
+            };
+            if let Some(r) = self.refresh(&name, which, changed_at, trigger) {
+                changed.push(r);
             }
-        } else {
-            for (service, names) in &slices {
-                let names: Vec<String> = names.iter().cloned().collect();
-                for i in self.by_service.get(service).cloned().unwrap_or_default() {
-                    changed |= self.refresh(i, &names, earliest);
-                }
+            let gone = self
+                .served
+                .get(&name)
+                .is_some_and(|s| s.template && !present.contains(&name));
+            if gone {
+                self.tombstones.entry(name).or_insert_with(Instant::now);
             }
         }
-        changed.then(|| self.snapshot())
     }
 
-    /// Re-reads slices `names` of cluster `i`'s Service; true when its
-    /// assignment changed (or was never published).
-    fn refresh(&mut self, i: usize, names: &[String], changed_at: Instant) -> bool {
-        let (Some(spec), Some(served)) = (self.clusters.get(i), self.served.get_mut(i)) else {
-            return false;
-        };
+    /// Re-reads slices `names` of resource `name`'s Service; its new
+    /// version when its assignment changed (or was never published).
+    fn refresh(
+        &mut self,
+        name: &Arc<str>,
+        names: &[String],
+        changed_at: Instant,
+        trigger: SystemTime,
+    ) -> Option<Arc<Resource>> {
+        let served = self.served.get_mut(name)?;
         let mut changes = Vec::new();
-        for name in names {
+        for slice_name in names {
             let key = SliceKey {
-                namespace: spec.service.namespace.clone(),
-                name: name.clone(),
+                namespace: served.service.namespace.clone(),
+                name: slice_name.clone(),
             };
-            let slice = self.index.slice(&key).filter(|s| s.service == spec.service);
-            served.view.put(name, slice, &mut changes);
+            let slice = self
+                .index
+                .slice(&key)
+                .filter(|s| s.service == served.service);
+            served.view.put(slice_name, slice, &mut changes);
         }
-        let published = self.resources.contains_key(&spec.name);
+        let published = served.published.is_some();
         if published {
             // Whether the assignment changed is the net change's to say.
             changes = net(changes);
         }
-        let mut changed = false;
+        let mut assignment_changed = false;
         for c in &changes {
-            changed |= served.encoder.apply(c, &self.output);
+            assignment_changed |= served.encoder.apply(c, &self.output);
         }
-        if !changed && published {
-            return false;
+        if !assignment_changed && published {
+            return None;
         }
-        let value = served.encoder.assemble(&spec.name, &self.output);
+        let value = served.encoder.assemble(name, &self.output);
         self.counter += 1;
-        let resource = Resource::new(
-            &spec.name,
+        let resource = Arc::new(Resource::triggered(
+            name,
             self.counter,
             &value,
             served.view.len(),
             changed_at,
-        );
-        self.resources.insert(spec.name.clone(), Arc::new(resource));
-        true
+            trigger,
+        ));
+        served.published = Some(resource.clone());
+        Some(resource)
     }
 
-    fn snapshot(&mut self) -> Snapshot {
+    /// Forgets the template ports that have had no slice for
+    /// [`TOMBSTONE_TTL`] (their last, empty, assignment stays with the
+    /// Envoys that have it); their names.
+    pub fn forget_tombstones(&mut self, now: Instant) -> Vec<Arc<str>> {
+        let old: Vec<Arc<str>> = self
+            .tombstones
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= TOMBSTONE_TTL)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut hashes = Vec::new();
+        for name in &old {
+            self.tombstones.remove(name);
+            if let Some(s) = self.served.remove(name) {
+                if let Some(list) = self.by_service.get_mut(&s.service) {
+                    list.retain(|n| n != name);
+                    if list.is_empty() {
+                        self.by_service.remove(&s.service);
+                    }
+                }
+                hashes.push(name_hash(name));
+            }
+        }
+        self.table.put(&[], &hashes);
+        old
+    }
+
+    fn snapshot(&mut self, changed: Vec<u64>) -> Snapshot {
         self.counter += 1;
+        let after = self.seq;
+        self.seq = self.counter;
         Snapshot {
             version: format!("{}-{}", self.boot, self.counter),
             ready: self.ready,
-            resources: self.resources.clone(),
+            table: self.table.clone(),
+            seq: self.seq,
+            after,
+            changed: Arc::from(changed),
         }
     }
 }
@@ -302,17 +640,57 @@ fn net(mut changes: Vec<EndpointChange>) -> Vec<EndpointChange> {
     changes
 }
 
+/// The publisher, shared with the status page (which reads its ports).
+pub struct SharedPublisher(Mutex<Publisher>);
+
+impl SharedPublisher {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Publisher> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl PortSource for SharedPublisher {
+    fn ports(&self, max: usize) -> (bool, Vec<(ClusterSpec, Vec<Endpoint>)>, usize) {
+        let p = self.lock();
+        let (priorities, ports) = p.port_endpoints_upto(max);
+        (priorities, ports, p.resource_count().saturating_sub(max))
+    }
+}
+
 /// Runs the publisher: takes every update waiting at once, publishes the
-/// result. Ends when every source has gone.
+/// result; forgets old template tombstones now and then. Ends when every
+/// source has gone.
 pub async fn run(
-    mut publisher: Publisher,
+    publisher: Publisher,
     mut updates: mpsc::Receiver<Update>,
     snapshots: watch::Sender<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
 ) {
-    while let Some(batch) = next_batch(&mut updates).await {
+    let shared = Arc::new(SharedPublisher(Mutex::new(publisher)));
+    metrics.status().set_source(shared.clone());
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let batch = tokio::select! {
+            b = next_batch(&mut updates) => match b {
+                Some(b) => b,
+                None => break,
+            },
+            _ = tick.tick() => {
+                let forgotten = shared.lock().forget_tombstones(Instant::now());
+                for name in &forgotten {
+                    // A port that is gone leaves no gauge series behind.
+                    metrics.status().remove_port(name);
+                }
+                if !forgotten.is_empty() {
+                    tracing::info!(forgotten = forgotten.len(), "Service ports without slices for a minute: no longer served");
+                }
+                continue;
+            }
+        };
         let n = batch.len();
         let started = Instant::now();
+        let mut publisher = shared.lock();
         let snapshot = publisher.apply(batch);
         metrics.applied(
             n,
@@ -321,20 +699,58 @@ pub async fn run(
             started.elapsed(),
         );
         if let Some(s) = snapshot {
-            tracing::info!(
+            tracing::debug!(
                 version = %s.version,
                 ready = s.ready,
                 updates = n,
+                changed = s.changed.len(),
                 slices = publisher.index().slice_count(),
                 endpoints = publisher.index().endpoint_count(),
                 build_us = started.elapsed().as_micros() as u64,
                 "snapshot published"
             );
+            if !was_logged_ready(&s) {
+                tracing::info!(
+                    version = %s.version,
+                    resources = publisher.resource_count(),
+                    slices = publisher.index().slice_count(),
+                    endpoints = publisher.index().endpoint_count(),
+                    build_ms = started.elapsed().as_millis() as u64,
+                    "first full list in: snapshot published"
+                );
+            }
             metrics.published();
-            let (priorities, ports) = publisher.port_endpoints();
-            metrics.status().set_services(&s.version, priorities, ports);
+            for h in s.changed.iter() {
+                if let Some(r) = s.table.get(*h) {
+                    let serving = publisher.serving_of(&r.name);
+                    metrics.status().set_port_serving(&r.name, serving);
+                }
+            }
+            metrics.status().set_version(&s.version);
+            drop(publisher);
             snapshots.send_replace(Arc::new(s));
         }
+    }
+}
+
+/// The first ready snapshot follows an unready one (logged at info).
+fn was_logged_ready(s: &Snapshot) -> bool {
+    s.after != 0
+}
+
+impl Publisher {
+    /// Serving endpoints of resource `name` now (the no-serving gauge).
+    pub fn serving_of(&self, name: &str) -> usize {
+        self.served
+            .get(name)
+            .map(|s| {
+                s.view
+                    .endpoints()
+                    .iter()
+                    .filter(|e| e.conditions.serving)
+                    .count()
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -358,7 +774,11 @@ mod tests {
     }
 
     fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
-        ClusterLoadAssignment::decode(s.resources[name].value()).unwrap()
+        ClusterLoadAssignment::decode(s.resource(name).unwrap().value()).unwrap()
+    }
+
+    fn version(s: &Snapshot, name: &str) -> u64 {
+        s.resource(name).unwrap().version
     }
 
     #[test]
@@ -395,12 +815,13 @@ mod tests {
                 slice("a1", "api", &["10.0.1.1"]),
             ]))])
             .unwrap();
-        assert_eq!(s1.resources.len(), 3);
+        assert_eq!(s1.table.len(), 3);
+        assert_eq!(s1.changed.len(), 3, "the first snapshot changes everything");
         assert!(
             cla(&s1, "c").endpoints.is_empty(),
             "no slices: empty assignment"
         );
-        let (va, vb) = (s1.resources["a"].version, s1.resources["b"].version);
+        let (va, vb) = (version(&s1, "a"), version(&s1, "b"));
 
         // A change to web's slice: only a moves.
         let s2 = p
@@ -410,9 +831,12 @@ mod tests {
                 &["10.0.0.1", "10.0.0.2"],
             )))])
             .unwrap();
-        assert!(s2.resources["a"].version > va);
-        assert_eq!(s2.resources["b"].version, vb);
+        assert!(version(&s2, "a") > va);
+        assert_eq!(version(&s2, "b"), vb);
         assert_ne!(s2.version, s1.version);
+        // The snapshot names what changed, and follows the one before.
+        assert_eq!(&s2.changed[..], &[name_hash("a")]);
+        assert_eq!(s2.after, s1.seq);
         // The same slice again, or a slice of a Service nobody serves: nothing.
         assert!(p
             .apply(vec![Update::now(Change::Apply(slice(
@@ -494,7 +918,7 @@ mod tests {
                             .endpoints(&c.service, &c.port_name, IpFamily::Auto),
                         &out,
                     );
-                    let r = &p.resources[&c.name];
+                    let r = p.table().by_name(&c.name).unwrap();
                     let decoded = ClusterLoadAssignment::decode(r.value()).unwrap();
                     assert_eq!(decoded, fresh, "step {step}, {}", c.name);
                     // A new version exactly when the bytes changed.
@@ -507,10 +931,103 @@ mod tests {
                     }
                     last.insert(c.name.clone(), (r.version, r.value().to_vec()));
                     if let Some(s) = &snap {
-                        assert_eq!(s.resources[&c.name].version, r.version);
+                        assert_eq!(version(s, &c.name), r.version);
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn manage_serves_every_service_port_by_template_name() {
+        let mut p = Publisher::new(
+            vec![spec("explicit", "web")],
+            IpFamily::Auto,
+            Output::default(),
+        )
+        .managing(true);
+        let mut two_ports = crate::model::fixtures::slice(
+            "w1",
+            "web",
+            &[("http", 80), ("admin", 9000)],
+            vec![endpoint("10.0.0.1")],
+        );
+        let unnamed =
+            crate::model::fixtures::slice("a1", "api", &[("", 8080)], vec![endpoint("10.0.1.1")]);
+        let s = p
+            .apply(vec![Update::now(Change::Replace(vec![
+                two_ports.clone(),
+                unnamed,
+            ]))])
+            .unwrap();
+        assert_eq!(
+            s.table.names(),
+            ["explicit", "ns/api:8080", "ns/web:admin", "ns/web:http"]
+        );
+        let admin = cla(&s, "ns/web:admin");
+        assert_eq!(admin.cluster_name, "ns/web:admin");
+        let lb = &admin.endpoints[0].lb_endpoints[0];
+        let Some(
+            envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(e),
+        ) = &lb.host_identifier
+        else {
+            panic!("no endpoint")
+        };
+        let Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(sa)) =
+            &e.address.as_ref().unwrap().address
+        else {
+            panic!("no address")
+        };
+        assert_eq!(
+            sa.port_specifier,
+            Some(
+                envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(
+                    9000
+                )
+            )
+        );
+        // A new Service appears: its ports alone change.
+        let s2 = p
+            .apply(vec![Update::now(Change::Apply(
+                crate::model::fixtures::slice(
+                    "d1",
+                    "db",
+                    &[("pg", 5432)],
+                    vec![endpoint("10.0.2.1")],
+                ),
+            ))])
+            .unwrap();
+        assert_eq!(&s2.changed[..], &[name_hash("ns/db:pg")]);
+        // A port goes from the Service: published empty, then forgotten.
+        two_ports.ports.retain(|p| p.name == "http");
+        let s3 = p
+            .apply(vec![Update::now(Change::Apply(two_ports))])
+            .unwrap();
+        assert!(s3.changed.contains(&name_hash("ns/web:admin")));
+        assert!(cla(&s3, "ns/web:admin").endpoints.is_empty());
+        assert!(p.forget_tombstones(Instant::now()).is_empty(), "not yet");
+        assert_eq!(
+            p.forget_tombstones(Instant::now() + TOMBSTONE_TTL),
+            vec![Arc::<str>::from("ns/web:admin")]
+        );
+        assert!(
+            s3.resource("ns/web:admin").is_none(),
+            "the table forgets it"
+        );
+        assert!(s3.resource("ns/web:http").is_some());
+    }
+
+    #[test]
+    fn the_trigger_time_travels_with_the_version() {
+        let mut p = Publisher::new(vec![spec("a", "web")], IpFamily::Auto, Output::default());
+        p.apply(vec![Update::now(Change::Replace(vec![]))]).unwrap();
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_796_479_200);
+        let s = p
+            .apply(vec![Update::triggered(
+                Change::Apply(slice("w1", "web", &["10.0.0.1"])),
+                Some(at),
+            )])
+            .unwrap();
+        assert_eq!(s.resource("a").unwrap().trigger, at);
     }
 }

@@ -68,6 +68,105 @@ pub fn resource_entry(type_url: &str, value: &[u8]) -> (Bytes, usize) {
     (buf.freeze(), value_at)
 }
 
+const DELTA_SYSTEM_VERSION_INFO: u32 = 1;
+const DELTA_RESOURCES: u32 = 2;
+const DELTA_TYPE_URL: u32 = 4;
+const DELTA_NONCE: u32 = 5;
+const DELTA_REMOVED_RESOURCES: u32 = 6;
+const RESOURCE_VERSION: u32 = 1;
+const RESOURCE_RESOURCE: u32 = 2;
+const RESOURCE_NAME: u32 = 3;
+
+/// One resource as a DeltaDiscoveryResponse carries it (a `resources`
+/// entry: a `Resource` of `name`, `version` and an `Any` of `type_url` and
+/// a value of `value_len` bytes), as the bytes before the value and the
+/// bytes after it: the value itself is shared with the state-of-the-world
+/// entry, not copied.
+pub fn delta_entry_parts(
+    name: &str,
+    version: &str,
+    type_url: &str,
+    value_len: usize,
+) -> (Bytes, Bytes) {
+    let value_field = if value_len == 0 {
+        0
+    } else {
+        field_len(ANY_VALUE, value_len)
+    };
+    let any_len = string_field_len(ANY_TYPE_URL, type_url) + value_field;
+    let resource_len = string_field_len(RESOURCE_VERSION, version)
+        + field_len(RESOURCE_RESOURCE, any_len)
+        + string_field_len(RESOURCE_NAME, name);
+    let mut head = BytesMut::with_capacity(64 + version.len() + type_url.len());
+    encode_key(DELTA_RESOURCES, WireType::LengthDelimited, &mut head);
+    encode_varint(resource_len as u64, &mut head);
+    put_string_field(&mut head, RESOURCE_VERSION, version);
+    encode_key(RESOURCE_RESOURCE, WireType::LengthDelimited, &mut head);
+    encode_varint(any_len as u64, &mut head);
+    put_string_field(&mut head, ANY_TYPE_URL, type_url);
+    if value_len > 0 {
+        encode_key(ANY_VALUE, WireType::LengthDelimited, &mut head);
+        encode_varint(value_len as u64, &mut head);
+    }
+    let mut tail = BytesMut::with_capacity(8 + name.len());
+    put_string_field(&mut tail, RESOURCE_NAME, name);
+    (head.freeze(), tail.freeze())
+}
+
+/// Head and tail of a DeltaDiscoveryResponse whose resource entries take
+/// `entries_len` bytes, naming `removed` as removed.
+pub fn delta_frame(
+    system_version: &str,
+    type_url: &str,
+    nonce: &str,
+    removed: &[String],
+    entries_len: usize,
+) -> Frame {
+    let removed_len: usize = removed
+        .iter()
+        .map(|r| field_len(DELTA_REMOVED_RESOURCES, r.len()))
+        .sum();
+    let head_fields = string_field_len(DELTA_SYSTEM_VERSION_INFO, system_version);
+    let tail_len = string_field_len(DELTA_TYPE_URL, type_url)
+        + string_field_len(DELTA_NONCE, nonce)
+        + removed_len;
+    let message_len = head_fields + entries_len + tail_len;
+    let mut buf = BytesMut::with_capacity(GRPC_HEADER + head_fields + tail_len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(message_len).unwrap_or(u32::MAX));
+    put_string_field(&mut buf, DELTA_SYSTEM_VERSION_INFO, system_version);
+    put_string_field(&mut buf, DELTA_TYPE_URL, type_url);
+    put_string_field(&mut buf, DELTA_NONCE, nonce);
+    for r in removed {
+        put_field(&mut buf, DELTA_REMOVED_RESOURCES, r.as_bytes());
+    }
+    let mut all = buf.freeze();
+    let head = all.split_to(GRPC_HEADER + head_fields);
+    Frame {
+        head,
+        tail: all,
+        message_len,
+    }
+}
+
+/// Message length of a delta response (gRPC header excluded).
+pub fn delta_message_len(
+    system_version: &str,
+    type_url: &str,
+    nonce: &str,
+    removed: &[String],
+    entries_len: usize,
+) -> usize {
+    string_field_len(DELTA_SYSTEM_VERSION_INFO, system_version)
+        + entries_len
+        + string_field_len(DELTA_TYPE_URL, type_url)
+        + string_field_len(DELTA_NONCE, nonce)
+        + removed
+            .iter()
+            .map(|r| field_len(DELTA_REMOVED_RESOURCES, r.len()))
+            .sum::<usize>()
+}
+
 /// The per-stream parts of a response whose resource entries take
 /// `entries_len` bytes: the head (gRPC header, version_info) and the tail
 /// (type_url, nonce), and the message length (without the gRPC header).
@@ -158,6 +257,61 @@ mod tests {
                 assert_eq!(&wire[GRPC_HEADER..], &expected[..]);
             }
         }
+    }
+
+    #[test]
+    fn assembled_delta_responses_are_prosts_encoding() {
+        use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resource};
+        let values = [vec![1u8, 2, 3], vec![], vec![9u8; 70_000]];
+        let names = ["a", "ns/web:http", "big"];
+        let mut wire = Vec::new();
+        let mut entries = Vec::new();
+        for (v, n) in values.iter().zip(names) {
+            let (head, tail) = delta_entry_parts(n, "00ff", TYPE_URL, v.len());
+            let mut e = head.to_vec();
+            e.extend_from_slice(v);
+            e.extend_from_slice(&tail);
+            entries.push(e);
+        }
+        let entries_len = entries.iter().map(Vec::len).sum();
+        let removed = vec!["gone".to_string(), "never".to_string()];
+        let f = delta_frame("1-7", TYPE_URL, "3", &removed, entries_len);
+        wire.extend_from_slice(&f.head);
+        for e in &entries {
+            wire.extend_from_slice(e);
+        }
+        wire.extend_from_slice(&f.tail);
+        assert_eq!(
+            f.message_len,
+            delta_message_len("1-7", TYPE_URL, "3", &removed, entries_len)
+        );
+        let got = DeltaDiscoveryResponse::decode(&wire[GRPC_HEADER..]).unwrap();
+        let want = DeltaDiscoveryResponse {
+            system_version_info: "1-7".into(),
+            resources: values
+                .iter()
+                .zip(names)
+                .map(|(v, n)| Resource {
+                    name: n.into(),
+                    version: "00ff".into(),
+                    resource: Some(Any {
+                        type_url: TYPE_URL.into(),
+                        value: v.clone(),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            type_url: TYPE_URL.into(),
+            removed_resources: removed.clone(),
+            nonce: "3".into(),
+            ..Default::default()
+        };
+        assert_eq!(got, want);
+        assert_eq!(&wire[GRPC_HEADER..], &want.encode_to_vec()[..]);
+        assert_eq!(
+            u32::from_be_bytes(wire[1..5].try_into().unwrap()) as usize,
+            wire.len() - GRPC_HEADER
+        );
     }
 
     #[test]

@@ -43,11 +43,12 @@ pub mod naming;
 pub mod native_lb;
 pub mod prepared;
 pub mod proto;
+pub mod reread_budget;
 pub mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -60,8 +61,10 @@ use crate::eds::assignment::Output;
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
 use crate::model::index::{Index, IpFamily};
+use crate::model::slice::ServiceKey;
 use crate::source::{next_batch, Change, Update};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::status::PortSource;
 use service::Shared;
 
 /// The default `--manage` selector.
@@ -91,6 +94,12 @@ pub struct Args {
     /// Gateway disagree (EG waits for the answer without a deadline).
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub reread_timeout_ms: u64,
+    /// Re-read time one translation of Envoy Gateway's may spend in all
+    /// (EG calls once per cluster, one call after the other): past it, calls
+    /// are answered from the index at once, counted as
+    /// eg_rereads_total{result="over_budget"}.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub reread_budget_ms: u64,
     /// Largest request accepted and largest answer sent: set it to EG's
     /// extensionManager.maxMessageSize. The default is what EG accepts when
     /// that is unset (4 MiB, grpc-go's client default). A larger request is
@@ -129,42 +138,92 @@ pub struct Args {
 
 /// Applies a batch of source updates to the shared index; true once ready.
 pub fn apply_updates(shared: &Shared, updates: Vec<Update>) -> bool {
+    apply_updates_changed(shared, updates).0
+}
+
+/// As [`apply_updates`], with the Services whose slices changed.
+pub fn apply_updates_changed(
+    shared: &Shared,
+    updates: Vec<Update>,
+) -> (bool, BTreeSet<ServiceKey>) {
     let full_list = updates
         .iter()
         .any(|u| matches!(u.change, Change::Replace(_)));
     let mut index = shared.write();
-    index.edit(updates.into_iter().map(|u| u.change));
+    let changed = index.edit(updates.into_iter().map(|u| u.change));
     if full_list {
         shared.ready.store(true, Ordering::SeqCst);
     }
     drop(index);
-    shared.ready.load(Ordering::SeqCst)
+    (shared.ready.load(Ordering::SeqCst), changed)
+}
+
+/// The status page's ports in this mode, read from the index when the
+/// page is asked for (nothing is rebuilt per change: at 10,000 Services a
+/// batch costs its own Services only).
+struct IndexPorts {
+    shared: Arc<Shared>,
+    tiered: bool,
+}
+
+impl PortSource for IndexPorts {
+    fn ports(&self, max: usize) -> (bool, Vec<(ClusterSpec, Vec<Endpoint>)>, usize) {
+        let index = self.shared.index.read().unwrap_or_else(|p| p.into_inner());
+        let mut services: Vec<&ServiceKey> = index.services().collect();
+        services.sort();
+        let mut out = Vec::new();
+        let mut left_out = 0;
+        for service in services {
+            if out.len() >= max {
+                left_out += port_names(&index, service).len();
+                continue;
+            }
+            out.extend(service_ports_of(&index, service));
+        }
+        left_out += out.len().saturating_sub(max);
+        out.truncate(max);
+        (self.tiered, out, left_out)
+    }
 }
 
 /// Applies every batch of updates to the index, and shows it in the
-/// metrics and the status page; the mode's consumer of the source.
+/// metrics and the status page (the changed Services' gauges; the page
+/// reads the index); the mode's consumer of the source.
 pub async fn consume(
     shared: Arc<Shared>,
     mut updates: mpsc::Receiver<Update>,
     metrics: Arc<Metrics>,
     tiered: bool,
 ) {
+    metrics.status().set_source(Arc::new(IndexPorts {
+        shared: shared.clone(),
+        tiered,
+    }));
+    let mut known: HashMap<ServiceKey, BTreeSet<String>> = HashMap::new();
     let mut batches: u64 = 0;
     while let Some(batch) = next_batch(&mut updates).await {
         batches += 1;
         let n = batch.len();
         let started = Instant::now();
         let was_ready = shared.ready.load(Ordering::SeqCst);
-        let ready = apply_updates(&shared, batch);
+        let (ready, changed) = apply_updates_changed(&shared, batch);
         let index = shared.index.read().unwrap_or_else(|p| p.into_inner());
         metrics.applied(n, &index, ready, started.elapsed());
-        let (ports, endpoints): (Vec<ClusterSpec>, Vec<Vec<Endpoint>>) =
-            service_ports(&index).into_iter().unzip();
-        metrics.status().set_services(
-            &format!("index-{batches}"),
-            tiered,
-            ports.iter().zip(endpoints),
-        );
+        for service in &changed {
+            let ports = service_ports_of(&index, service);
+            let now: BTreeSet<String> = ports.iter().map(|(c, _)| c.name.clone()).collect();
+            for gone in known.remove(service).unwrap_or_default().difference(&now) {
+                metrics.status().remove_port(gone);
+            }
+            for (spec, eps) in &ports {
+                let serving = eps.iter().filter(|e| e.conditions.serving).count();
+                metrics.status().set_port_serving(&spec.name, serving);
+            }
+            if !now.is_empty() {
+                known.insert(service.clone(), now);
+            }
+        }
+        metrics.status().set_version(&format!("index-{batches}"));
         if ready && !was_ready {
             tracing::info!(
                 slices = index.slice_count(),
@@ -175,26 +234,39 @@ pub async fn consume(
     }
 }
 
-/// Every managed Service port, named `namespace/service:port` (the hook
-/// learns EG's cluster names only when EG calls), with its endpoints as
-/// the hook writes their conditions: the status page's rows in this mode.
-pub fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
-    let mut out = Vec::new();
-    for service in index.services() {
-        let port_names: BTreeSet<&str> = index
-            .slices_of(service)
-            .flat_map(|s| s.ports.iter().map(|p| p.name.as_str()))
-            .collect();
-        for port_name in port_names {
-            out.push((
+/// A Service's port names in the index.
+fn port_names<'a>(index: &'a Index, service: &'a ServiceKey) -> BTreeSet<&'a str> {
+    index
+        .slices_of(service)
+        .flat_map(|s| s.ports.iter().map(|p| p.name.as_str()))
+        .collect()
+}
+
+/// One Service's ports, named `namespace/service:port`, with their
+/// endpoints as the hook writes their conditions.
+fn service_ports_of(index: &Index, service: &ServiceKey) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
+    port_names(index, service)
+        .into_iter()
+        .map(|port_name| {
+            (
                 ClusterSpec {
                     name: format!("{service}:{port_name}"),
                     service: service.clone(),
                     port_name: port_name.to_string(),
                 },
                 index.endpoints(service, port_name, IpFamily::Auto),
-            ));
-        }
+            )
+        })
+        .collect()
+}
+
+/// Every managed Service port, named `namespace/service:port` (the hook
+/// learns EG's cluster names only when EG calls), with its endpoints as
+/// the hook writes their conditions: the status page's rows in this mode.
+pub fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
+    let mut out = Vec::new();
+    for service in index.services() {
+        out.extend(service_ports_of(index, service));
     }
     out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     out

@@ -54,6 +54,7 @@ use super::proto::{
     EnvoyGatewayExtension, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
     RawPostTranslateModifyRequest, RawPostTranslateModifyResponse,
 };
+use super::reread_budget::RereadBudget;
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
 use crate::source::Change;
@@ -179,7 +180,7 @@ metric_group! {
              over_calls, over_bytes: answered unchanged at once; answer_too_big: \
              EG's assignment sent back)"),
         endpoints: Family<Labels, Counter> = ("eg_hook_endpoints", "Endpoints of managed assignments, by outcome (annotated, unknown, disagreed, overruled, dropped)"),
-        rereads: Family<Labels, Counter> = ("eg_rereads", "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout)"),
+        rereads: Family<Labels, Counter> = ("eg_rereads", "Re-reads of a Service's slices on a doubt, by result (ok, error, timeout; over_budget: not done, the translation's --reread-budget-ms spent)"),
         // 20 us .. ~5 s.
         seconds: Histogram = ("eg_hook_seconds", "Time to answer one PostEndpointsModify call", Histogram::new(exponential_buckets(0.000_02, 2.0, 18))),
         reread_seconds: Histogram = ("eg_reread_seconds", "Time of one re-read round (all the Services in doubt of a call)", Histogram::new(exponential_buckets(0.000_5, 2.0, 12))),
@@ -237,6 +238,8 @@ pub const EG_DEFAULT_MAX_MESSAGE_SIZE: usize = 4 << 20;
 pub struct HookConfig {
     pub output: Output,
     pub reread_timeout: Duration,
+    /// Re-read time one translation may spend in all (`reread_budget`).
+    pub reread_budget: Duration,
     pub reread_min_interval: Duration,
     /// Calls answered at once; more get EG's bytes back at once.
     pub max_calls: usize,
@@ -256,6 +259,7 @@ impl Default for HookConfig {
         HookConfig {
             output: Output::default(),
             reread_timeout: Duration::from_millis(500),
+            reread_budget: Duration::from_millis(1000),
             reread_min_interval: Duration::from_millis(200),
             max_calls: 8,
             max_bytes_held: 32 << 20,
@@ -305,6 +309,7 @@ pub struct HookService {
     /// every translation).
     too_big_log: Mutex<PerKey<()>>,
     native_lb: NativeLb,
+    budget: RereadBudget,
 }
 
 fn recent(
@@ -335,6 +340,7 @@ impl HookService {
         metrics.max_calls.set(config.max_calls as i64);
         metrics.max_bytes_held.set(config.max_bytes_held as i64);
         HookService {
+            budget: RereadBudget::new(config.reread_budget),
             calls: Semaphore::new(config.max_calls.min(Semaphore::MAX_PERMITS)),
             bytes: Semaphore::new(config.max_bytes_held.min(Semaphore::MAX_PERMITS)),
             native_lb: NativeLb {
@@ -411,15 +417,22 @@ impl HookService {
         let Some(source) = self.reread.clone() else {
             return BTreeSet::new();
         };
+        let Some(allowed) = self.budget.allowance(self.config.reread_timeout) else {
+            self.metrics.reread("over_budget");
+            tracing::debug!(
+                services = services.len(),
+                "re-read budget of this translation spent (--reread-budget-ms): doubtful endpoints keep Envoy Gateway's health"
+            );
+            return BTreeSet::new();
+        };
         let now = Instant::now();
         mark(&self.attempted, &services, now);
         let reads = services.iter().map(|s| {
             let source = source.clone();
             async move { (s.clone(), source.reread(s).await) }
         });
-        let results =
-            tokio::time::timeout(self.config.reread_timeout, futures::future::join_all(reads))
-                .await;
+        let results = tokio::time::timeout(allowed, futures::future::join_all(reads)).await;
+        self.budget.spend(now.elapsed());
         self.metrics
             .reread_seconds
             .observe(now.elapsed().as_secs_f64());
@@ -457,6 +470,7 @@ impl HookService {
         req: RawPostEndpointsModifyRequest,
     ) -> RawPostEndpointsModifyResponse {
         let started = Instant::now();
+        self.budget.on_call(started);
         let echo = |bytes: Option<Bytes>| RawPostEndpointsModifyResponse {
             load_assignment: bytes,
         };

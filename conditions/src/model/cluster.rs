@@ -55,6 +55,49 @@ impl fmt::Display for ClusterSpec {
     }
 }
 
+/// The EDS resource name of a Service port under `--manage`:
+/// `<namespace>/<service>:<port>`, where `<port>` is the port's name, or
+/// its number (the endpoints' port as the EndpointSlice gives it) when the
+/// port has no name. Kubernetes port names always hold a letter, so a
+/// number never reads as a name.
+pub fn template_name(service: &ServiceKey, port_name: &str, port_number: u16) -> String {
+    if port_name.is_empty() {
+        format!("{}/{}:{port_number}", service.namespace, service.name)
+    } else {
+        format!("{}/{}:{port_name}", service.namespace, service.name)
+    }
+}
+
+/// A Service port named as [`template_name`] writes it: the Service, the
+/// port name ("" for a number) and the number (for an unnamed port).
+/// `None` when the name cannot be one (so never served under `--manage`).
+pub fn parse_template(name: &str) -> Option<(ServiceKey, String, Option<u16>)> {
+    let (namespace, rest) = name.split_once('/')?;
+    let (service, port) = rest.split_once(':')?;
+    let label = |v: &str| {
+        !v.is_empty()
+            && v.len() <= 253
+            && v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
+    if !label(namespace) || !label(service) || port.is_empty() {
+        return None;
+    }
+    let key = ServiceKey {
+        namespace: namespace.to_string(),
+        name: service.to_string(),
+    };
+    if port.chars().all(|c| c.is_ascii_digit()) {
+        let n: u16 = port.parse().ok().filter(|n| *n > 0)?;
+        return Some((key, String::new(), Some(n)));
+    }
+    let port_name_ok = port.len() <= 63
+        && port
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    port_name_ok.then(|| (key, port.to_string(), None))
+}
+
 /// Checks a set of specs: cluster names unique.
 pub fn check_unique(specs: &[ClusterSpec]) -> Result<(), String> {
     let mut seen = std::collections::BTreeSet::new();
@@ -94,5 +137,36 @@ mod tests {
         }
         let twice = vec![c.clone(), c];
         assert!(check_unique(&twice).is_err());
+    }
+
+    #[test]
+    fn template_names_round_trip() {
+        let web = ServiceKey {
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        assert_eq!(template_name(&web, "http", 8080), "shop/web:http");
+        assert_eq!(template_name(&web, "", 8080), "shop/web:8080");
+        assert_eq!(
+            parse_template("shop/web:http"),
+            Some((web.clone(), "http".into(), None))
+        );
+        assert_eq!(
+            parse_template("shop/web:8080"),
+            Some((web, String::new(), Some(8080)))
+        );
+        for bad in [
+            "web",
+            "shop/web",
+            "shop/web:",
+            "Shop/web:http",
+            "shop/:http",
+            "shop/web:0",
+            "shop/web:70000",
+            "shop/web:HTTP",
+            "backend",
+        ] {
+            assert_eq!(parse_template(bad), None, "{bad}");
+        }
     }
 }

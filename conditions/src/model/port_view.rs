@@ -17,6 +17,8 @@ use crate::model::slice::{AddressType, Slice};
 #[derive(Debug)]
 pub struct PortView {
     port_name: String,
+    /// Only slice ports of this number (the template's unnamed-port form).
+    port_number: Option<u16>,
     family: IpFamily,
     /// The Service's slices that have the port, in a family this view can
     /// serve, by name (the merge order).
@@ -133,8 +135,15 @@ fn differing(old: &[Endpoint], new: &[Endpoint], out: &mut Vec<SocketAddr>) {
 
 impl PortView {
     pub fn new(port_name: &str, family: IpFamily) -> PortView {
+        PortView::with_number(port_name, None, family)
+    }
+
+    /// A view of the slice ports named `port_name` that also have the number
+    /// `port_number`, when given (an unnamed port named by its number).
+    pub fn with_number(port_name: &str, port_number: Option<u16>, family: IpFamily) -> PortView {
         PortView {
             port_name: port_name.to_string(),
+            port_number,
             family,
             slices: BTreeMap::new(),
             ipv4_slices: 0,
@@ -148,7 +157,9 @@ impl PortView {
     /// `changes` (in no particular order).
     pub fn put(&mut self, name: &str, slice: Option<&Slice>, changes: &mut Vec<EndpointChange>) {
         let new = slice.and_then(|s| {
-            let port = s.port(&self.port_name)?;
+            let port = s
+                .port(&self.port_name)
+                .filter(|p| self.port_number.is_none_or(|n| n == *p))?;
             self.could_serve(s.address_type)
                 .then(|| SliceCopies::of(s, port))
         });

@@ -10,12 +10,12 @@ use tokio::sync::{mpsc, watch};
 
 use crate::eds::assignment::Output;
 use crate::eds::publish::{self, Publisher, Snapshot};
-use crate::eds::stream::Names;
 use crate::limits::{ServeLimits, XdsLimits};
 use crate::model::cluster::{check_unique, ClusterSpec};
 use crate::model::index::IpFamily;
 use crate::run::{self, Plumbing, Slices};
 use crate::telemetry::metrics::Metrics;
+use crate::xds::Names;
 use crate::xds::XdsServer;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -32,12 +32,16 @@ pub struct Args {
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
     /// An Envoy cluster (EDS resource name) and the Service port it serves.
-    #[arg(
-        long = "cluster",
-        value_name = "NAME=NAMESPACE/SERVICE:PORT_NAME",
-        required = true
-    )]
+    /// At least one --cluster, or --manage.
+    #[arg(long = "cluster", value_name = "NAME=NAMESPACE/SERVICE:PORT_NAME")]
     pub clusters: Vec<ClusterSpec>,
+    /// Also serve every port of every Service this label selector selects
+    /// (on its EndpointSlices, which carry their Service's labels), as the
+    /// EDS resource NAMESPACE/SERVICE:PORT (the port's name, or its number
+    /// when it has none). '' selects every Service. With --slices-dir, the
+    /// files' labels are matched.
+    #[arg(long, value_name = "SELECTOR")]
+    pub manage: Option<String>,
     /// Read EndpointSlices from this directory of kubectl YAML/JSON files
     /// (watched) instead of the Kubernetes API.
     #[arg(long, value_name = "DIR")]
@@ -70,6 +74,11 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     check_unique(&args.clusters).map_err(anyhow::Error::msg)?;
     args.xds.check().map_err(anyhow::Error::msg)?;
+    if args.clusters.is_empty() && args.manage.is_none() {
+        anyhow::bail!("nothing to serve: give at least one --cluster, or --manage SELECTOR");
+    }
+    let selection = crate::source::kube::selection_for(&args.clusters, args.manage.as_deref())
+        .map_err(|e| anyhow::anyhow!("--manage: {e}"))?;
     let family = match args.ip_family {
         Family::Auto => IpFamily::Auto,
         Family::Ipv4 => IpFamily::Ipv4,
@@ -89,6 +98,7 @@ pub async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         clusters = ?args.clusters.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        manage = ?args.manage,
         tiered_output = args.output.tiered(),
         source = %run::source_name(args.slices_dir.as_ref()),
         "serving-picker-conditions eds starting"
@@ -96,7 +106,8 @@ pub async fn run(
 
     let (updates_tx, updates_rx) = mpsc::channel(1024);
     let (snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::empty()));
-    let publisher = Publisher::new(args.clusters.clone(), family, output);
+    let publisher =
+        Publisher::new(args.clusters.clone(), family, output).managing(args.manage.is_some());
     tokio::spawn(publish::run(
         publisher,
         updates_rx,
@@ -104,17 +115,34 @@ pub async fn run(
         metrics.clone(),
     ));
     let slices = match args.slices_dir.clone() {
-        Some(dir) => Slices::Files(dir),
+        Some(dir) => {
+            // With --manage, only the slices it selects (and the --cluster
+            // Services'), as from the API.
+            let select = match &args.manage {
+                Some(m) => Some(crate::source::kube::Keep {
+                    services: args
+                        .clusters
+                        .iter()
+                        .map(|c| c.service.name.clone())
+                        .collect(),
+                    manage: m
+                        .parse()
+                        .map_err(|e: String| anyhow::anyhow!("--manage: {e}"))?,
+                }),
+                None => None,
+            };
+            Slices::Files(dir, select)
+        }
         None => Slices::Kube {
             client: run::kube_client().await?,
-            selection: crate::source::kube::selection(&args.clusters),
+            selection,
         },
     };
     let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
 
     let xds = XdsServer::new(
         snap_rx,
-        Names::new(args.clusters.iter().map(|c| c.name.clone())),
+        Names::new(args.clusters.iter().map(|c| c.name.clone())).managing(args.manage.is_some()),
         args.xds.clone(),
         metrics,
         Some(plumbing.connections.clone()),

@@ -58,7 +58,7 @@ pub async fn run(
     ));
     let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
         Some(dir) => (
-            Slices::Files(dir.clone()),
+            Slices::Files(dir.clone(), None),
             Arc::new(FilesReread::new(dir, metrics.clone())),
         ),
         None => {
@@ -66,6 +66,7 @@ pub async fn run(
             let selection = Selection {
                 namespace: None,
                 label_selector: selector.clone(),
+                keep: None,
             };
             (
                 Slices::Kube {
@@ -129,6 +130,7 @@ fn hook_config(args: &Args) -> HookConfig {
     HookConfig {
         output: args.output.clone(),
         reread_timeout: Duration::from_millis(args.reread_timeout_ms),
+        reread_budget: Duration::from_millis(args.reread_budget_ms),
         max_calls: args.max_concurrent_calls,
         max_bytes_held: args.max_bytes_held,
         max_message_size: args.max_message_size,

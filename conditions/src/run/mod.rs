@@ -191,8 +191,8 @@ impl Plumbing {
 
 /// Where EndpointSlices come from.
 pub enum Slices {
-    /// `--slices-dir`.
-    Files(PathBuf),
+    /// `--slices-dir`, and the slices kept from it (mode `eds`'s `--manage`).
+    Files(PathBuf, Option<source::kube::Keep>),
     /// The Kubernetes API, the slices this selects.
     Kube {
         client: kube::Client,
@@ -207,8 +207,8 @@ pub fn spawn_source(
     metrics: Arc<Metrics>,
 ) -> JoinHandle<anyhow::Result<()>> {
     match slices {
-        Slices::Files(dir) => {
-            tokio::spawn(async move { source::files::run(dir, updates, metrics).await })
+        Slices::Files(dir, select) => {
+            tokio::spawn(async move { source::files::run(dir, updates, metrics, select).await })
         }
         Slices::Kube { client, selection } => tokio::spawn(async move {
             source::kube::run_selection(

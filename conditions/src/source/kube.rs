@@ -35,6 +35,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 
 use crate::model::cluster::ClusterSpec;
+use crate::model::selector::LabelSelector;
 use crate::model::slice::{SliceKey, SERVICE_NAME_LABEL};
 use crate::source::{Change, Update};
 use crate::telemetry::metrics::Metrics;
@@ -89,6 +90,55 @@ pub struct Selection {
     /// `Some(ns)` when every cluster's Service is in `ns`.
     pub namespace: Option<String>,
     pub label_selector: String,
+    /// Slices kept from what the watch returns (`None`: all of them): for a
+    /// choice the API server cannot make with one selector.
+    pub keep: Option<Keep>,
+}
+
+/// Slices kept by the companion itself: those of the named Services, and
+/// those `manage` selects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keep {
+    pub services: BTreeSet<String>,
+    pub manage: LabelSelector,
+}
+
+impl Keep {
+    /// Whether `obj` is one of the slices kept.
+    pub fn keeps(&self, obj: &EndpointSlice) -> bool {
+        let empty = std::collections::BTreeMap::new();
+        let labels = obj.metadata.labels.as_ref().unwrap_or(&empty);
+        labels
+            .get(SERVICE_NAME_LABEL)
+            .is_some_and(|s| self.services.contains(s))
+            || self.manage.matches(labels)
+    }
+}
+
+/// Which slices to watch in mode `eds`: the `--cluster` Services' (by name,
+/// as [`selection`]), the Services `--manage` selects (the API server
+/// selects), or both: then every slice is watched and the companion keeps
+/// the union (one selector cannot say "these names, or these labels").
+pub fn selection_for(clusters: &[ClusterSpec], manage: Option<&str>) -> Result<Selection, String> {
+    let Some(manage) = manage else {
+        return Ok(selection(clusters));
+    };
+    let parsed: LabelSelector = manage.parse()?;
+    if clusters.is_empty() {
+        return Ok(Selection {
+            namespace: None,
+            label_selector: manage.to_string(),
+            keep: None,
+        });
+    }
+    Ok(Selection {
+        namespace: None,
+        label_selector: String::new(),
+        keep: Some(Keep {
+            services: clusters.iter().map(|c| c.service.name.clone()).collect(),
+            manage: parsed,
+        }),
+    })
 }
 
 pub fn selection(clusters: &[ClusterSpec]) -> Selection {
@@ -105,6 +155,7 @@ pub fn selection(clusters: &[ClusterSpec]) -> Selection {
             "{SERVICE_NAME_LABEL} in ({})",
             names.into_iter().collect::<Vec<_>>().join(",")
         ),
+        keep: None,
     }
 }
 
@@ -159,7 +210,10 @@ pub async fn run_selection<B: Backoff + 'static>(
     let mut stream = watcher::watcher(api, config).boxed();
     let mut listing: Option<Vec<crate::model::slice::Slice>> = None;
     let mut healthy_since: Option<Instant> = None;
+    let keep = sel.keep.clone();
+    let keeps = |obj: &EndpointSlice| keep.as_ref().is_none_or(|k| k.keeps(obj));
     while let Some(item) = stream.next().await {
+        let mut trigger = None;
         if matches!(
             item,
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
@@ -175,8 +229,12 @@ pub async fn run_selection<B: Backoff + 'static>(
             }
             Ok(Event::InitApply(obj)) => {
                 metrics.watch_event("init_apply");
-                if let (Some(list), Some(s)) = (listing.as_mut(), super::read_slice(&obj, "api")) {
-                    list.push(s);
+                if keeps(&obj) {
+                    if let (Some(list), Some(s)) =
+                        (listing.as_mut(), super::read_slice(&obj, "api"))
+                    {
+                        list.push(s);
+                    }
                 }
                 None
             }
@@ -188,9 +246,14 @@ pub async fn run_selection<B: Backoff + 'static>(
             }
             Ok(Event::Apply(obj)) => {
                 metrics.watch_event("apply");
-                match super::read_slice(&obj, "api") {
+                trigger = super::trigger_time(obj.metadata.annotations.as_ref());
+                match keeps(&obj)
+                    .then(|| super::read_slice(&obj, "api"))
+                    .flatten()
+                {
                     Some(s) => Some(Change::Apply(s)),
-                    // Unusable now: whatever it said before no longer holds.
+                    // Unusable or no longer kept now: whatever it said
+                    // before no longer holds.
                     None => key_of(&obj).map(Change::Delete),
                 }
             }
@@ -220,7 +283,11 @@ pub async fn run_selection<B: Backoff + 'static>(
             }
         };
         if let Some(change) = change {
-            if updates.send(Update::now(change)).await.is_err() {
+            if updates
+                .send(Update::triggered(change, trigger))
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -248,6 +315,30 @@ mod tests {
         let s = selection(&two);
         assert_eq!(s.namespace, None);
         assert_eq!(s.label_selector, "kubernetes.io/service-name in (web)");
+        // --manage alone: the API server selects; with --cluster: the union,
+        // kept here.
+        let m = selection_for(&[], Some("serving-picker.io/conditions=true")).unwrap();
+        assert_eq!(m.label_selector, "serving-picker.io/conditions=true");
+        assert!(m.keep.is_none());
+        let both = selection_for(&two, Some("serving-picker.io/conditions=true")).unwrap();
+        assert_eq!(both.label_selector, "");
+        let obj = |labels: serde_json::Value| -> EndpointSlice {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "x", "labels": labels},
+                "addressType": "IPv4", "endpoints": []
+            }))
+            .unwrap()
+        };
+        let keep = both.keep.unwrap();
+        assert!(keep.keeps(&obj(
+            serde_json::json!({"kubernetes.io/service-name": "web"})
+        )));
+        assert!(keep.keeps(&obj(serde_json::json!({
+            "kubernetes.io/service-name": "api", "serving-picker.io/conditions": "true"}))));
+        assert!(!keep.keeps(&obj(
+            serde_json::json!({"kubernetes.io/service-name": "api"})
+        )));
+        assert!(selection_for(&[], Some("a b")).is_err());
     }
 
     #[test]

@@ -68,6 +68,8 @@ metric_group! {
         unknown_names: Counter = ("xds_unknown_resource_names", "Resource names requested that no --cluster defines (not kept)"),
         largest_request_bytes: Gauge = ("xds_largest_request_bytes", "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})"),
         request_buffer_bytes: Gauge = ("xds_request_buffer_bytes", "Request bytes held beyond each message's first 64 KiB (see limit{limit=\"request-buffer-bytes\"})"),
+        subscriptions: Gauge = ("xds_subscriptions", "Resource names subscribed over all xDS streams (see limit{limit=\"max-subscriptions\"})"),
+        programming_seconds: Histogram = ("programming_duration_seconds", "From a change (the slice's endpoints.kubernetes.io/last-change-trigger-time, else when the companion saw it) to each Envoy's ACK of the response carrying it, per Envoy: kube-proxy's network_programming_duration_seconds for the companion's subscribers", programming_buckets()),
     }
 }
 
@@ -82,7 +84,7 @@ metric_group! {
 metric_group! {
     /// Each limit's value and its hits.
     pub struct LimitMetrics {
-        limit_hits: Family<Labels, Counter> = ("limit_hits", "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)"),
+        limit_hits: Family<Labels, Counter> = ("limit_hits", "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-subscriptions, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)"),
         limits: Family<Labels, Gauge> = ("limit", "Each limit's configured value, by its flag (durations in seconds)"),
     }
 }
@@ -92,6 +94,11 @@ metric_group! {
     pub struct AdminMetrics {
         http_connections: Gauge = ("metrics_connections", "Connections open on the metrics port (see limit{limit=\"metrics-max-connections\"})"),
     }
+}
+
+/// 1 ms .. ~9 min: kube-proxy's range (0.25 s .. 300 s), finer below a second.
+fn programming_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
 }
 
 fn seconds_buckets() -> Histogram {
@@ -284,6 +291,15 @@ impl Metrics {
 
     pub fn nacked(&self) {
         self.xds.nacks.inc();
+    }
+
+    /// One Envoy applied a change `after` it happened.
+    pub fn observe_programming(&self, after: Duration) {
+        self.xds.programming_seconds.observe(after.as_secs_f64());
+    }
+
+    pub fn set_subscriptions(&self, n: usize) {
+        self.xds.subscriptions.set(n as i64);
     }
 
     /// The status page's state (`/debug/services`).

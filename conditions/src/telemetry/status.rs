@@ -94,7 +94,30 @@ struct Subscriber {
     acked: Option<(String, Instant)>,
     nack: Option<Nack>,
     last_seen: Option<Instant>,
+    /// Its last ACK that confirmed changes: how many, the slowest, when.
+    programmed: Option<(usize, Duration, Instant)>,
 }
+
+/// Programming latencies kept for the page's percentiles.
+pub const PROGRAMMING_KEPT: usize = 4096;
+
+/// The most recent programming latencies (a ring), for the page.
+#[derive(Default)]
+struct Programming {
+    recent: std::collections::VecDeque<Duration>,
+    total: u64,
+}
+
+/// Where the page reads its Service ports from when they are not pushed
+/// (mode `eds`: the publisher, at most `max` ports, the rest counted).
+pub trait PortSource: Send + Sync {
+    /// (priority output on, ports with their endpoints, ports left out).
+    fn ports(&self, max: usize) -> (bool, Vec<(ClusterSpec, Vec<Endpoint>)>, usize);
+}
+
+/// Service ports listed on the page at most (each with its summary; the
+/// endpoint rows are bounded apart).
+pub const MAX_PORT_ROWS: usize = 1000;
 
 #[derive(Default)]
 struct Services {
@@ -110,6 +133,8 @@ pub struct Board {
     services: Mutex<Services>,
     subscribers: Mutex<BTreeMap<String, Subscriber>>,
     serving_endpoints: Family<ClusterLabel, Gauge>,
+    source: Mutex<Option<Arc<dyn PortSource>>>,
+    programming: Mutex<Programming>,
 }
 
 fn cut(s: &str, n: usize) -> String {
@@ -127,7 +152,70 @@ impl Board {
             services: Mutex::new(Services::default()),
             subscribers: Mutex::new(BTreeMap::new()),
             serving_endpoints: BoardMetrics::register(registry).serving_endpoints,
+            source: Mutex::new(None),
+            programming: Mutex::new(Programming::default()),
         }
+    }
+
+    /// Reads the ports from `source` when the page is asked for, rather
+    /// than having them pushed at every snapshot (work per change stays in
+    /// proportion to the change).
+    pub fn set_source(&self, source: Arc<dyn PortSource>) {
+        *lock(&self.source) = Some(source);
+    }
+
+    /// The serving endpoints of one port (`service_serving_endpoints`).
+    pub fn set_port_serving(&self, cluster: &str, serving: usize) {
+        self.serving_endpoints
+            .get_or_create(&vec![("cluster", cut(cluster, MAX_TEXT))])
+            .set(serving as i64);
+    }
+
+    /// A port no longer served: its gauge series goes.
+    pub fn remove_port(&self, cluster: &str) {
+        self.serving_endpoints
+            .remove(&vec![("cluster", cut(cluster, MAX_TEXT))]);
+    }
+
+    /// The snapshot version now published (with a port source).
+    pub fn set_version(&self, version: &str) {
+        lock(&self.services).published = Some((cut(version, MAX_TEXT), Instant::now()));
+    }
+
+    /// `node` ACKed changes, each `latencies` after it happened.
+    pub fn programmed(&self, node: &str, latencies: &[Duration]) {
+        let worst = latencies.iter().copied().max().unwrap_or_default();
+        {
+            let mut subs = lock(&self.subscribers);
+            let s = Board::subscriber(&mut subs, node);
+            s.programmed = Some((latencies.len(), worst, Instant::now()));
+        }
+        let mut p = lock(&self.programming);
+        p.total += latencies.len() as u64;
+        let skip = latencies.len().saturating_sub(PROGRAMMING_KEPT);
+        for d in latencies.iter().skip(skip) {
+            if p.recent.len() == PROGRAMMING_KEPT {
+                p.recent.pop_front();
+            }
+            p.recent.push_back(*d);
+        }
+    }
+
+    fn programming_json(&self) -> Value {
+        let p = lock(&self.programming);
+        let mut v: Vec<Duration> = p.recent.iter().copied().collect();
+        v.sort_unstable();
+        let at = |q: f64| {
+            v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+                .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
+        };
+        json!({
+            "changes_acked": p.total,
+            "recent": v.len(),
+            "p50_seconds": at(0.5),
+            "p99_seconds": at(0.99),
+            "max_seconds": at(1.0),
+        })
     }
 
     /// The assignment of every cluster, as published in snapshot `version`.
@@ -137,6 +225,17 @@ impl Board {
         priorities: bool,
         ports: impl Iterator<Item = (&'a ClusterSpec, Vec<Endpoint>)>,
     ) {
+        let (rows, left_out) = self.rows(ports, true);
+        self.keep_rows(version, priorities, rows, left_out);
+    }
+
+    /// The page's rows of these ports (endpoint rows bounded over all), and
+    /// the endpoint rows left out; `gauge`: also set each port's gauge.
+    fn rows<'a>(
+        &self,
+        ports: impl Iterator<Item = (&'a ClusterSpec, Vec<Endpoint>)>,
+        gauge: bool,
+    ) -> (Vec<PortRow>, usize) {
         let mut rows = Vec::new();
         let mut budget = MAX_ENDPOINT_ROWS;
         let mut left_out = 0;
@@ -148,9 +247,9 @@ impl Board {
                 .map(|e| e.conditions.tier())
                 .min_by_key(|t| *t as u8)
                 .unwrap_or(Tier::NoServing);
-            self.serving_endpoints
-                .get_or_create(&vec![("cluster", cut(&spec.name, MAX_TEXT))])
-                .set(serving as i64);
+            if gauge {
+                self.set_port_serving(&spec.name, serving);
+            }
             let total = eps.len();
             let shown = total.min(budget);
             budget -= shown;
@@ -182,13 +281,19 @@ impl Board {
                 endpoints,
             });
         }
+        (rows, left_out)
+    }
+
+    fn keep_rows(&self, version: &str, priorities: bool, rows: Vec<PortRow>, left_out: usize) {
         let mut services = lock(&self.services);
         // A port that is gone leaves no series behind (its last value
         // would keep an alert firing).
+        let now: std::collections::HashSet<&str> =
+            rows.iter().map(|r| r.cluster.as_str()).collect();
         for gone in services
             .ports
             .iter()
-            .filter(|old| !rows.iter().any(|r| r.cluster == old.cluster))
+            .filter(|old| !now.contains(old.cluster.as_str()))
         {
             self.serving_endpoints
                 .remove(&vec![("cluster", gone.cluster.clone())]);
@@ -263,11 +368,27 @@ impl Board {
     /// The page as JSON.
     pub fn json(&self) -> Value {
         let ago = |t: Instant| round(t.elapsed());
+        let source = lock(&self.source).clone();
+        let mut pulled = None;
+        let mut ports_left_out = 0;
+        if let Some(src) = source {
+            let (priorities, ports, left) = src.ports(MAX_PORT_ROWS);
+            ports_left_out = left;
+            let (rows, left_out) = self.rows(ports.iter().map(|(c, e)| (c, e.clone())), false);
+            pulled = Some((priorities, rows, left_out));
+        }
         let services = lock(&self.services);
+        let (priorities, port_rows, left_out) = match &pulled {
+            Some((p, r, l)) => (*p, r.as_slice(), *l),
+            None => (
+                services.priorities,
+                services.ports.as_slice(),
+                services.left_out,
+            ),
+        };
         let subs = lock(&self.subscribers);
         let tier = |t: Tier| t.name();
-        let ports: Vec<Value> = services
-            .ports
+        let ports: Vec<Value> = port_rows
             .iter()
             .map(|p| {
                 json!({
@@ -287,9 +408,9 @@ impl Board {
                         "hints_zones": e.hints_zones,
                         "hints_nodes": e.hints_nodes,
                         "tier": tier(e.tier),
-                        "priority": if services.priorities { json!(e.priority) } else { json!(0) },
+                        "priority": if priorities { json!(e.priority) } else { json!(0) },
                         // The tiered output leaves a not serving endpoint out of EDS.
-                        "health": match (e.serving, services.priorities) {
+                        "health": match (e.serving, priorities) {
                             (true, _) => "HEALTHY",
                             (false, true) => "not sent",
                             (false, false) => "UNHEALTHY",
@@ -312,18 +433,26 @@ impl Board {
                         "message": n.message,
                         "seconds_ago": ago(n.at),
                     })),
+                    "last_programmed": s.programmed.map(|(n, worst, at)| json!({
+                        "changes": n,
+                        "slowest_seconds": (worst.as_secs_f64() * 1000.0).round() / 1000.0,
+                        "seconds_ago": ago(at),
+                    })),
                 })
             })
             .collect();
         json!({
             "snapshot_version": services.published.as_ref().map(|p| p.0.clone()),
             "published_seconds_ago": services.published.as_ref().map(|p| ago(p.1)),
-            "priority_output": services.priorities,
+            "priority_output": priorities,
             "services": ports,
             "subscribers": subscribers,
+            "programming_latency": self.programming_json(),
             "bounds": {
                 "max_endpoint_rows": MAX_ENDPOINT_ROWS,
-                "endpoint_rows_left_out": services.left_out,
+                "endpoint_rows_left_out": left_out,
+                "max_port_rows": MAX_PORT_ROWS,
+                "ports_left_out": ports_left_out,
                 "max_subscribers": MAX_SUBSCRIBERS,
                 "max_text_chars": MAX_TEXT,
                 "max_nack_message_chars": MAX_NACK_MESSAGE,
@@ -368,6 +497,16 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
         esc(&j["published_seconds_ago"]),
         esc(&j["priority_output"])
     );
+    let p = &j["programming_latency"];
+    let _ = writeln!(
+        h,
+        "<p id=\"programming\">Programming latency (change to each Envoy's ACK), last {} changes: p50 <b>{}</b> s, p99 <b>{}</b> s, max {} s ({} changes ACKed in all).</p>",
+        esc(&p["recent"]),
+        esc(&p["p50_seconds"]),
+        esc(&p["p99_seconds"]),
+        esc(&p["max_seconds"]),
+        esc(&p["changes_acked"]),
+    );
     h.push_str("<h2>Managed Service ports</h2>\n");
     for p in j["services"].as_array().into_iter().flatten() {
         let _ = writeln!(
@@ -400,7 +539,7 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
         }
         h.push_str("</table>\n");
     }
-    h.push_str("<h2>Subscribers</h2><table><tr><th>node</th><th>peer</th><th>open streams</th><th>last ACKed version</th><th>ACKed (s ago)</th><th>last NACK</th></tr>\n");
+    h.push_str("<h2>Subscribers</h2><table><tr><th>node</th><th>peer</th><th>open streams</th><th>last ACKed version</th><th>ACKed (s ago)</th><th>last changes applied (slowest)</th><th>last NACK</th></tr>\n");
     for s in j["subscribers"].as_array().into_iter().flatten() {
         let nack = match &s["last_nack"] {
             Value::Null => "-".to_string(),
@@ -411,9 +550,18 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
                 esc(&n["message"])
             ),
         };
+        let programmed = match &s["last_programmed"] {
+            Value::Null => "-".to_string(),
+            p => format!(
+                "{} ({} s), {} s ago",
+                esc(&p["changes"]),
+                esc(&p["slowest_seconds"]),
+                esc(&p["seconds_ago"])
+            ),
+        };
         let _ = writeln!(
             h,
-            "<tr class=\"subscriber\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{nack}</td></tr>",
+            "<tr class=\"subscriber\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"programmed\">{programmed}</td><td>{nack}</td></tr>",
             esc(&s["node"]),
             esc(&s["peer"]),
             esc(&s["open_streams"]),
@@ -425,9 +573,11 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
     let b = &j["bounds"];
     let _ = writeln!(
         h,
-        "<p class=\"small\">Bounded: at most {} endpoint rows (left out here: {}), {} subscribers, names cut to {} characters, NACK messages to {}. JSON: <a href=\"/debug/services\">/debug/services</a>. Refreshes every 5 s.</p></body></html>",
+        "<p class=\"small\">Bounded: at most {} endpoint rows (left out here: {}), {} ports (left out here: {}), {} subscribers, names cut to {} characters, NACK messages to {}. JSON: <a href=\"/debug/services\">/debug/services</a>. Refreshes every 5 s.</p></body></html>",
         esc(&b["max_endpoint_rows"]),
         esc(&b["endpoint_rows_left_out"]),
+        esc(&b["max_port_rows"]),
+        esc(&b["ports_left_out"]),
         esc(&b["max_subscribers"]),
         esc(&b["max_text_chars"]),
         esc(&b["max_nack_message_chars"]),
@@ -502,6 +652,56 @@ mod tests {
             text.contains("service_serving_endpoints{cluster=\"web\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn programming_latency_shows_percentiles_and_per_subscriber() {
+        let b = Board::new(&mut Registry::default());
+        let all: Vec<Duration> = (1..=100u64).map(Duration::from_millis).collect();
+        b.programmed("envoy-1", &all[..50]);
+        b.programmed("envoy-1", &all[50..]);
+        let j = b.json();
+        let p = &j["programming_latency"];
+        assert_eq!(p["changes_acked"], 100);
+        assert_eq!(p["p50_seconds"], 0.051);
+        assert_eq!(p["p99_seconds"], 0.099);
+        assert_eq!(p["max_seconds"], 0.1);
+        assert_eq!(
+            j["subscribers"][0]["last_programmed"]["slowest_seconds"],
+            0.1
+        );
+        assert!(b.html().contains("id=\"programming\""));
+    }
+
+    struct Ports(Vec<(ClusterSpec, Vec<Endpoint>)>);
+    impl PortSource for Ports {
+        fn ports(&self, max: usize) -> (bool, Vec<(ClusterSpec, Vec<Endpoint>)>, usize) {
+            let shown = self.0.iter().take(max).cloned().collect();
+            (false, shown, self.0.len().saturating_sub(max))
+        }
+    }
+
+    #[test]
+    fn ports_read_from_a_source_are_bounded() {
+        let b = Board::new(&mut Registry::default());
+        let ports = (0..MAX_PORT_ROWS + 5)
+            .map(|i| {
+                let spec: ClusterSpec = format!("ns/s{i:05}:http=ns/s{i:05}:http").parse().unwrap();
+                (
+                    spec,
+                    vec![ep(
+                        &format!("10.0.{}.{}", i / 250, i % 250 + 1),
+                        true,
+                        false,
+                    )],
+                )
+            })
+            .collect();
+        b.set_source(Arc::new(Ports(ports)));
+        let j = b.json();
+        assert_eq!(j["services"].as_array().unwrap().len(), MAX_PORT_ROWS);
+        assert_eq!(j["bounds"]["ports_left_out"], 5);
+        assert_eq!(j["services"][0]["endpoints"][0]["tier"], "ready");
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub trait Callbacks: Send + Sync + 'static {
     fn acked(&self, node: &str, version: &str, after: Option<Duration>);
     /// Envoy rejected `version` with `message`.
     fn nacked(&self, node: &str, version: &str, message: &str);
+    /// Envoy ACKed changes that happened at `triggers` (programming latency).
+    fn programmed(&self, node: &str, triggers: &[std::time::SystemTime]);
+    /// Names subscribed over all streams.
+    fn subscriptions(&self, n: usize);
     /// A snapshot replaced a response due and not yet taken.
     fn coalesced(&self);
     /// The age of the oldest response due and not taken.
@@ -89,6 +93,20 @@ impl Callbacks for Metrics {
     fn nacked(&self, node: &str, version: &str, message: &str) {
         Metrics::nacked(self);
         self.status().nacked(node, version, message);
+    }
+    fn programmed(&self, node: &str, triggers: &[std::time::SystemTime]) {
+        let now = std::time::SystemTime::now();
+        let latencies: Vec<Duration> = triggers
+            .iter()
+            .map(|t| now.duration_since(*t).unwrap_or(Duration::ZERO))
+            .collect();
+        for d in &latencies {
+            self.observe_programming(*d);
+        }
+        self.status().programmed(node, &latencies);
+    }
+    fn subscriptions(&self, n: usize) {
+        self.set_subscriptions(n);
     }
     fn coalesced(&self) {
         Metrics::coalesced(self);

@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::eds::publish::Snapshot;
-use crate::eds::stream::SnapshotEffect;
+use crate::eds::publish::{name_hash, Snapshot};
 use crate::limits::names as limit;
 use crate::telemetry::ratelog::LogBudget;
+use crate::xds::protocol::SnapshotEffect;
 use crate::xds::server::{Core, StreamShared};
 use crate::xds::XdsServer;
 
@@ -68,11 +68,17 @@ fn waiting_since(s: &StreamShared) -> Option<Instant> {
 fn sweep(core: &Core, now: Instant) {
     let timeout = core.limits.send_timeout;
     let mut oldest = Duration::ZERO;
-    let mut subscribers = vec![0i64; core.names.len()];
+    let explicit: Vec<u64> = core.names.explicit().iter().map(|n| name_hash(n)).collect();
+    let mut subscribers = vec![0i64; explicit.len()];
     for s in core.streams.list() {
-        for i in s.state().subscribed() {
-            if let Some(n) = subscribers.get_mut(i) {
-                *n += 1;
+        {
+            let state = s.state();
+            for (i, h) in explicit.iter().enumerate() {
+                if state.subscribes(*h) {
+                    if let Some(n) = subscribers.get_mut(i) {
+                        *n += 1;
+                    }
+                }
             }
         }
         let Some(since) = waiting_since(&s) else {
@@ -91,9 +97,11 @@ fn sweep(core: &Core, now: Instant) {
         .min(tokio::sync::Semaphore::MAX_PERMITS);
     core.callbacks
         .request_buffer_bytes(budget.saturating_sub(core.request_budget.available_permits()));
-    for (i, n) in subscribers.into_iter().enumerate() {
-        core.callbacks.subscribers(core.names.name(i), n);
+    for (name, n) in core.names.explicit().iter().zip(subscribers) {
+        core.callbacks.subscribers(name, n);
     }
+    core.callbacks
+        .subscriptions(core.subscriptions.load(Ordering::SeqCst));
 }
 
 /// A stream that does not read: its connection is closed (HTTP/2 gives a

@@ -1,30 +1,43 @@
-//! The xDS server: ADS (`StreamAggregatedResources`) and plain EDS
-//! (`StreamEndpoints`, `FetchEndpoints`) over HTTP/2, each stream running
-//! the protocol of `eds::stream::EdsStream` on a snapshot of `eds::publish`.
+//! The xDS server: ADS (`StreamAggregatedResources`,
+//! `DeltaAggregatedResources`) and plain EDS (`StreamEndpoints`,
+//! `DeltaEndpoints`, `FetchEndpoints`) over HTTP/2, state of the world and
+//! incremental, each stream running its protocol's state (`sotw`, `delta`)
+//! over the snapshots of `eds::publish`.
 //!
 //! ```text
-//! publish --Snapshot--> fanout (marks streams due; cuts stuck ones) --wake--> stream body --> HTTP/2 --> Envoy
-//!                                                      request task <-- DiscoveryRequest ---------------'
+//! publish --Snapshot (what changed)--> fanout (marks streams due; cuts stuck ones) --wake--> stream body --> HTTP/2 --> Envoy
+//!                                                             request task <-- DiscoveryRequest ---------------'
 //! ```
 //!
-//! Bounded by design: a stream holds its protocol state and at most one
-//! response in flight, whose resource bytes are shared with every other
-//! stream (`eds::response_bytes`); responses are built only when HTTP/2 has room for
-//! them (the body is polled only then), so a stream that does not read
-//! costs the same as one that does, whatever the number of changes. The
-//! limits (`limits::XdsLimits`, `limits::GrpcLimits`) cap streams,
-//! connections, names and message sizes; one that does not read for
-//! `--send-timeout` is cut.
+//! Bounded by design: a stream holds its protocol state (16 bytes per name
+//! subscribed, `--max-subscriptions` over all) and at most one response in
+//! flight, whose resource bytes are shared with every other stream
+//! (`eds::response_bytes`); responses are built only when HTTP/2 has room
+//! for them (the body is polled only then), so a stream that does not read
+//! costs the same as one that does, whatever the number of changes. A
+//! change costs a stream a lookup per changed resource, not per
+//! subscription. The limits (`limits::XdsLimits`, `limits::GrpcLimits`)
+//! cap streams, connections, names and message sizes; one that does not
+//! read for `--send-timeout` is cut.
 //!
+//! - `protocol`: what both protocols share (names served, ACK bookkeeping,
+//!   responses as the transport takes them).
+//! - `subscriptions`: one stream's names, what it was sent, what is due.
+//! - `sotw`, `delta`: each protocol's rules, without a network.
 //! - `requests`: requests cut from a stream's bytes.
 //! - `callbacks`: what the server reports (metrics, the status page).
 //! - `server`: the gRPC services, a stream's request task and response body.
 //! - `fanout`: snapshots to streams, the send timeout, the stream gauges.
 
 pub mod callbacks;
+pub mod delta;
 pub mod fanout;
+pub mod protocol;
 pub mod requests;
 pub mod server;
+pub mod sotw;
+pub mod subscriptions;
 
 pub use callbacks::Callbacks;
+pub use protocol::Names;
 pub use server::XdsServer;

@@ -3,8 +3,10 @@
 //! from a stream's buffer, refusing one over the size limit before it is
 //! buffered; a DiscoveryRequest read without its node ([`RequestView`]).
 
+use std::collections::HashMap;
+use std::hash::Hasher;
+
 use bytes::{Buf, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 
 use crate::eds::response_bytes::GRPC_HEADER;
@@ -12,7 +14,8 @@ use crate::eds::response_bytes::GRPC_HEADER;
 /// A DiscoveryRequest read without its node: Envoy sends its node (about
 /// 60 KB with the list of its extensions) on every request, ACKs included;
 /// kept as bytes, it costs a copy, not a parse of hundreds of messages.
-/// Same field numbers as DiscoveryRequest (`resource_locators` skipped).
+/// Same field numbers as DiscoveryRequest (`resource_locators` skipped);
+/// names as bytes (the same wire type as strings).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RequestView {
     #[prost(string, tag = "1")]
@@ -20,8 +23,8 @@ pub struct RequestView {
     /// The encoded `Node`.
     #[prost(bytes = "bytes", tag = "2")]
     pub node: Bytes,
-    #[prost(string, repeated, tag = "3")]
-    pub resource_names: Vec<String>,
+    #[prost(bytes = "bytes", repeated, tag = "3")]
+    pub resource_names: Vec<Bytes>,
     #[prost(string, tag = "4")]
     pub type_url: String,
     #[prost(string, tag = "5")]
@@ -30,22 +33,42 @@ pub struct RequestView {
     pub error_detail: Option<RpcStatus>,
 }
 
-impl RequestView {
-    /// The request without its node, and the node's bytes.
-    pub fn split(self) -> (DiscoveryRequest, Bytes) {
-        (
-            DiscoveryRequest {
-                version_info: self.version_info,
-                node: None,
-                resource_names: self.resource_names,
-                type_url: self.type_url,
-                response_nonce: self.response_nonce,
-                error_detail: self.error_detail,
-                ..Default::default()
-            },
-            self.node,
-        )
+/// A DeltaDiscoveryRequest read the same way (field numbers of
+/// DeltaDiscoveryRequest; `resource_locators` skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeltaRequestView {
+    /// The encoded `Node` (Envoy sends it on the first request).
+    #[prost(bytes = "bytes", tag = "1")]
+    pub node: Bytes,
+    #[prost(string, tag = "2")]
+    pub type_url: String,
+    #[prost(bytes = "bytes", repeated, tag = "3")]
+    pub resource_names_subscribe: Vec<Bytes>,
+    #[prost(bytes = "bytes", repeated, tag = "4")]
+    pub resource_names_unsubscribe: Vec<Bytes>,
+    #[prost(map = "string, string", tag = "5")]
+    pub initial_resource_versions: HashMap<String, String>,
+    #[prost(string, tag = "6")]
+    pub response_nonce: String,
+    #[prost(message, optional, tag = "7")]
+    pub error_detail: Option<RpcStatus>,
+}
+
+/// A name as text (a name that is not UTF-8 is no name any cluster has).
+pub fn name_str(b: &[u8]) -> &str {
+    std::str::from_utf8(b).unwrap_or("")
+}
+
+/// A cheap fingerprint of a request's names, in order: an ACK that names
+/// what the last request named is recognised without reading each name.
+pub fn names_fingerprint(names: &[Bytes]) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    h.write_usize(names.len());
+    for n in names {
+        h.write_usize(n.len());
+        h.write(n);
     }
+    h.finish()
 }
 
 /// Why a request stream cannot go on.
@@ -94,6 +117,9 @@ mod tests {
     #[test]
     fn a_request_read_without_its_node_keeps_every_other_field() {
         use envoy_types::pb::envoy::config::core::v3::Node;
+        use envoy_types::pb::envoy::service::discovery::v3::{
+            DeltaDiscoveryRequest, DiscoveryRequest,
+        };
         let node = Node {
             id: "envoy-1".into(),
             cluster: "c".into(),
@@ -112,11 +138,37 @@ mod tests {
             }),
             ..Default::default()
         };
-        let (without, node_bytes) = RequestView::decode(req.encode_to_vec().as_slice())
-            .unwrap()
-            .split();
-        assert_eq!(Node::decode(node_bytes).unwrap(), node);
-        assert_eq!(without, DiscoveryRequest { node: None, ..req });
+        let view = RequestView::decode(req.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(Node::decode(view.node.clone()).unwrap(), node);
+        assert_eq!(view.version_info, "v1");
+        assert_eq!(view.resource_names, vec![&b"a"[..], &b"b"[..]]);
+        assert_eq!(view.type_url, TYPE_URL);
+        assert_eq!(view.response_nonce, "3");
+        assert_eq!(view.error_detail, req.error_detail);
+        let delta = DeltaDiscoveryRequest {
+            node: Some(node.clone()),
+            type_url: TYPE_URL.into(),
+            resource_names_subscribe: vec!["a".into()],
+            resource_names_unsubscribe: vec!["b".into()],
+            initial_resource_versions: [("c".to_string(), "v9".to_string())].into(),
+            response_nonce: "4".into(),
+            ..Default::default()
+        };
+        let d = DeltaRequestView::decode(delta.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(Node::decode(d.node).unwrap(), node);
+        assert_eq!(d.resource_names_subscribe, vec![&b"a"[..]]);
+        assert_eq!(d.resource_names_unsubscribe, vec![&b"b"[..]]);
+        assert_eq!(d.initial_resource_versions["c"], "v9");
+        assert_eq!(d.response_nonce, "4");
+        // The same names in the same order: the same fingerprint.
+        assert_eq!(
+            names_fingerprint(&view.resource_names),
+            names_fingerprint(&[Bytes::from("a"), Bytes::from("b")])
+        );
+        assert_ne!(
+            names_fingerprint(&view.resource_names),
+            names_fingerprint(&[Bytes::from("ab")])
+        );
     }
 
     fn framed(payload: &[u8]) -> Vec<u8> {

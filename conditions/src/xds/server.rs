@@ -1,9 +1,10 @@
-//! The gRPC services (ADS, EDS) and one stream's two halves: a task that
-//! reads requests ([`read_requests`]), and the response body that HTTP/2
-//! polls when it has room ([`ResponseBody`]), which then takes a response
-//! from the stream's state. Served by hand rather than through tonic's
-//! generated servers, whose codec copies every response into a buffer of
-//! the stream's own: here the resource bytes go to HTTP/2 shared.
+//! The gRPC services (ADS, EDS; state of the world and delta) and one
+//! stream's two halves: a task that reads requests ([`read_requests`]),
+//! and the response body that HTTP/2 polls when it has room
+//! ([`ResponseBody`]), which then takes a response from the stream's
+//! protocol state (`sotw`, `delta`). Served by hand rather than through
+//! tonic's generated servers, whose codec copies every response into a
+//! buffer of the stream's own: here the resource bytes go to HTTP/2 shared.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::convert::Infallible;
@@ -16,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use futures::task::AtomicWaker;
 use http::{HeaderMap, HeaderValue};
 use http_body::Frame;
@@ -29,18 +29,23 @@ use tonic::Status;
 
 use crate::eds::publish::Snapshot;
 use crate::eds::response_bytes as wire;
-use crate::eds::stream::{EdsStream, Names, RequestKind, Taken};
 use crate::limits::{names as limit, XdsLimits, FREE_REQUEST_BYTES};
 use crate::net::listener::{Conn, Connections};
 use crate::telemetry::ratelog::LogBudget;
 use crate::xds::callbacks::Callbacks;
-use crate::xds::requests::{self, MessageError, RequestView};
+use crate::xds::delta::DeltaStream;
+use crate::xds::protocol::{Handled, Names, RequestKind, StreamState, Taken};
+use crate::xds::requests::{self, DeltaRequestView, MessageError, RequestView};
+use crate::xds::sotw::SotwStream;
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
 /// response goes out as the peer's window allows, not all queued at once.
 const CHUNK: usize = 64 * 1024;
 /// A node id is kept for the logs up to this length.
 const NODE_ID_MAX: usize = 256;
+/// How long a request message waits for room in `--request-buffer-bytes`
+/// before its stream ends.
+const REQUEST_BUFFER_WAIT: Duration = Duration::from_secs(2);
 /// Other type URLs remembered per stream (to log each once).
 const OTHER_TYPES_MAX: usize = 8;
 
@@ -54,8 +59,6 @@ static OVERSIZED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
 
 const ADS: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const EDS: &str = "envoy.service.endpoint.v3.EndpointDiscoveryService";
-const DELTA_UNIMPLEMENTED: &str =
-    "incremental (delta) xDS is not served: use api_type GRPC (state of the world)";
 
 /// What every stream shares: snapshots, names, limits, callbacks.
 pub(crate) struct Core {
@@ -67,6 +70,8 @@ pub(crate) struct Core {
     pub(crate) streams: Streams,
     /// `--request-buffer-bytes`, as permits of one byte.
     pub(crate) request_budget: Arc<Semaphore>,
+    /// Names subscribed over all streams (`--max-subscriptions`).
+    pub(crate) subscriptions: AtomicUsize,
 }
 
 /// The open streams.
@@ -98,7 +103,9 @@ pub(crate) struct StreamShared {
     pub(crate) api: &'static str,
     pub(crate) peer: String,
     pub(crate) node: Mutex<String>,
-    pub(crate) state: Mutex<EdsStream>,
+    pub(crate) state: Mutex<StreamState>,
+    /// Its names counted in `Core::subscriptions`.
+    counted: AtomicUsize,
     /// The body's waker: a response may be due.
     pub(crate) wake: AtomicWaker,
     /// How the stream ends, once its request side has ended.
@@ -113,7 +120,7 @@ pub(crate) struct StreamShared {
 }
 
 impl StreamShared {
-    pub(crate) fn state(&self) -> MutexGuard<'_, EdsStream> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, StreamState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -165,6 +172,7 @@ impl XdsServer {
             limits.request_buffer_bytes.min(Semaphore::MAX_PERMITS),
         ));
         callbacks.limit_set(limit::SEND_TIMEOUT, limits.send_timeout.as_secs() as i64);
+        callbacks.limit_set(limit::MAX_SUBSCRIPTIONS, limits.max_subscriptions as i64);
         XdsServer {
             core: Arc::new(Core {
                 snapshots,
@@ -174,6 +182,7 @@ impl XdsServer {
                 connections,
                 streams: Streams::default(),
                 request_budget,
+                subscriptions: AtomicUsize::new(0),
             }),
         }
     }
@@ -186,6 +195,11 @@ impl XdsServer {
     /// xDS streams open.
     pub fn streams(&self) -> usize {
         self.core.streams.open()
+    }
+
+    /// Names subscribed over all streams.
+    pub fn subscriptions(&self) -> usize {
+        self.core.subscriptions.load(Ordering::SeqCst)
     }
 }
 
@@ -219,8 +233,8 @@ fn answer(r: http::Response<Body>) -> ResponseFuture {
 /// Routes a call of the ADS service by its method.
 fn ads(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
     answer(match method(&req) {
-        "StreamAggregatedResources" => open_stream(core, req, "ads"),
-        "DeltaAggregatedResources" => Status::unimplemented(DELTA_UNIMPLEMENTED).into_http(),
+        "StreamAggregatedResources" => open_stream(core, req, "ads", false),
+        "DeltaAggregatedResources" => open_stream(core, req, "ads-delta", true),
         m => Status::unimplemented(format!("{ADS}/{m}: no such method")).into_http(),
     })
 }
@@ -228,12 +242,12 @@ fn ads(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
 /// Routes a call of the EDS service by its method.
 fn eds(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
     match method(&req) {
-        "StreamEndpoints" => answer(open_stream(core, req, "eds")),
+        "StreamEndpoints" => answer(open_stream(core, req, "eds", false)),
         "FetchEndpoints" => {
             let core = core.clone();
             Box::pin(async move { Ok(fetch(&core, req.into_body()).await) })
         }
-        "DeltaEndpoints" => answer(Status::unimplemented(DELTA_UNIMPLEMENTED).into_http()),
+        "DeltaEndpoints" => answer(open_stream(core, req, "eds-delta", true)),
         m => answer(Status::unimplemented(format!("{EDS}/{m}: no such method")).into_http()),
     }
 }
@@ -286,11 +300,13 @@ fn refuse(core: &Core, which: &'static str, peer: &str, status: Status) -> http:
     status.into_http()
 }
 
-/// A new SotW stream: refused over a limit, else its request task and body.
+/// A new stream (state of the world, or `delta`): refused over a limit,
+/// else its request task and body.
 fn open_stream(
     core: &Arc<Core>,
     req: http::Request<Body>,
     api: &'static str,
+    delta: bool,
 ) -> http::Response<Body> {
     let conn = core.connections.as_ref().and_then(|c| c.of_http(&req));
     let peer = conn
@@ -326,7 +342,15 @@ fn open_stream(
         api,
         peer,
         node: Mutex::new(String::new()),
-        state: Mutex::new(EdsStream::new(core.names.clone())),
+        state: Mutex::new({
+            let snap = core.snapshots.borrow().clone();
+            if delta {
+                StreamState::Delta(DeltaStream::new(core.names.clone(), &snap))
+            } else {
+                StreamState::Sotw(SotwStream::new(core.names.clone(), &snap))
+            }
+        }),
+        counted: AtomicUsize::new(0),
         wake: AtomicWaker::new(),
         end: Mutex::new(None),
         sending_since: Mutex::new(None),
@@ -339,7 +363,12 @@ fn open_stream(
     if let Some(left_out) = OPEN_LOG.allow() {
         tracing::info!(api, peer = %shared.peer, left_out, "xDS stream opened");
     }
-    tokio::spawn(read_requests(core.clone(), shared.clone(), req.into_body()));
+    tokio::spawn(read_requests(
+        core.clone(),
+        shared.clone(),
+        req.into_body(),
+        delta,
+    ));
     grpc_response(Body::new(ResponseBody {
         core: core.clone(),
         shared,
@@ -385,14 +414,12 @@ impl RequestReader {
         }
     }
 
-    /// The next request (without its node), its node's bytes, its length.
-    async fn next(&mut self) -> Result<Option<(DiscoveryRequest, Bytes, usize)>, ReadError> {
+    /// The next request message (its bytes, without the gRPC header).
+    async fn next(&mut self) -> Result<Option<Bytes>, ReadError> {
         loop {
             if let Some(m) =
                 requests::next_message(&mut self.buf, self.max).map_err(ReadError::Message)?
             {
-                let len = m.len();
-                let (req, node) = RequestView::decode(m).map_err(ReadError::Decode)?.split();
                 self.held = None;
                 if self.buf.is_empty() {
                     // The message's allocation goes with it (the buffer
@@ -400,14 +427,18 @@ impl RequestReader {
                     // bytes between requests.
                     self.buf = BytesMut::new();
                 }
-                return Ok(Some((req, node, len)));
+                return Ok(Some(m));
             }
             if let Some(len) = requests::announced_len(&self.buf) {
                 if len > FREE_REQUEST_BYTES && self.held.is_none() && len <= self.max {
                     let n = u32::try_from(len - FREE_REQUEST_BYTES).unwrap_or(u32::MAX);
-                    match self.budget.clone().try_acquire_many_owned(n) {
-                        Ok(p) => self.held = Some(p),
-                        Err(_) => return Err(ReadError::NoRoom(len)),
+                    // Waits a moment for room (many Envoys ACKing 10,000
+                    // names at once), reading nothing meanwhile: the
+                    // stream's 64 KiB window holds the client back.
+                    let wait = self.budget.clone().acquire_many_owned(n);
+                    match tokio::time::timeout(REQUEST_BUFFER_WAIT, wait).await {
+                        Ok(Ok(p)) => self.held = Some(p),
+                        _ => return Err(ReadError::NoRoom(len)),
                     }
                 }
                 // One allocation for the whole message (its length is
@@ -438,7 +469,7 @@ impl RequestReader {
 /// A stream's request side: each request through the protocol state; the
 /// stream ends (trailers after the response in flight) when requests end
 /// or break a limit.
-async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
+async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body, delta: bool) {
     let mut reader = RequestReader::new(body, &core);
     let mut other_types = BTreeSet::new();
     let end = loop {
@@ -447,10 +478,27 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
             _ = shared.closed.notified() => break None,
         };
         match next {
-            Ok(Some((req, node, len))) => {
-                core.callbacks.request_received(len);
-                if let Some(status) = handle(&core, &shared, &req, &node, &mut other_types) {
-                    break Some(status);
+            Ok(Some(message)) => {
+                core.callbacks.request_received(message.len());
+                let handled = if delta {
+                    DeltaRequestView::decode(message)
+                        .map_err(ReadError::Decode)
+                        .map(|req| handle_delta(&core, &shared, &req))
+                } else {
+                    RequestView::decode(message)
+                        .map_err(ReadError::Decode)
+                        .map(|req| handle_sotw(&core, &shared, &req))
+                };
+                match handled {
+                    Ok(Err(status)) => break Some(status),
+                    Ok(Ok(h)) => report(&core, &shared, &h, &mut other_types),
+                    Err(ReadError::Decode(e)) => {
+                        break Some(Status::invalid_argument(format!(
+                            "not a {}DiscoveryRequest: {e}",
+                            if delta { "Delta" } else { "" }
+                        )))
+                    }
+                    Err(_) => break Some(Status::invalid_argument("bad request")),
                 }
             }
             Ok(None) => break Some(Status::ok("")),
@@ -499,44 +547,115 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body) {
     }
 }
 
-/// One request; `Some(status)` ends the stream.
-fn handle(
-    core: &Core,
-    shared: &StreamShared,
-    req: &DiscoveryRequest,
-    node_bytes: &Bytes,
-    other_types: &mut BTreeSet<String>,
-) -> Option<Status> {
+/// Reads the node's id once per stream, for the logs.
+fn identify(core: &Core, shared: &StreamShared, node_bytes: &Bytes) {
+    if node_bytes.is_empty() {
+        return;
+    }
+    let mut node = shared.node.lock().unwrap_or_else(|p| p.into_inner());
+    if node.is_empty() {
+        *node = match Node::decode(node_bytes.clone()) {
+            Ok(n) if !n.id.is_empty() => n.id.chars().take(NODE_ID_MAX).collect(),
+            _ => "-".to_string(),
+        };
+        core.callbacks.stream_identified(&node, &shared.peer);
+    }
+}
+
+/// Counts the stream's names in the total; over `--max-subscriptions` the
+/// stream ends.
+fn count_subscriptions(core: &Core, shared: &StreamShared, now: usize) -> Result<(), Status> {
+    let before = shared.counted.swap(now, Ordering::SeqCst);
+    let total = if now >= before {
+        core.subscriptions.fetch_add(now - before, Ordering::SeqCst) + (now - before)
+    } else {
+        core.subscriptions.fetch_sub(before - now, Ordering::SeqCst) - (before - now)
+    };
+    let max = core.limits.max_subscriptions;
+    if total > max {
+        core.callbacks.limit_hit(limit::MAX_SUBSCRIPTIONS);
+        return Err(Status::resource_exhausted(format!(
+            "{total} resource names subscribed over all xDS streams, over --max-subscriptions {max}; retry later"
+        )));
+    }
+    Ok(())
+}
+
+/// One state-of-the-world request; `Err(status)` ends the stream.
+fn handle_sotw(core: &Core, shared: &StreamShared, req: &RequestView) -> Result<Handled, Status> {
     let max = core.limits.max_resource_names;
     if req.resource_names.len() > max {
         core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
-        return Some(Status::resource_exhausted(format!(
+        return Err(Status::resource_exhausted(format!(
             "{} resource names in one request, over --max-resource-names {max}",
             req.resource_names.len()
         )));
     }
-    if !node_bytes.is_empty() {
-        let mut node = shared.node.lock().unwrap_or_else(|p| p.into_inner());
-        if node.is_empty() {
-            // Once per stream: the node's id, for the logs.
-            *node = match Node::decode(node_bytes.clone()) {
-                Ok(n) if !n.id.is_empty() => n.id.chars().take(NODE_ID_MAX).collect(),
-                _ => "-".to_string(),
-            };
-            core.callbacks.stream_identified(&node, &shared.peer);
-        }
-    }
+    identify(core, shared, &req.node);
     let snap = core.snapshots.borrow().clone();
-    let h = shared.state().on_request(req, &snap, Instant::now());
+    let (h, subscribed) = {
+        let mut state = shared.state();
+        let h = match &mut *state {
+            StreamState::Sotw(s) => s.on_request(req, &snap, Instant::now()),
+            StreamState::Delta(_) => return Err(Status::internal("not a delta stream")),
+        };
+        (h, state.subscribed())
+    };
+    count_subscriptions(core, shared, subscribed)?;
+    Ok(h)
+}
+
+/// One delta request; `Err(status)` ends the stream.
+fn handle_delta(
+    core: &Core,
+    shared: &StreamShared,
+    req: &DeltaRequestView,
+) -> Result<Handled, Status> {
+    let max = core.limits.max_resource_names;
+    let asked = req.resource_names_subscribe.len() + req.resource_names_unsubscribe.len();
+    if asked > max {
+        core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
+        return Err(Status::resource_exhausted(format!(
+            "{asked} resource names in one request, over --max-resource-names {max}"
+        )));
+    }
+    identify(core, shared, &req.node);
+    let snap = core.snapshots.borrow().clone();
+    let (h, subscribed) = {
+        let mut state = shared.state();
+        let h = match &mut *state {
+            StreamState::Delta(s) => s.on_request(req, &snap, Instant::now()),
+            StreamState::Sotw(_) => {
+                return Err(Status::internal("not a state-of-the-world stream"))
+            }
+        };
+        (h, state.subscribed())
+    };
+    if subscribed > max {
+        core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
+        return Err(Status::resource_exhausted(format!(
+            "{subscribed} resource names subscribed on one stream, over --max-resource-names {max}"
+        )));
+    }
+    count_subscriptions(core, shared, subscribed)?;
+    Ok(h)
+}
+
+/// Reports a handled request (metrics, status page, logs) and wakes the
+/// body when a response is due.
+fn report(core: &Core, shared: &StreamShared, h: &Handled, other_types: &mut BTreeSet<String>) {
     let node = shared.node();
     match &h.kind {
         RequestKind::Initial => {
             if let Some(left_out) = OPEN_LOG.allow() {
-                tracing::info!(node = %node, resources = req.resource_names.len(), version = %req.version_info, left_out, "xDS subscription");
+                tracing::info!(node = %node, api = shared.api, left_out, "xDS subscription");
             }
         }
         RequestKind::Ack { version } => {
             core.callbacks.acked(&node, version, h.ack_after);
+            if !h.applied.is_empty() {
+                core.callbacks.programmed(&node, &h.applied);
+            }
             tracing::debug!(node = %node, version = %version, "xDS ACK");
         }
         RequestKind::Nack { version, message } => {
@@ -547,7 +666,7 @@ fn handle(
             }
         }
         RequestKind::Stale => {
-            tracing::debug!(node = %node, "xDS request with a stale nonce ignored")
+            tracing::debug!(node = %node, "xDS request with a stale nonce")
         }
         RequestKind::OtherType(t) => {
             if other_types.len() < OTHER_TYPES_MAX && other_types.insert(t.clone()) {
@@ -560,21 +679,20 @@ fn handle(
     }
     if h.unknown > 0 {
         core.callbacks.unknown_names(h.unknown);
-        if !h.unknown_sample.is_empty() {
+        if h.names_changed && !h.unknown_sample.is_empty() {
             if let Some(left_out) = UNKNOWN_LOG.allow() {
                 let sample: Vec<String> = h
                     .unknown_sample
                     .iter()
                     .map(|n| n.chars().take(128).collect())
                     .collect();
-                tracing::warn!(node = %node, unknown = h.unknown, sample = ?sample, left_out, "Envoy asks for EDS resources no --cluster defines");
+                tracing::warn!(node = %node, unknown = h.unknown, sample = ?sample, left_out, "Envoy asks for EDS resources that are not served (no --cluster defines them, or their Service has no slices): not answered until they are");
             }
         }
     }
     if h.due {
         shared.wake.wake();
     }
-    None
 }
 
 /// The response taken and not fully handed to HTTP/2 yet.
@@ -611,10 +729,8 @@ impl ResponseBody {
             }
         }
         let p = response?;
-        self.core
-            .callbacks
-            .response_started(p.entries.len(), &p.lags);
-        tracing::debug!(node = %self.shared.node(), version = %p.version, nonce = p.nonce, resources = p.entries.len(), bytes = p.wire_len, "xDS response taken");
+        self.core.callbacks.response_started(p.resources, &p.lags);
+        tracing::debug!(node = %self.shared.node(), version = %p.version, nonce = p.nonce, resources = p.resources, bytes = p.wire_len, "xDS response taken");
         self.in_flight = Some(InFlight { bytes: p.wire_len });
         self.shared.set_sending_since(Some(now));
         self.chunks.push_back(p.head);
@@ -674,6 +790,8 @@ impl Drop for ResponseBody {
         let core = &self.core;
         core.streams.map().remove(&self.shared.id);
         core.streams.open.fetch_sub(1, Ordering::SeqCst);
+        let counted = self.shared.counted.swap(0, Ordering::SeqCst);
+        core.subscriptions.fetch_sub(counted, Ordering::SeqCst);
         if let Some(c) = &self.shared.conn {
             c.streams.fetch_sub(1, Ordering::SeqCst);
         }
@@ -689,7 +807,10 @@ impl Drop for ResponseBody {
 async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
     let mut reader = RequestReader::new(body, core);
     let req = match reader.next().await {
-        Ok(Some((req, _, _))) => req,
+        Ok(Some(m)) => match RequestView::decode(m) {
+            Ok(req) => req,
+            Err(_) => return Status::invalid_argument("not a DiscoveryRequest").into_http(),
+        },
         Ok(None) => return Status::invalid_argument("no request").into_http(),
         Err(ReadError::Message(MessageError::TooLarge(len))) => {
             core.callbacks.limit_hit(limit::MAX_REQUEST_BYTES);
@@ -710,7 +831,7 @@ async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
     if !snap.ready {
         return Status::unavailable("no full list of EndpointSlices yet").into_http();
     }
-    let mut state = EdsStream::new(core.names.clone());
+    let mut state = SotwStream::new(core.names.clone(), &snap);
     let mut req = req;
     req.response_nonce.clear();
     let now = Instant::now();
@@ -728,4 +849,293 @@ async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
     grpc_response(Body::new(http_body_util::StreamBody::new(
         futures::stream::iter(frames),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::eds::assignment::CLA_TYPE_URL;
+    use crate::eds::publish::{Resource, Table};
+    use envoy_types::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    };
+    use std::time::SystemTime;
+    use tokio::sync::mpsc;
+
+    /// What the server reported, for the tests.
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Vec<String>>,
+    }
+
+    impl Recorder {
+        fn push(&self, e: String) {
+            self.events.lock().unwrap().push(e);
+        }
+        fn has(&self, prefix: &str) -> bool {
+            self.events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| e.starts_with(prefix))
+        }
+    }
+
+    impl Callbacks for Recorder {
+        fn limit_set(&self, _: &'static str, _: i64) {}
+        fn limit_hit(&self, limit: &'static str) {
+            self.push(format!("limit_hit {limit}"));
+        }
+        fn stream_refused(&self, limit: &'static str) {
+            self.push(format!("refused {limit}"));
+        }
+        fn stream_opened(&self) {
+            self.push("opened".into());
+        }
+        fn stream_identified(&self, node: &str, _: &str) {
+            self.push(format!("identified {node}"));
+        }
+        fn stream_closed(&self, _: &str) {
+            self.push("closed".into());
+        }
+        fn request_received(&self, _: usize) {}
+        fn request_buffer_bytes(&self, _: usize) {}
+        fn unknown_names(&self, n: usize) {
+            self.push(format!("unknown {n}"));
+        }
+        fn response_started(&self, resources: usize, _: &[Duration]) {
+            self.push(format!("started {resources}"));
+        }
+        fn response_sent(&self, _: usize) {}
+        fn acked(&self, node: &str, _: &str, _: Option<Duration>) {
+            self.push(format!("acked {node}"));
+        }
+        fn nacked(&self, _: &str, _: &str, _: &str) {}
+        fn programmed(&self, _: &str, triggers: &[SystemTime]) {
+            self.push(format!("programmed {}", triggers.len()));
+        }
+        fn subscriptions(&self, _: usize) {}
+        fn coalesced(&self) {}
+        fn oldest_unsent(&self, _: Duration) {}
+        fn subscribers(&self, _: &str, _: i64) {}
+        fn stream_reset(&self, _: &'static str) {}
+    }
+
+    fn snapshot(table: &Arc<Table>, seq: u64, names: &[(&str, u64)]) -> Arc<Snapshot> {
+        let rs: Vec<Arc<Resource>> = names
+            .iter()
+            .map(|(n, v)| {
+                Arc::new(Resource::new(
+                    n,
+                    *v,
+                    format!("{n}@{v}").as_bytes(),
+                    1,
+                    Instant::now(),
+                ))
+            })
+            .collect();
+        table.put(&rs, &[]);
+        Arc::new(Snapshot {
+            version: format!("v{seq}"),
+            ready: true,
+            table: table.clone(),
+            seq,
+            after: seq - 1,
+            changed: Arc::from(rs.iter().map(|r| r.hash).collect::<Vec<_>>()),
+        })
+    }
+
+    struct Client {
+        tx: mpsc::Sender<Result<Frame<Bytes>, Status>>,
+        body: Body,
+        buf: BytesMut,
+        /// A trailers-only answer's status.
+        status: Option<String>,
+    }
+
+    impl Client {
+        async fn send(&self, msg: &impl Message) {
+            let mut b = BytesMut::new();
+            b.extend_from_slice(&[0]);
+            b.extend_from_slice(&(msg.encoded_len() as u32).to_be_bytes());
+            msg.encode(&mut b).unwrap();
+            self.tx.send(Ok(Frame::data(b.freeze()))).await.unwrap();
+        }
+
+        /// The next message, or the trailers' grpc-status when the stream ends.
+        async fn next(&mut self) -> Result<Bytes, String> {
+            if let Some(s) = self.status.take() {
+                return Err(s);
+            }
+            loop {
+                if let Some(m) = requests::next_message(&mut self.buf, usize::MAX).unwrap() {
+                    return Ok(m);
+                }
+                let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame())
+                    .await
+                    .expect("a frame within 5 s")
+                    .expect("the stream goes on")
+                    .unwrap();
+                match frame.into_data() {
+                    Ok(d) => self.buf.extend_from_slice(&d),
+                    Err(f) => {
+                        let t = f.into_trailers().unwrap();
+                        return Err(format!(
+                            "{} {}",
+                            t.get("grpc-status").unwrap().to_str().unwrap(),
+                            t.get("grpc-message")
+                                .map(|m| m.to_str().unwrap().to_string())
+                                .unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn open(server: &XdsServer, path: &str) -> Client {
+        let (tx, rx) = mpsc::channel(8);
+        let body = Body::new(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let req = http::Request::builder()
+            .uri(format!("http://xds{path}"))
+            .body(body)
+            .unwrap();
+        let (svc, m) = path.trim_start_matches('/').split_once('/').unwrap();
+        let resp = if svc == ADS {
+            ads(&server.core, req)
+        } else {
+            eds(&server.core, req)
+        };
+        let _ = m;
+        let resp = resp.await.unwrap();
+        let status = resp.headers().get("grpc-status").map(|code| {
+            format!(
+                "{} {}",
+                code.to_str().unwrap(),
+                resp.headers()
+                    .get("grpc-message")
+                    .map(|m| m.to_str().unwrap().to_string())
+                    .unwrap_or_default()
+            )
+        });
+        Client {
+            tx,
+            body: resp.into_body(),
+            buf: BytesMut::new(),
+            status,
+        }
+    }
+
+    fn server(
+        limits: XdsLimits,
+    ) -> (
+        XdsServer,
+        watch::Sender<Arc<Snapshot>>,
+        Arc<Recorder>,
+        Arc<Table>,
+    ) {
+        let table = Arc::new(Table::default());
+        let (tx, rx) = watch::channel(snapshot(&table, 1, &[("a", 1), ("b", 2)]));
+        let rec = Arc::new(Recorder::default());
+        let s = XdsServer::new(rx, Names::new(["a", "b"]), limits, rec.clone(), None);
+        (s, tx, rec, table)
+    }
+
+    fn sotw(names: &[&str], nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            node: Some(Node {
+                id: "envoy-1".into(),
+                ..Default::default()
+            }),
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            type_url: CLA_TYPE_URL.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_state_of_the_world_stream_subscribes_is_answered_and_acks_a_change() {
+        let (s, tx, rec, table) = server(XdsLimits::default());
+        tokio::spawn(s.clone().run_fanout());
+        let mut c = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        c.send(&sotw(&["a", "b"], "")).await;
+        let r = DiscoveryResponse::decode(c.next().await.unwrap()).unwrap();
+        assert_eq!(r.resources.len(), 2);
+        assert!(rec.has("identified envoy-1"));
+        c.send(&sotw(&["a", "b"], &r.nonce)).await;
+        // A change to b: b alone, and its ACK times it.
+        tx.send_replace(snapshot(&table, 2, &[("b", 7)]));
+        let r2 = DiscoveryResponse::decode(c.next().await.unwrap()).unwrap();
+        assert_eq!(r2.resources.len(), 1);
+        assert_eq!(r2.resources[0].value, b"b@7");
+        c.send(&sotw(&["a", "b"], &r2.nonce)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(rec.has("programmed 1"));
+        assert_eq!(s.subscriptions(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_delta_stream_gets_removed_for_names_not_served() {
+        let (s, _tx, rec, _table) = server(XdsLimits::default());
+        let mut c = open(&s, &format!("/{ADS}/DeltaAggregatedResources")).await;
+        c.send(&DeltaDiscoveryRequest {
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe: vec!["a".into(), "nope".into()],
+            ..Default::default()
+        })
+        .await;
+        let r = DeltaDiscoveryResponse::decode(c.next().await.unwrap()).unwrap();
+        assert_eq!(r.resources.len(), 1);
+        assert_eq!(r.resources[0].name, "a");
+        assert_eq!(r.removed_resources, ["nope"]);
+        assert!(rec.has("unknown 1"));
+        // A plain EDS delta stream too.
+        let mut e = open(&s, &format!("/{EDS}/DeltaEndpoints")).await;
+        e.send(&DeltaDiscoveryRequest {
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe: vec!["b".into()],
+            ..Default::default()
+        })
+        .await;
+        let r = DeltaDiscoveryResponse::decode(e.next().await.unwrap()).unwrap();
+        assert_eq!(r.resources[0].name, "b");
+    }
+
+    #[tokio::test]
+    async fn limits_end_streams_with_resource_exhausted_naming_the_flag() {
+        let limits = XdsLimits {
+            max_resource_names: 1,
+            max_streams: 1,
+            ..XdsLimits::default()
+        };
+        let (s, _tx, rec, _table) = server(limits);
+        let mut c = open(&s, &format!("/{EDS}/StreamEndpoints")).await;
+        // A second stream is over --max-streams.
+        let mut refused = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        let status = refused.next().await.unwrap_err();
+        assert!(
+            status.starts_with("8 ") && status.contains("max-streams"),
+            "{status}"
+        );
+        c.send(&sotw(&["a", "b"], "")).await;
+        let status = c.next().await.unwrap_err();
+        assert!(
+            status.starts_with("8 ") && status.contains("--max-resource-names"),
+            "{status}"
+        );
+        assert!(rec.has("limit_hit max-resource-names"));
+        assert!(rec.has("refused max-streams"));
+    }
+
+    #[tokio::test]
+    async fn unknown_methods_are_unimplemented() {
+        let (s, _tx, _rec, _table) = server(XdsLimits::default());
+        let mut c = open(&s, &format!("/{ADS}/NoSuchMethod")).await;
+        let status = c.next().await.unwrap_err();
+        assert!(status.starts_with("12 "), "{status}");
+    }
 }

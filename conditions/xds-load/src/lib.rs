@@ -8,6 +8,9 @@
 //!   can be sent to it), or a window that fills and is never released (a
 //!   client that stops reading). Its connection still answers PINGs.
 //! - [`probe`]: the companion read from outside (metrics port, /proc).
+//! - [`apiserver`]: a Kubernetes API server double serving EndpointSlices
+//!   (paged lists, watches with bookmarks, 410 Gone on demand).
+//! - [`cluster`]: a cluster's slices at Kubernetes' limits, and their churn.
 //!
 //! Responses are read as Envoy's first look at them: version, nonce, type
 //! and the resources' bytes, not decoded further (the client's CPU is the
@@ -25,7 +28,10 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use prost::Message;
 use tokio::net::TcpStream;
 
+pub mod apiserver;
+pub mod cluster;
 pub mod probe;
+pub mod scale;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,6 +48,8 @@ pub enum Api {
     Ads,
     /// `StreamEndpoints`.
     Eds,
+    /// `DeltaAggregatedResources` (incremental).
+    DeltaAds,
 }
 
 impl Api {
@@ -51,6 +59,9 @@ impl Api {
                 "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
             }
             Api::Eds => "/envoy.service.endpoint.v3.EndpointDiscoveryService/StreamEndpoints",
+            Api::DeltaAds => {
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+            }
         }
     }
 }
@@ -64,6 +75,7 @@ pub struct Subscription {
     /// The node on the first request only (Envoy's
     /// `set_node_on_first_message_only`); else on every request, Envoy's default.
     pub node_on_first_only: bool,
+    names_encoded: Arc<std::sync::OnceLock<Bytes>>,
 }
 
 impl Subscription {
@@ -73,49 +85,101 @@ impl Subscription {
             node_id: node_id.into(),
             names: names.iter().map(|n| n.to_string()).collect(),
             node_on_first_only: false,
+            names_encoded: Arc::default(),
+        }
+    }
+
+    /// The same over delta xDS.
+    pub fn delta_ads(node_id: impl Into<String>, names: &[&str]) -> Subscription {
+        Subscription {
+            api: Api::DeltaAds,
+            ..Subscription::ads(node_id, names)
         }
     }
 
     /// A request as Envoy sends it (its node every time), gRPC-framed.
     /// The node's bytes are encoded once per process ([`shared_node`]).
+    /// Delta: the first subscribes every name, with the node; the others
+    /// ACK `nonce`.
     pub fn request_frame(&self, version: &str, nonce: &str) -> Bytes {
-        if self.node_on_first_only && !nonce.is_empty() {
-            return grpc_frame(&DiscoveryRequest {
-                version_info: version.into(),
-                resource_names: self.names.clone(),
-                type_url: CLA_TYPE_URL.into(),
-                response_nonce: nonce.into(),
-                ..Default::default()
-            });
+        if self.api == Api::DeltaAds {
+            let first = nonce.is_empty();
+            return grpc_frame(
+                &envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
+                    node: first.then(|| envoy_like_node(&self.node_id)),
+                    type_url: CLA_TYPE_URL.into(),
+                    resource_names_subscribe: if first { self.names.clone() } else { vec![] },
+                    response_nonce: nonce.into(),
+                    ..Default::default()
+                },
+            );
         }
-        let id_field = Node {
-            id: self.node_id.clone(),
-            ..Default::default()
+        let mut out = BytesMut::new();
+        for part in self.request_parts(version, nonce) {
+            out.extend_from_slice(&part);
         }
-        .encode_to_vec();
-        let node = shared_node();
+        out.freeze()
+    }
+
+    /// A state-of-the-world request in parts that share the node's and the
+    /// names' bytes (encoded once), so that an ACK naming 10,000 clusters
+    /// costs the client no encoding: gRPC header, fields.
+    pub fn request_parts(&self, version: &str, nonce: &str) -> Vec<Bytes> {
+        let names = self.names_field();
         let rest = DiscoveryRequest {
             version_info: version.into(),
-            resource_names: self.names.clone(),
             type_url: CLA_TYPE_URL.into(),
             response_nonce: nonce.into(),
             ..Default::default()
-        };
-        let node_len = id_field.len() + node.len();
-        let len = rest.encoded_len()
-            + prost::encoding::key_len(2)
-            + prost::encoding::encoded_len_varint(node_len as u64)
-            + node_len;
-        let mut buf = BytesMut::with_capacity(5 + len);
-        buf.extend_from_slice(&[0]);
-        buf.extend_from_slice(&(len as u32).to_be_bytes());
-        // Fields in any order: the node first, then the rest.
-        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut buf);
-        prost::encoding::encode_varint(node_len as u64, &mut buf);
-        buf.extend_from_slice(&id_field);
-        buf.extend_from_slice(node);
-        rest.encode(&mut buf).ok();
-        buf.freeze()
+        }
+        .encode_to_vec();
+        let with_node = !self.node_on_first_only || nonce.is_empty();
+        let mut node_part = BytesMut::new();
+        if with_node {
+            let id_field = Node {
+                id: self.node_id.clone(),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            let node = shared_node();
+            let node_len = id_field.len() + node.len();
+            prost::encoding::encode_key(
+                2,
+                prost::encoding::WireType::LengthDelimited,
+                &mut node_part,
+            );
+            prost::encoding::encode_varint(node_len as u64, &mut node_part);
+            node_part.extend_from_slice(&id_field);
+            let len = rest.len() + node_part.len() + node.len() + names.len();
+            let mut head = BytesMut::with_capacity(5);
+            head.extend_from_slice(&[0]);
+            head.extend_from_slice(&(len as u32).to_be_bytes());
+            return vec![
+                head.freeze(),
+                node_part.freeze(),
+                node.clone(),
+                names,
+                Bytes::from(rest),
+            ];
+        }
+        let len = rest.len() + names.len();
+        let mut head = BytesMut::with_capacity(5);
+        head.extend_from_slice(&[0]);
+        head.extend_from_slice(&(len as u32).to_be_bytes());
+        vec![head.freeze(), names, Bytes::from(rest)]
+    }
+
+    /// The `resource_names` fields, encoded once.
+    fn names_field(&self) -> Bytes {
+        self.names_encoded
+            .get_or_init(|| {
+                let mut b = BytesMut::new();
+                for n in &self.names {
+                    prost::encoding::string::encode(3, n, &mut b);
+                }
+                b.freeze()
+            })
+            .clone()
     }
 }
 
@@ -175,6 +239,21 @@ pub struct ResponseHead {
     pub nonce: String,
 }
 
+/// The fields of a DeltaDiscoveryResponse an ACK needs.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeltaResponseHead {
+    #[prost(string, tag = "1")]
+    pub system_version_info: String,
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub resources: Vec<Bytes>,
+    #[prost(string, tag = "4")]
+    pub type_url: String,
+    #[prost(string, tag = "5")]
+    pub nonce: String,
+    #[prost(string, repeated, tag = "6")]
+    pub removed_resources: Vec<String>,
+}
+
 /// The number a companion version ends with (`<boot>-<n>`).
 pub fn version_number(version: &str) -> u64 {
     version
@@ -189,6 +268,8 @@ pub fn version_number(version: &str) -> u64 {
 pub struct Received {
     pub responses: AtomicU64,
     pub bytes: AtomicU64,
+    /// Resources received over all responses.
+    pub resources: AtomicU64,
     /// [`version_number`] of the newest version received.
     pub version: AtomicU64,
     /// When it arrived, in nanoseconds since the fleet's epoch.
@@ -323,15 +404,30 @@ async fn run_subscriber(
             }
             buf.advance(5);
             let msg = buf.split_to(len).freeze();
-            let head = ResponseHead::decode(msg)?;
+            let (version, nonce, resources) = if sub.api == Api::DeltaAds {
+                let head = DeltaResponseHead::decode(msg)?;
+                (head.system_version_info, head.nonce, head.resources.len())
+            } else {
+                let head = ResponseHead::decode(msg)?;
+                (head.version_info, head.nonce, head.resources.len())
+            };
             let at = epoch.elapsed().as_nanos() as u64;
             received.responses.fetch_add(1, Ordering::SeqCst);
             received.bytes.fetch_add(5 + len as u64, Ordering::SeqCst);
+            received
+                .resources
+                .fetch_add(resources as u64, Ordering::SeqCst);
             received.at_nanos.store(at, Ordering::SeqCst);
             received
                 .version
-                .fetch_max(version_number(&head.version_info), Ordering::SeqCst);
-            send.send_data(sub.request_frame(&head.version_info, &head.nonce), false)?;
+                .fetch_max(version_number(&version), Ordering::SeqCst);
+            if sub.api == Api::DeltaAds {
+                send.send_data(sub.request_frame(&version, &nonce), false)?;
+            } else {
+                for part in sub.request_parts(&version, &nonce) {
+                    send.send_data(part, false)?;
+                }
+            }
         }
     }
     Ok(match body.trailers().await? {

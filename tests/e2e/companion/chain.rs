@@ -232,6 +232,101 @@ fn seed_rows_wasm_form_over_ads_mtls() {
     seed_rows_over_mtls(Form::Wasm, "rows-wasm");
 }
 
+/// Incremental xDS (`api_type: DELTA_GRPC`, as Envoy Gateway and Istio
+/// run Envoy): the same rows, ACKed, nothing refused.
+#[test]
+fn seed_rows_wasm_form_over_delta_ads() {
+    let c = seed_rows(Picker::Module(Form::Wasm), XdsApi::DeltaAds, &[]);
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_xds_acks_total")
+            .unwrap_or(0.0)
+            >= 10.0
+    );
+    // Each change's programming latency, measured at Envoy's ACK.
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_programming_duration_seconds_count")
+            .unwrap_or(0.0)
+            >= 9.0
+    );
+}
+
+/// Delta over mutual TLS, plain EDS: the same authentication as state of
+/// the world.
+#[test]
+fn seed_rows_native_form_over_delta_eds_mtls() {
+    let m = Mtls::new("rows-delta");
+    let c = seed_rows_over(
+        Picker::Module(Form::Native),
+        XdsApi::DeltaEds,
+        &[],
+        Some(&m),
+    );
+    assert!(
+        c.companion
+            .metric("serving_picker_conditions_tls_handshakes_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+}
+
+/// Two clusters over state of the world, changing one at a time: a
+/// response carries only the changed one, and Envoy keeps the other's
+/// endpoints (EDS resources left out of a response are not removed).
+#[test]
+fn a_response_with_one_cluster_leaves_the_other_in_envoy() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let slices = SliceDir::create(&fresh_dir("slices-two"));
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
+    slices.set_endpoints("other", &[Endpoint::serving(b.addr())]);
+    let companion = Companion::start(
+        slices.path(),
+        &[(CLUSTER, SERVICE), ("other", "other")],
+        &[],
+    );
+    let envoy = EnvoyBuilder::new()
+        .tag("companion-two-clusters")
+        .eds_cluster(CLUSTER, &[])
+        .eds_cluster("other", &[])
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Ads))
+        .form(Form::Wasm)
+        .start();
+    expect_routing(&envoy, PATH, &[], "A", picked(&a));
+    let other_updates = envoy.stat("cluster.other.update_success").unwrap_or(0);
+    let backend_updates = envoy.stat("cluster.backend.update_success").unwrap_or(0);
+    // Only "backend" changes: "other" is in no response, so Envoy takes no
+    // update for it.
+    slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::serving_terminating(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    expect_routing(&envoy, PATH, &[], "B", picked(&b));
+    assert!(envoy.stat("cluster.backend.update_success").unwrap_or(0) > backend_updates);
+    assert_eq!(
+        envoy.stat("cluster.other.update_success").unwrap_or(0),
+        other_updates
+    );
+    let clusters = envoy.admin_get("/clusters?format=json");
+    let v: serde_json::Value = serde_json::from_str(&clusters.body).unwrap();
+    let hosts = v["cluster_statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "other")
+        .and_then(|c| c["host_statuses"].as_array().cloned())
+        .unwrap_or_default();
+    assert_eq!(
+        hosts.len(),
+        1,
+        "Envoy keeps the cluster left out: {hosts:?}"
+    );
+}
+
 #[test]
 fn seed_rows_native_form_over_eds() {
     seed_rows(Picker::Module(Form::Native), XdsApi::Eds, &[]);

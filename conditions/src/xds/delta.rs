@@ -1,0 +1,418 @@
+//! The incremental (delta) xDS protocol of one stream
+//! (`DeltaAggregatedResources`, `DeltaEndpoints`): [`DeltaStream`], a state
+//! that tests drive without a network; `server` runs it over HTTP/2 with
+//! the same limits as state of the world.
+//!
+//! Rules (besides `protocol`'s):
+//! - Requests subscribe and unsubscribe names; every request's changes are
+//!   taken, whatever its nonce (a delta request is a difference: dropping
+//!   one would lose it). A nonce that names the response in flight ACKs or
+//!   NACKs it.
+//! - A response carries the subscribed resources whose content the client
+//!   lacks, each with its version: a hash of its content, the same across
+//!   restarts of the companion, so a client that reconnects with
+//!   `initial_resource_versions` is not sent what it has.
+//! - A name not served when subscribed is answered in `removed_resources`:
+//!   the protocol's "does not exist". Envoy's EDS then finishes warming the
+//!   cluster, without hosts, at once (`envoyproxy/envoy`
+//!   `source/extensions/clusters/eds/eds.cc`: a delta update without the
+//!   resource is an empty update, `update_empty`). A name that may be
+//!   served later (as in `protocol`) stays subscribed and is sent when it
+//!   appears.
+//! - A resource that stops being served is never sent as removed (Envoy's
+//!   EDS would keep its last hosts: `eds.cc` ignores removals); the
+//!   publisher sends it empty instead, as state of the world does.
+//! - Wildcard subscriptions (`*`, or none on the first request) are not
+//!   served: EDS is asked by name.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::eds::assignment::CLA_TYPE_URL;
+use crate::eds::publish::{name_hash, Snapshot};
+use crate::eds::response_bytes as wire;
+use crate::xds::protocol::{
+    catch_up, effect, lags, Acks, Handled, Names, Prepared, RequestKind, SeenSnapshots,
+    SnapshotEffect, Taken,
+};
+use crate::xds::requests::{name_str, DeltaRequestView};
+use crate::xds::subscriptions::{Fit, Subscriptions};
+
+/// Names answered as removed in one response at most; more wait for the
+/// next.
+const REMOVED_MAX: usize = 4096;
+
+/// One delta stream's protocol state.
+#[derive(Debug)]
+pub struct DeltaStream {
+    names: Arc<Names>,
+    subs: Subscriptions,
+    started: bool,
+    acks: Acks,
+    seen: SeenSnapshots,
+    /// Names subscribed that are not served: answered as removed in the
+    /// next response.
+    removed: Vec<String>,
+    due_since: Option<Instant>,
+}
+
+impl DeltaStream {
+    /// A stream opened when `snap` was the newest snapshot.
+    pub fn new(names: Arc<Names>, snap: &Snapshot) -> DeltaStream {
+        DeltaStream {
+            names,
+            subs: Subscriptions::default(),
+            started: false,
+            acks: Acks::default(),
+            seen: SeenSnapshots { seq: snap.seq },
+            removed: Vec::new(),
+            due_since: None,
+        }
+    }
+
+    pub fn subscriptions(&self) -> &Subscriptions {
+        &self.subs
+    }
+
+    pub fn due_since(&self) -> Option<Instant> {
+        self.due_since
+    }
+
+    fn sendable(&self, snap: &Snapshot) -> bool {
+        self.started
+            && snap.ready
+            && !self.acks.awaiting
+            && (self.subs.any_due() || !self.removed.is_empty())
+    }
+
+    fn refresh_due(&mut self, snap: &Snapshot, now: Instant) -> bool {
+        if self.sendable(snap) {
+            self.due_since.get_or_insert(now);
+            true
+        } else {
+            self.due_since = None;
+            false
+        }
+    }
+
+    /// Handles one request against the current snapshot.
+    pub fn on_request(&mut self, req: &DeltaRequestView, snap: &Snapshot, now: Instant) -> Handled {
+        let mut handled = Handled::new();
+        if req.type_url != CLA_TYPE_URL {
+            handled.kind = RequestKind::OtherType(req.type_url.clone());
+            return handled;
+        }
+        if !req.response_nonce.is_empty() {
+            if self.acks.is_current(&req.response_nonce) && self.acks.awaiting {
+                let accepted = req.error_detail.is_none();
+                let (applied, after) = self.acks.replied(accepted, now);
+                handled.kind = match &req.error_detail {
+                    Some(status) => RequestKind::Nack {
+                        version: req.response_nonce.clone(),
+                        message: status.message.clone(),
+                    },
+                    None => {
+                        handled.ack_after = after;
+                        handled.applied = applied;
+                        RequestKind::Ack {
+                            version: req.response_nonce.clone(),
+                        }
+                    }
+                };
+            } else {
+                handled.kind = RequestKind::Stale;
+            }
+        }
+        self.started = true;
+        handled.names_changed =
+            !req.resource_names_subscribe.is_empty() || !req.resource_names_unsubscribe.is_empty();
+        let mut keys = Vec::with_capacity(req.resource_names_subscribe.len());
+        for n in &req.resource_names_subscribe {
+            let name = name_str(n);
+            let h = name_hash(name);
+            let served = snap.table.get(h).is_some_and(|r| r.name == name);
+            if !served {
+                handled.unknown += 1;
+                if handled.unknown_sample.len() < 3 {
+                    handled.unknown_sample.push(name.to_string());
+                }
+                if self.removed.len() < REMOVED_MAX * 4 {
+                    self.removed.push(name.to_string());
+                }
+            }
+            if served || self.names.may_serve(name, h) {
+                keys.push(h);
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let versions = &req.initial_resource_versions;
+        self.subs.add(&keys, &snap.table, |_, r| {
+            versions.get(&r.name).is_some_and(|v| *v == r.delta_version)
+        });
+        let gone: Vec<u64> = req
+            .resource_names_unsubscribe
+            .iter()
+            .map(|n| name_hash(name_str(n)))
+            .collect();
+        if !gone.is_empty() {
+            self.subs.remove(&gone);
+        }
+        handled.due = self.refresh_due(snap, now);
+        handled
+    }
+
+    /// A new snapshot was published.
+    pub fn on_snapshot(&mut self, snap: &Snapshot, now: Instant) -> SnapshotEffect {
+        let was_pending = self.subs.any_due() || !self.removed.is_empty();
+        let touched = catch_up(&mut self.subs, &mut self.seen, snap);
+        if !self.started {
+            return SnapshotEffect::Nothing;
+        }
+        let due = self.refresh_due(snap, now);
+        effect(was_pending, touched, due)
+    }
+
+    /// The response the transport takes now: every due resource that fits
+    /// in `max_message_len` bytes, and the names not served.
+    pub fn take(&mut self, snap: &Snapshot, max_message_len: usize, now: Instant) -> Taken {
+        let mut taken = Taken::default();
+        if !self.sendable(snap) {
+            self.due_since = None;
+            return taken;
+        }
+        let nonce = self.acks.last_nonce + 1;
+        let nonce_text = nonce.to_string();
+        let cut = self.removed.len().min(REMOVED_MAX);
+        let removed: Vec<String> = self.removed.drain(..cut).collect();
+        let overhead =
+            wire::delta_message_len(&snap.version, CLA_TYPE_URL, &nonce_text, &removed, 0);
+        let mut entries_len = 0;
+        let mut oversized = Vec::new();
+        let chosen = self.subs.take(
+            &snap.table,
+            |r| {
+                let len = r.delta_len();
+                if overhead + len > max_message_len {
+                    Fit::Never
+                } else if overhead + entries_len + len <= max_message_len {
+                    entries_len += len;
+                    Fit::Yes
+                } else {
+                    Fit::NotNow
+                }
+            },
+            &mut oversized,
+        );
+        taken.oversized = oversized
+            .iter()
+            .map(|r| (r.name.clone(), r.value().len()))
+            .collect();
+        if !chosen.is_empty() || !removed.is_empty() {
+            let f = wire::delta_frame(
+                &snap.version,
+                CLA_TYPE_URL,
+                &nonce_text,
+                &removed,
+                entries_len,
+            );
+            let resources: Vec<_> = chosen.iter().map(|c| c.resource.clone()).collect();
+            let triggers = chosen.iter().filter_map(|c| c.trigger).collect();
+            self.acks.sent(nonce, triggers, now);
+            let mut entries = Vec::with_capacity(resources.len() * 3);
+            for r in &resources {
+                entries.push(r.delta_head.clone());
+                entries.push(r.value_bytes());
+                entries.push(r.delta_tail.clone());
+            }
+            taken.response = Some(Prepared {
+                nonce,
+                version: snap.version.clone(),
+                head: f.head,
+                entries,
+                tail: f.tail,
+                resources: resources.len(),
+                lags: lags(&resources, now),
+                wire_len: wire::GRPC_HEADER + f.message_len,
+            });
+        }
+        self.due_since = None;
+        self.refresh_due(snap, now);
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::eds::publish::{Resource, Table};
+    use bytes::Bytes;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+    fn names() -> Arc<Names> {
+        Arc::new(Names::new(["a", "b", "c"]).managing(true))
+    }
+
+    struct World {
+        table: Arc<Table>,
+        seq: u64,
+    }
+
+    impl World {
+        fn new() -> World {
+            World {
+                table: Arc::new(Table::default()),
+                seq: 0,
+            }
+        }
+
+        fn snap(&mut self, resources: &[(&str, u64)]) -> Snapshot {
+            let rs: Vec<Arc<Resource>> = resources
+                .iter()
+                .map(|(name, v)| {
+                    Arc::new(Resource::new(
+                        name,
+                        *v,
+                        format!("{name}@{v}").as_bytes(),
+                        0,
+                        Instant::now(),
+                    ))
+                })
+                .collect();
+            self.table.put(&rs, &[]);
+            let after = self.seq;
+            self.seq += 1;
+            Snapshot {
+                version: format!("v{}", self.seq),
+                ready: true,
+                table: self.table.clone(),
+                seq: self.seq,
+                after,
+                changed: Arc::from(rs.iter().map(|r| r.hash).collect::<Vec<_>>()),
+            }
+        }
+    }
+
+    fn req(sub: &[&str], unsub: &[&str], nonce: &str) -> DeltaRequestView {
+        DeltaRequestView {
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe: sub.iter().map(|s| Bytes::from(s.to_string())).collect(),
+            resource_names_unsubscribe: unsub.iter().map(|s| Bytes::from(s.to_string())).collect(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    fn take(st: &mut DeltaStream, s: &Snapshot) -> Option<DeltaDiscoveryResponse> {
+        st.take(s, usize::MAX, Instant::now())
+            .response
+            .map(|p| p.to_delta_response().unwrap())
+    }
+
+    fn got(r: &DeltaDiscoveryResponse) -> Vec<String> {
+        let mut v: Vec<String> = r
+            .resources
+            .iter()
+            .map(|x| {
+                let value = &x.resource.as_ref().unwrap().value;
+                format!("{}={}", x.name, String::from_utf8(value.clone()).unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn subscribe_get_changes_only_and_unsubscribe() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1), ("b", 2), ("c", 3)]);
+        let mut st = DeltaStream::new(names(), &s);
+        let h = st.on_request(&req(&["a", "b"], &[], ""), &s, Instant::now());
+        assert!(h.due);
+        let r = take(&mut st, &s).unwrap();
+        assert_eq!(got(&r), ["a=a@1", "b=b@2"]);
+        assert!(r.removed_resources.is_empty());
+        assert_eq!(r.resources[0].version.len(), 16, "a content hash");
+        let h = st.on_request(&req(&[], &[], &r.nonce), &s, Instant::now());
+        assert!(matches!(h.kind, RequestKind::Ack { .. }));
+        assert!(!h.due);
+        // A change to b: b alone, timed at the ACK.
+        let s2 = w.snap(&[("b", 5)]);
+        assert_eq!(st.on_snapshot(&s2, Instant::now()), SnapshotEffect::Due);
+        let r2 = take(&mut st, &s2).unwrap();
+        assert_eq!(got(&r2), ["b=b@5"]);
+        let h = st.on_request(&req(&[], &["a"], &r2.nonce), &s2, Instant::now());
+        assert_eq!(h.applied.len(), 1);
+        // a unsubscribed: its change is nothing to this stream.
+        let s3 = w.snap(&[("a", 9)]);
+        assert_eq!(st.on_snapshot(&s3, Instant::now()), SnapshotEffect::Nothing);
+    }
+
+    #[test]
+    fn names_not_served_are_answered_removed_and_sent_when_they_appear() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1)]);
+        let mut st = DeltaStream::new(names(), &s);
+        let h = st.on_request(
+            &req(&["a", "shop/web:http", "junk name"], &[], ""),
+            &s,
+            Instant::now(),
+        );
+        assert_eq!(h.unknown, 2);
+        let r = take(&mut st, &s).unwrap();
+        assert_eq!(got(&r), ["a=a@1"]);
+        assert_eq!(r.removed_resources, ["shop/web:http", "junk name"]);
+        st.on_request(&req(&[], &[], &r.nonce), &s, Instant::now());
+        let s2 = w.snap(&[("shop/web:http", 4)]);
+        assert_eq!(st.on_snapshot(&s2, Instant::now()), SnapshotEffect::Due);
+        assert_eq!(
+            got(&take(&mut st, &s2).unwrap()),
+            ["shop/web:http=shop/web:http@4"]
+        );
+    }
+
+    #[test]
+    fn a_reconnect_with_initial_versions_is_sent_only_what_differs() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1), ("b", 2)]);
+        let a = s.resource("a").unwrap();
+        let mut st = DeltaStream::new(names(), &s);
+        let mut r = req(&["a", "b"], &[], "");
+        r.initial_resource_versions
+            .insert("a".into(), a.delta_version.clone());
+        r.initial_resource_versions
+            .insert("b".into(), "stale".into());
+        st.on_request(&r, &s, Instant::now());
+        assert_eq!(got(&take(&mut st, &s).unwrap()), ["b=b@2"]);
+    }
+
+    #[test]
+    fn one_response_awaits_its_ack_and_a_nack_is_reported() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1)]);
+        let mut st = DeltaStream::new(names(), &s);
+        st.on_request(&req(&["a"], &[], ""), &s, Instant::now());
+        let r = take(&mut st, &s).unwrap();
+        let s2 = w.snap(&[("a", 2)]);
+        st.on_snapshot(&s2, Instant::now());
+        assert!(take(&mut st, &s2).is_none(), "waiting for the ACK");
+        // A subscription change with an old nonce is taken, not an ACK.
+        let h = st.on_request(&req(&["b"], &[], "0"), &s2, Instant::now());
+        assert_eq!(h.kind, RequestKind::Stale);
+        assert!(st.subscriptions().contains(name_hash("b")));
+        let mut nack = req(&[], &[], &r.nonce);
+        nack.error_detail = Some(RpcStatus {
+            code: 3,
+            message: "bad".into(),
+            details: vec![],
+        });
+        let h = st.on_request(&nack, &s2, Instant::now());
+        assert!(matches!(h.kind, RequestKind::Nack { .. }));
+        assert!(h.due);
+        let r = take(&mut st, &s2).unwrap();
+        assert_eq!(got(&r), ["a=a@2"]);
+        assert_eq!(r.removed_resources, ["b"], "b is not served (yet)");
+    }
+}
