@@ -26,6 +26,7 @@ SOURCES = {
     ]),
     "prometheus-operator": ("prometheus-operator/prometheus-operator", [
         ("example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml", None),
+        ("example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml", None),
     ]),
     "cert-manager": ("cert-manager/cert-manager", [
         ("deploy/crds/cert-manager.io_certificates.yaml", None),

@@ -233,9 +233,11 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
     let mut directory = Directory::new(&dir, metrics.clone());
+    metrics.source_started("file");
     directory
         .scan()
         .map_err(|e| anyhow::anyhow!("--slices-dir {}: {e}", dir.display()))?;
+    metrics.source_progress();
     metrics.watch_event("files_reload");
     if updates
         .send(Update::now(Change::Replace(directory.slices())))
@@ -257,6 +259,8 @@ pub async fn run(
         changes.next().await;
         match directory.scan() {
             Ok(true) => {
+                metrics.source_progress();
+                metrics.source_changed();
                 metrics.watch_event("files_reload");
                 if updates
                     .send(Update::now(Change::Replace(directory.slices())))
@@ -266,7 +270,7 @@ pub async fn run(
                     break;
                 }
             }
-            Ok(false) => {}
+            Ok(false) => metrics.source_progress(),
             Err(e) => {
                 metrics.source_error("file");
                 tracing::error!(dir = %dir.display(), error = %e, "cannot read the slice directory: last good state kept");

@@ -159,12 +159,17 @@ pub async fn run_selection<B: Backoff + 'static>(
     let mut stream = watcher::watcher(api, config).boxed();
     let mut listing: Option<Vec<crate::model::slice::Slice>> = None;
     let mut healthy_since: Option<Instant> = None;
+    metrics.source_started("watch");
     while let Some(item) = stream.next().await {
         if matches!(
             item,
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
         ) {
             healthy_since.get_or_insert_with(Instant::now);
+            metrics.source_progress();
+        }
+        if matches!(item, Ok(Event::Apply(_) | Event::Delete(_))) {
+            metrics.source_changed();
         }
         let change = match item {
             Ok(Event::Init) => {
