@@ -237,7 +237,7 @@ pub async fn run(
     directory
         .scan()
         .map_err(|e| anyhow::anyhow!("--slices-dir {}: {e}", dir.display()))?;
-    metrics.source_progress();
+    metrics.source_progress(false);
     metrics.watch_event("files_reload");
     if updates
         .send(Update::now(Change::Replace(directory.slices())))
@@ -259,8 +259,7 @@ pub async fn run(
         changes.next().await;
         match directory.scan() {
             Ok(true) => {
-                metrics.source_progress();
-                metrics.source_changed();
+                metrics.source_progress(true);
                 metrics.watch_event("files_reload");
                 if updates
                     .send(Update::now(Change::Replace(directory.slices())))
@@ -270,7 +269,7 @@ pub async fn run(
                     break;
                 }
             }
-            Ok(false) => metrics.source_progress(),
+            Ok(false) => metrics.source_progress(false),
             Err(e) => {
                 metrics.source_error("file");
                 tracing::error!(dir = %dir.display(), error = %e, "cannot read the slice directory: last good state kept");

@@ -166,10 +166,7 @@ pub async fn run_selection<B: Backoff + 'static>(
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
         ) {
             healthy_since.get_or_insert_with(Instant::now);
-            metrics.source_progress();
-        }
-        if matches!(item, Ok(Event::Apply(_) | Event::Delete(_))) {
-            metrics.source_changed();
+            metrics.source_progress(!matches!(item, Ok(Event::InitDone)));
         }
         let change = match item {
             Ok(Event::Init) => {

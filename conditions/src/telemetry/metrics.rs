@@ -162,14 +162,14 @@ impl Metrics {
         );
     }
 
-    /// The source succeeded: a full list, a watch event, a directory read.
-    pub fn source_progress(&self) {
-        self.source.last_success.set(unix_now());
-    }
-
-    /// The source saw a slice change after its first list.
-    pub fn source_changed(&self) {
-        self.source.last_change.set(unix_now());
+    /// The source succeeded (a full list, a watch event, a directory
+    /// read); `changed`: it saw a slice change after its first list.
+    pub fn source_progress(&self, changed: bool) {
+        let now = unix_now();
+        self.source.last_success.set(now);
+        if changed {
+            self.source.last_change.set(now);
+        }
     }
 
     pub fn source_error(&self, kind: &'static str) {

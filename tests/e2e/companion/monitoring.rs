@@ -491,8 +491,8 @@ fn no_alert_fires_on_healthy_processes_plaintext_or_tls() {
         t
     });
     // Traffic through both Envoys while they are scraped.
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let load = std::thread::scope(|s| {
-        let stop = std::sync::atomic::AtomicBool::new(false);
         let driver = s.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let _ = wasm.get("/backend/x", &[]);

@@ -136,6 +136,16 @@ fn envoy_with_ecds(
     (envoy, a, b, c)
 }
 
+/// ECDS resources Envoy rejected (`extension_config_discovery.*.config_fail`).
+fn ecds_rejections(envoy: &Envoy) -> u64 {
+    envoy
+        .stats_matching("extension_config_discovery")
+        .iter()
+        .filter(|(k, _)| k.ends_with(".config_fail"))
+        .map(|(_, v)| v.trim().parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
 /// `{"clusters": 5}` from the first ECDS version on. Expected: Envoy
 /// accepts it (no ECDS rejection); the filter logs why it cannot parse it,
 /// sets `serving_picker.config_invalid` to 1 and counts every request in
@@ -168,19 +178,16 @@ fn a_configuration_it_cannot_parse_passes_through_on_every_route() {
         "an override header reached A: {:?}",
         a.override_values()
     );
-    let rejected = envoy.stats_matching("extension_config_discovery");
-    let rejected: u64 = rejected
-        .iter()
-        .filter(|(k, _)| k.ends_with("config_fail") || k.ends_with("config_conflict"))
-        .map(|(_, v)| v.trim().parse::<u64>().unwrap_or(0))
-        .sum();
-    assert_eq!(rejected, 0, "Envoy rejected the ECDS resource");
+    assert_eq!(ecds_rejections(&envoy), 0, "Envoy rejected the ECDS resource");
     wait_until(
         "the pass-through counted",
         Duration::from_secs(5),
         || envoy.stat_or_zero("serving_picker.passthrough.config_invalid") >= BATCH as u64,
     );
-    assert_eq!(envoy.stat("serving_picker.config_invalid"), Some(1));
+    assert!(
+        envoy.stat_or_zero("serving_picker.config_invalid") >= 1,
+        "config_invalid counts the contexts on the configuration"
+    );
     let logged = envoy.log_lines("invalid configuration, every request passes through");
     assert!(
         logged.iter().any(|l| l.contains("`clusters`")),
@@ -207,7 +214,7 @@ fn a_configuration_it_cannot_parse_passes_through_on_every_route() {
         "ECDS v2 (valid): A picked",
         picked(&a),
     );
-    wait_until("config_invalid back to 0", Duration::from_secs(5), || {
+    wait_until("config_invalid back to 0", Duration::from_secs(15), || {
         envoy.stat("serving_picker.config_invalid") == Some(0)
     });
     assert_batch(&envoy, OTHER, &hostile, BATCH, "other route", served_by(&c));
@@ -237,4 +244,5 @@ fn a_resource_envoy_rejects_fails_every_route_of_the_listener() {
     assert_all(&managed, "500", |r| r.status == 500);
     assert_all(&other, "500 on the other route too", |r| r.status == 500);
     assert_eq!(a.count() + c.count(), 0);
+    assert!(ecds_rejections(&envoy) > 0, "the rejection is counted");
 }

@@ -511,8 +511,7 @@ fn hot_reload_of_the_plugin_config_through_lds() {
     );
 
     let refused_before = envoy.log_lines("invalid configuration").len();
-    let lds_rejected = || envoy.stat_or_zero("listener_manager.lds.update_rejected");
-    let rejected_before = lds_rejected();
+    let rejected_before = envoy.stat_or_zero("listener_manager.lds.update_rejected");
     let v = lds.set_plugin_config(r#"{"refresh_interval_ms": 5}"#);
     println!("LDS v{v}: an invalid plugin configuration");
     wait_until(
@@ -532,8 +531,15 @@ fn hot_reload_of_the_plugin_config_through_lds() {
         "invalid configuration: every request to Envoy's LB, the client header removed",
         envoys_lb_serves_a,
     );
-    assert_eq!(lds_rejected(), rejected_before, "Envoy rejected the listener");
-    assert_eq!(envoy.stat("serving_picker.config_invalid"), Some(1));
+    assert_eq!(
+        envoy.stat_or_zero("listener_manager.lds.update_rejected"),
+        rejected_before,
+        "Envoy rejected the listener"
+    );
+    assert!(
+        envoy.stat_or_zero("serving_picker.config_invalid") >= 1,
+        "config_invalid counts the contexts on the configuration"
+    );
 
     set_on_no_serving("passthrough");
     expect_routing(
@@ -544,7 +550,7 @@ fn hot_reload_of_the_plugin_config_through_lds() {
         envoys_lb_serves_a,
     );
     assert!(envoy.is_running());
-    wait_until("config_invalid back to 0", Duration::from_secs(5), || {
+    wait_until("config_invalid back to 0", Duration::from_secs(15), || {
         envoy.stat("serving_picker.config_invalid") == Some(0)
     });
     no_panic_or_critical(&envoy);

@@ -46,13 +46,17 @@ impl RequestCounters {
         RequestCounters(COUNTER_NAMES.map(|name| Metric::define(MetricType::Counter, name)))
     }
 
-    pub fn flush(&self, counts: &RequestCounts) {
+    /// Hands the counts to the host; their sum (0: no request counted).
+    pub fn flush(&self, counts: &RequestCounts) -> u64 {
+        let mut total = 0;
         for (metric, tally) in self.0.iter().zip(counts.all()) {
             let n = tally.take();
             if n > 0 {
                 metric.add(n);
+                total += n;
             }
         }
+        total
     }
 }
 
@@ -69,8 +73,9 @@ pub struct Metrics {
     pub snapshot_bytes: Metric,
     pub refresh_busy_us: Metric,
     pub admin_bytes: Metric,
-    /// 1 while this filter's configuration does not parse (every request
-    /// passes through), 0 once one does.
+    /// 1 when the last configuration received, or the one the last
+    /// requests went through, does not parse (every request passes
+    /// through); 0 when it does.
     pub config_invalid: Metric,
     /// 1 while the snapshot is set aside as stale (every request passes
     /// through), else 0.
@@ -78,8 +83,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// A filter whose configuration does not parse: `config_invalid` at 1
-    /// and nothing else (it never refreshes).
+    /// A filter whose configuration does not parse: only `config_invalid`,
+    /// at 1 (it never refreshes).
     pub fn config_invalid() -> Metrics {
         let metrics = Metrics {
             config_invalid: Metric::define(MetricType::Gauge, "serving_picker.config_invalid"),

@@ -319,7 +319,15 @@ impl RootContext for PickerRoot {
         if worker.held.borrow().expired(now, config.admin_timeout_ms) {
             release_held(&worker, true);
         }
-        worker.counters.flush(&worker.steering.counts);
+        if worker.counters.flush(&worker.steering.counts) > 0 {
+            // Requests came through this context: say whether they passed
+            // through for a configuration that does not parse. (Envoy keeps
+            // an earlier configuration's contexts alive and may reuse them,
+            // so only traffic tells which configuration is in use.)
+            worker.metrics.config_invalid.set(u64::from(
+                worker.steering.bypass.get() == crate::steer::Bypass::ConfigInvalid,
+            ));
+        }
         // A configuration that does not parse has nothing to poll.
         let Some(keys) = &self.keys else {
             return;
