@@ -507,7 +507,10 @@ fn the_oldest_outstanding_call_and_the_last_call_are_gauges() {
         .unwrap();
     assert_eq!(s.gauge("eg_hook_oldest_call_timestamp_seconds"), oldest);
     let last = s.gauge("eg_hook_last_call_timestamp_seconds");
-    assert!(last > oldest, "the last call came after the held one: {last} {oldest}");
+    assert!(
+        last > oldest,
+        "the last call came after the held one: {last} {oldest}"
+    );
     s._rt.block_on(held).unwrap().unwrap();
     assert_eq!(s.gauge("eg_hook_oldest_call_timestamp_seconds"), 0.0);
     assert_eq!(s.gauge("eg_hook_last_call_timestamp_seconds"), last);

@@ -465,7 +465,10 @@ async fn the_last_success_and_the_last_change_are_timestamps() {
         "errors from 0: {}",
         metrics.render()
     );
-    assert_eq!(gauge(&metrics, "source_last_success_timestamp_seconds"), 0.0);
+    assert_eq!(
+        gauge(&metrics, "source_last_success_timestamp_seconds"),
+        0.0
+    );
     let before = unix_now();
     assert!(matches!(next(&mut rx).await, Change::Replace(_)));
     let listed = gauge(&metrics, "source_last_success_timestamp_seconds");
@@ -479,7 +482,10 @@ async fn the_last_success_and_the_last_change_are_timestamps() {
     api.apply(slice("web-1", "10.0.0.1", false));
     assert!(matches!(next(&mut rx).await, Change::Apply(_)));
     let changed = gauge(&metrics, "source_last_change_timestamp_seconds");
-    assert!(changed > listed && changed <= unix_now(), "{changed} {listed}");
+    assert!(
+        changed > listed && changed <= unix_now(),
+        "{changed} {listed}"
+    );
     assert!(gauge(&metrics, "source_last_success_timestamp_seconds") >= changed);
 }
 

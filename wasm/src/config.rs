@@ -283,7 +283,11 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
 pub fn salvage_override_header(raw: &[u8]) -> String {
     let named = serde_json::from_slice::<Value>(raw)
         .ok()
-        .and_then(|v| v.get("override_header")?.as_str().map(str::to_ascii_lowercase))
+        .and_then(|v| {
+            v.get("override_header")?
+                .as_str()
+                .map(str::to_ascii_lowercase)
+        })
         .and_then(|name| header_name("override_header", Value::String(name)).ok());
     named.unwrap_or_else(|| PluginConfig::default().override_header)
 }
@@ -434,7 +438,10 @@ mod tests {
             (&br#"{"clusters": 5}"#[..], default),
             (br#"{"clusters": 5, "override_header": "x-pick"}"#, "x-pick"),
             // Envoy matches header names in any case: the lower-case form.
-            (br#"{"override_header": "X-Pick", "refresh_interval_ms": 1}"#, "x-pick"),
+            (
+                br#"{"override_header": "X-Pick", "refresh_interval_ms": 1}"#,
+                "x-pick",
+            ),
             (br#"{"override_header": "host"}"#, default),
             (br#"{"override_header": 7}"#, default),
             (b"not json", default),

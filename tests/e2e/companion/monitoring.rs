@@ -55,7 +55,10 @@ fn regex_lite(rules: &Value) -> BTreeSet<String> {
                         i += 1;
                     }
                     let w = &expr[start..i];
+                    // A label name (`name="..."`, `name!~...`) is no metric.
+                    let label = expr[i..].trim_start().starts_with(['=', '!']);
                     if !w.contains(':')
+                        && !label
                         && (w.starts_with("serving_picker_")
                             || w.starts_with("envoy_dynamicmodulescustom_"))
                     {
@@ -204,7 +207,11 @@ fn unix_now() -> f64 {
 
 impl Target {
     /// Scrapes `fetch` twice, `gap` apart.
-    fn scrape(labels: &[(&str, &str)], gap: Duration, fetch: impl Fn() -> Option<String>) -> Target {
+    fn scrape(
+        labels: &[(&str, &str)],
+        gap: Duration,
+        fetch: impl Fn() -> Option<String>,
+    ) -> Target {
         let first = fetch();
         let t0 = Instant::now();
         std::thread::sleep(gap);
@@ -311,7 +318,8 @@ fn input_series(t: &Target) -> Vec<(String, String)> {
             .map_or("untyped", String::as_str);
         // Unix times become seconds from the second scrape; one that moved
         // between the scrapes is kept current, one that did not stays put.
-        let time_like = name.ends_with("_timestamp_seconds") || name.ends_with("_not_after_seconds");
+        let time_like =
+            name.ends_with("_timestamp_seconds") || name.ends_with("_not_after_seconds");
         let (start, per_second) = if time_like && *v2 > 0.0 {
             (v2 - t.wall, if v2 > &v1 { 1.0 } else { 0.0 })
         } else if matches!(kind, "counter" | "histogram" | "summary") {
@@ -347,7 +355,10 @@ fn firing_alerts(tag: &str, targets: &[Target]) -> BTreeSet<(String, String)> {
     );
     for t in targets {
         for (series, values) in input_series(t) {
-            test += &format!("  - series: '{}'\n    values: '{values}'\n", series.replace('\'', "''"));
+            test += &format!(
+                "  - series: '{}'\n    values: '{values}'\n",
+                series.replace('\'', "''")
+            );
         }
     }
     test += "  alert_rule_test:\n";
@@ -364,7 +375,8 @@ fn firing_alerts(tag: &str, targets: &[Target]) -> BTreeSet<(String, String)> {
         .arg(&file)
         .output()
         .unwrap_or_else(|e| panic!("promtool (apt-get install prometheus): {e}"));
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let mut firing = BTreeSet::new();
     let mut alert = String::new();
     for line in text.lines() {
@@ -424,7 +436,14 @@ fn companion_without_api_server(tag: &str) -> (std::process::Child, SocketAddr) 
 
 fn print_firing(what: &str, firing: &BTreeSet<(String, String)>) {
     let names: Vec<String> = firing.iter().map(|(a, i)| format!("{a} ({i})")).collect();
-    println!("alerts firing, {what}: {}", if names.is_empty() { "none".into() } else { names.join(", ") });
+    println!(
+        "alerts firing, {what}: {}",
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    );
 }
 
 /// Healthy processes as shipped, plaintext and TLS: a companion in `eds`
@@ -505,7 +524,11 @@ fn no_alert_fires_on_healthy_processes_plaintext_or_tls() {
             Target::companion("eds-plain", &plain, gap),
             Target::envoy(&[("job", "envoy"), ("instance", "wasm")], &wasm, gap),
             Target::envoy(
-                &[("job", "gateway-proxies"), ("instance", "native"), ("serving_picker_form", "native")],
+                &[
+                    ("job", "gateway-proxies"),
+                    ("instance", "native"),
+                    ("serving_picker_form", "native"),
+                ],
                 &native,
                 gap,
             ),
@@ -520,8 +543,14 @@ fn no_alert_fires_on_healthy_processes_plaintext_or_tls() {
         assert!(t.second.is_some(), "{:?} not scraped", t.labels);
     }
     let firing = firing_alerts("healthy", &targets);
-    print_firing("healthy processes (eds TLS and plaintext, envoy-gateway, wasm, native)", &firing);
-    assert!(firing.is_empty(), "alerts fire on healthy processes: {firing:?}");
+    print_firing(
+        "healthy processes (eds TLS and plaintext, envoy-gateway, wasm, native)",
+        &firing,
+    );
+    assert!(
+        firing.is_empty(),
+        "alerts fire on healthy processes: {firing:?}"
+    );
 }
 
 /// Each fault a real process can show here, scraped as above, fires the
@@ -560,7 +589,11 @@ fn each_fault_fires_the_alert_that_names_it() {
     check(
         "wasm configuration {\"clusters\": 5}",
         "ServingPickerWasmConfigInvalid",
-        vec![Target::envoy(&[("job", "envoy"), ("instance", "bad-config")], &bad, gap)],
+        vec![Target::envoy(
+            &[("job", "envoy"), ("instance", "bad-config")],
+            &bad,
+            gap,
+        )],
     );
     drop(bad);
 
@@ -573,7 +606,11 @@ fn each_fault_fires_the_alert_that_names_it() {
         "an Envoy labelled native without the module",
         "ServingPickerNativeNotAttached",
         vec![Target::envoy(
-            &[("job", "gateway-proxies"), ("instance", "bare"), ("serving_picker_form", "native")],
+            &[
+                ("job", "gateway-proxies"),
+                ("instance", "bare"),
+                ("serving_picker_form", "native"),
+            ],
             &bare,
             gap,
         )],
@@ -589,7 +626,11 @@ fn each_fault_fires_the_alert_that_names_it() {
     check(
         "wasm filter whose admin API never answers",
         "ServingPickerWasmSnapshotStale",
-        vec![Target::envoy(&[("job", "envoy"), ("instance", "no-admin")], &no_admin, gap)],
+        vec![Target::envoy(
+            &[("job", "envoy"), ("instance", "no-admin")],
+            &no_admin,
+            gap,
+        )],
     );
     drop(no_admin);
 
@@ -605,7 +646,11 @@ fn each_fault_fires_the_alert_that_names_it() {
     let t = Target::scrape(&[("job", COMPANION_JOB), ("instance", "no-api")], gap, get);
     let _ = child.kill();
     let _ = child.wait();
-    check("a companion that can never list", "ServingPickerSourceFailing", vec![t]);
+    check(
+        "a companion that can never list",
+        "ServingPickerSourceFailing",
+        vec![t],
+    );
 
     let slices = SliceDir::create(&fresh_dir("fault-down-slices"));
     slices.set_endpoints("web", &[Endpoint::serving(a.addr())]);

@@ -72,8 +72,8 @@ fn filter_from_ecds(
     let configuration = configuration.to_string();
     let module = module.map(str::to_string);
     move |bootstrap: &mut Value, dir: &Path| {
-        let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]
-            ["filters"][0]["typed_config"];
+        let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            [0]["typed_config"];
         let filters = hcm["http_filters"].as_array_mut().unwrap();
         let at = filters
             .iter()
@@ -178,12 +178,14 @@ fn a_configuration_it_cannot_parse_passes_through_on_every_route() {
         "an override header reached A: {:?}",
         a.override_values()
     );
-    assert_eq!(ecds_rejections(&envoy), 0, "Envoy rejected the ECDS resource");
-    wait_until(
-        "the pass-through counted",
-        Duration::from_secs(5),
-        || envoy.stat_or_zero("serving_picker.passthrough.config_invalid") >= BATCH as u64,
+    assert_eq!(
+        ecds_rejections(&envoy),
+        0,
+        "Envoy rejected the ECDS resource"
     );
+    wait_until("the pass-through counted", Duration::from_secs(5), || {
+        envoy.stat_or_zero("serving_picker.passthrough.config_invalid") >= BATCH as u64
+    });
     assert!(
         envoy.stat_or_zero("serving_picker.config_invalid") >= 1,
         "config_invalid counts the contexts on the configuration"
@@ -202,10 +204,7 @@ fn a_configuration_it_cannot_parse_passes_through_on_every_route() {
             .unwrap();
     ecds.write(
         2,
-        &wasm_config(
-            &template,
-            &plugin_config(json!({"clusters": ["backend"]})),
-        ),
+        &wasm_config(&template, &plugin_config(json!({"clusters": ["backend"]}))),
     );
     settle(
         &envoy,
@@ -229,11 +228,8 @@ fn a_configuration_it_cannot_parse_passes_through_on_every_route() {
 #[test]
 fn a_resource_envoy_rejects_fails_every_route_of_the_listener() {
     let missing = "/nonexistent/serving_picker.wasm";
-    let (envoy, a, _b, c) = envoy_with_ecds(
-        "ecds-rejected",
-        &plugin_config(json!({})),
-        Some(missing),
-    );
+    let (envoy, a, _b, c) =
+        envoy_with_ecds("ecds-rejected", &plugin_config(json!({})), Some(missing));
     let managed = batch(&envoy, MANAGED, &[], 10);
     let other = batch(&envoy, OTHER, &[], 10);
     println!(

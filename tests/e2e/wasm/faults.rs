@@ -318,10 +318,7 @@ fn a_snapshot_no_refresh_confirms_is_set_aside_after_max_snapshot_age() {
         .with_filter(Some(&config))
         .eds_cluster(
             CLUSTER,
-            &[
-                Endpoint::serving(a.addr()),
-                Endpoint::serving(b.addr()),
-            ],
+            &[Endpoint::serving(a.addr()), Endpoint::serving(b.addr())],
         )
         .start();
     stub.set_upstream(envoy.admin_addr());
@@ -330,7 +327,14 @@ fn a_snapshot_no_refresh_confirms_is_set_aside_after_max_snapshot_age() {
     let broken = Instant::now();
     // Within the age: still steered.
     std::thread::sleep(Duration::from_millis(800));
-    assert_batch(&envoy, PATH, &[], 10, "last good snapshot", picked_any(&[&a, &b]));
+    assert_batch(
+        &envoy,
+        PATH,
+        &[],
+        10,
+        "last good snapshot",
+        picked_any(&[&a, &b]),
+    );
     assert_eq!(envoy.stat("serving_picker.snapshot.stale"), Some(0));
     // Past it: passed through, the header a client sends removed.
     let b_addr = b.addr().to_string();
@@ -347,7 +351,14 @@ fn a_snapshot_no_refresh_confirms_is_set_aside_after_max_snapshot_age() {
         set_aside >= Duration::from_millis(2000),
         "set aside after {set_aside:?}, before max_snapshot_age_ms"
     );
-    let rs = assert_batch(&envoy, PATH, &hostile, BATCH, "passed through", passed_through);
+    let rs = assert_batch(
+        &envoy,
+        PATH,
+        &hostile,
+        BATCH,
+        "passed through",
+        passed_through,
+    );
     let counts = per_backend(&rs);
     assert!(
         counts.len() == 2,
@@ -359,7 +370,10 @@ fn a_snapshot_no_refresh_confirms_is_set_aside_after_max_snapshot_age() {
     wait_until("passthrough.stale_snapshot", Duration::from_secs(2), || {
         envoy.stat_or_zero("serving_picker.passthrough.stale_snapshot") >= BATCH as u64
     });
-    let warned = flushed_log_lines(&envoy, "every request passes through to Envoy's load balancer until one does");
+    let warned = flushed_log_lines(
+        &envoy,
+        "every request passes through to Envoy's load balancer until one does",
+    );
     assert!(!warned.is_empty(), "the set-aside is logged");
     println!(
         "admin failing: snapshot set aside after {} ms (max_snapshot_age_ms 2000): {}",
@@ -367,7 +381,13 @@ fn a_snapshot_no_refresh_confirms_is_set_aside_after_max_snapshot_age() {
         warned[0]
     );
     stub.set_mode(Mode::Healthy);
-    settle(&envoy, PATH, &[], "admin back: steered again", picked_any(&[&a, &b]));
+    settle(
+        &envoy,
+        PATH,
+        &[],
+        "admin back: steered again",
+        picked_any(&[&a, &b]),
+    );
     wait_until("snapshot.stale 0", Duration::from_secs(2), || {
         envoy.stat("serving_picker.snapshot.stale") == Some(0)
     });

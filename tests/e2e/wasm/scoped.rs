@@ -24,7 +24,8 @@ use support::*;
 
 /// EG's names: the wasm filter of policy default/serving-picker, and the
 /// clusters of two HTTPRoutes' first rules.
-const EG_FILTER: &str = "envoy.filters.http.wasm/envoyextensionpolicy/default/serving-picker/wasm/0";
+const EG_FILTER: &str =
+    "envoy.filters.http.wasm/envoyextensionpolicy/default/serving-picker/wasm/0";
 const WEB: &str = "httproute/default/web/rule/0";
 const OTHER: &str = "httproute/default/other/rule/0";
 
@@ -113,7 +114,13 @@ fn eg_envoy(tag: &str, route_targeted: bool) -> (Envoy, [Backend; 4]) {
 #[test]
 fn a_client_header_on_another_route_reaches_no_pod_it_names() {
     let (envoy, [a, b, c, d]) = eg_envoy("scoped-eg-route", true);
-    settle(&envoy, "/web/x", &[], "A picked on the managed route", picked(&a));
+    settle(
+        &envoy,
+        "/web/x",
+        &[],
+        "A picked on the managed route",
+        picked(&a),
+    );
     let d_addr = d.addr().to_string();
     let b_addr = b.addr().to_string();
     let rs = assert_batch(
@@ -124,7 +131,11 @@ fn a_client_header_on_another_route_reaches_no_pod_it_names() {
         "other route: EG's balancer, the client's header ignored",
         served_by(&c),
     );
-    assert_eq!(d.count(), 0, "a client's header steered to D on another route");
+    assert_eq!(
+        d.count(),
+        0,
+        "a client's header steered to D on another route"
+    );
     assert!(
         c.override_values().iter().all(|v| *v == d_addr) && c.override_values().len() == rs.len(),
         "C receives the client's header as sent: {:?}",
@@ -138,7 +149,11 @@ fn a_client_header_on_another_route_reaches_no_pod_it_names() {
         "managed route: the filter's pick replaces the client's header",
         picked(&a),
     );
-    assert_eq!(b.count(), 0, "a client's header steered to B on the managed route");
+    assert_eq!(
+        b.count(),
+        0,
+        "a client's header steered to B on the managed route"
+    );
     println!(
         "route-targeted: /other/ with the header naming D: {:?}; D reached {} times",
         tally(&rs),
@@ -175,7 +190,12 @@ fn an_override_where_the_filter_does_not_run_lets_clients_steer() {
         .start();
     settle(&envoy, "/web/x", &[], "A picked", picked(&a));
     let d_addr = d.addr().to_string();
-    let rs = batch(&envoy, "/other/x", &[(OVERRIDE_HEADER, d_addr.as_str())], BATCH);
+    let rs = batch(
+        &envoy,
+        "/other/x",
+        &[(OVERRIDE_HEADER, d_addr.as_str())],
+        BATCH,
+    );
     println!(
         "override without the filter: /other/ with the header naming D: {:?}",
         tally(&rs)

@@ -161,11 +161,10 @@ fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
 /// get the 503 `no-snapshot-yet` after `admin_timeout_ms`, not a hang.
 #[test]
 fn a_hold_ends_in_a_503_when_no_snapshot_comes() {
-    let (envoy, a, b, _stub) =
-        behind_a_failing_admin_api(
-            "stale-hold-expires",
-            json!({"admin_timeout_ms": 400, "before_first_snapshot": "hold"}),
-        );
+    let (envoy, a, b, _stub) = behind_a_failing_admin_api(
+        "stale-hold-expires",
+        json!({"admin_timeout_ms": 400, "before_first_snapshot": "hold"}),
+    );
     let started = Instant::now();
     let r = envoy.get(PATH, &[]);
     let waited = started.elapsed();

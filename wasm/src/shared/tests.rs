@@ -143,7 +143,11 @@ fn the_confirmation_time_is_shared_and_garbage_reads_as_none() {
         "another configuration's"
     );
     (&data)
-        .set("serving_picker.0000000000000abc.confirmed", Some(b"x"), None)
+        .set(
+            "serving_picker.0000000000000abc.confirmed",
+            Some(b"x"),
+            None,
+        )
         .unwrap();
     assert_eq!(keys(&data).confirmed(), None);
 }

@@ -346,7 +346,10 @@ fn a_stale_snapshot_passes_every_request_through_until_it_is_confirmed_again() {
         let mut req = FakeRequest::to(cluster).with_header(HEADER, "10.0.0.9:80");
         assert_eq!(s.request(&mut req, true), Verdict::Continue);
         assert!(req.values(HEADER).is_empty());
-        assert!(req.replies.is_empty(), "no no-serving 503 from a stale snapshot");
+        assert!(
+            req.replies.is_empty(),
+            "no no-serving 503 from a stale snapshot"
+        );
     }
     assert_eq!(
         moved(&s),
