@@ -13,6 +13,7 @@
 //!   header is gone before any filter runs, so with the filter missing
 //!   (FAIL_OPEN after a failed pull) Envoy's balancer picks, and with it the
 //!   filter still steers.
+//!
 //! Each test states its expectation in its doc comment.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
