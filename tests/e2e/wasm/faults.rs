@@ -114,6 +114,59 @@ fn admin_unreachable_fails_open_and_warns_once() {
     no_panic_or_critical(&envoy);
 }
 
+/// No admin cluster at all (`admin_cluster: prometheus_stats`, which this
+/// Envoy lacks, as Envoy Gateway's bootstrap does with Prometheus disabled),
+/// the shipped `before_first_snapshot: passthrough`, `max_snapshot_age_ms`
+/// 1000. Expected: every request passes through to Envoy's round robin from
+/// the start, the client's header removed, nothing answered by the filter;
+/// every poll fails (`snapshot.refresh_error`), none succeeds; after
+/// `max_snapshot_age_ms` the `snapshot.stale` gauge says the filter has no
+/// current snapshot. No panic, no critical line.
+#[test]
+fn no_admin_cluster_at_all_passes_through_and_says_so() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let config = plugin_config(json!({
+        "admin_cluster": "prometheus_stats",
+        "before_first_snapshot": "passthrough",
+        "admin_timeout_ms": 200,
+        "max_snapshot_age_ms": 1000
+    }));
+    let envoy = EnvoyBuilder::new()
+        .tag("fault-no-admin-cluster")
+        .with_filter(Some(&config))
+        .eds_cluster(
+            CLUSTER,
+            &[Endpoint::serving(a.addr()), Endpoint::serving(b.addr())],
+        )
+        .start();
+    let b_addr = b.addr().to_string();
+    let hostile = [(OVERRIDE_HEADER, b_addr.as_str())];
+    let rs = assert_batch(
+        &envoy,
+        PATH,
+        &hostile,
+        BATCH,
+        "no admin cluster: Envoy's round robin, the client header removed",
+        passed_through,
+    );
+    assert_eq!(per_backend(&rs).len(), 2, "{:?}", tally(&rs));
+    wait_until("snapshot.stale 1", Duration::from_secs(5), || {
+        envoy.stat("serving_picker.snapshot.stale") == Some(1)
+    });
+    assert!(envoy.stat_or_zero("serving_picker.snapshot.refresh_error") > 0);
+    assert_eq!(envoy.stat_or_zero("serving_picker.snapshot.refresh_ok"), 0);
+    wait_until("passthrough.no_snapshot", Duration::from_secs(2), || {
+        envoy.stat_or_zero("serving_picker.passthrough.no_snapshot") >= BATCH as u64
+    });
+    println!(
+        "no admin cluster: {:?}; refresh_error {}",
+        tally(&rs),
+        envoy.stat_or_zero("serving_picker.snapshot.refresh_error")
+    );
+    no_panic_or_critical(&envoy);
+}
+
 // ---------------------------------------------------------------------------
 // The admin API misbehaving (through a stub between the filter and the real one)
 
