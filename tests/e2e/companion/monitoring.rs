@@ -434,6 +434,36 @@ fn companion_without_api_server(tag: &str) -> (std::process::Child, SocketAddr) 
     (child, metrics)
 }
 
+/// A hook that moves cluster `name` from the bootstrap to CDS from a
+/// watched file (`<dir>/cds/cds.json`).
+fn cluster_from_cds_file(name: &str) -> impl Fn(&mut Value, &std::path::Path) + 'static {
+    let name = name.to_string();
+    move |bootstrap: &mut Value, dir: &std::path::Path| {
+        let clusters = bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .unwrap();
+        let at = clusters.iter().position(|c| c["name"] == name).unwrap();
+        let mut cluster = clusters.remove(at);
+        cluster["@type"] = serde_json::json!("type.googleapis.com/envoy.config.cluster.v3.Cluster");
+        let cds = dir.join("cds");
+        std::fs::create_dir_all(&cds).unwrap();
+        let doc = serde_json::json!({"version_info": "1", "resources": [cluster]});
+        let tmp = cds.join(".cds.json.tmp");
+        std::fs::write(&tmp, doc.to_string()).unwrap();
+        std::fs::rename(&tmp, cds.join("cds.json")).unwrap();
+        // As with RDS (Envoy Gateway's): routes may name a cluster CDS has not brought.
+        bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["route_config"]["validate_clusters"] = serde_json::json!(false);
+        bootstrap["dynamic_resources"] = serde_json::json!({"cds_config": {
+            "resource_api_version": "V3",
+            "path_config_source": {
+                "path": cds.join("cds.json").to_string_lossy(),
+                "watched_directory": {"path": cds.to_string_lossy()}
+            }
+        }});
+    }
+}
+
 fn print_firing(what: &str, firing: &BTreeSet<(String, String)>) {
     let names: Vec<String> = firing.iter().map(|(a, i)| format!("{a} ({i})")).collect();
     println!(
@@ -562,6 +592,9 @@ fn no_alert_fires_on_healthy_processes_plaintext_or_tls() {
 /// - the wasm filter whose admin API never answers (ServingPickerWasmSnapshotStale);
 /// - a companion that can never list (ServingPickerSourceFailing,
 ///   ServingPickerCompanionNotReady);
+/// - the native module refusing its configuration, the cluster coming by
+///   CDS: Envoy rejects that cluster alone (its route 503, the other
+///   route served) (ServingPickerNativeRefused);
 /// - a companion killed (ServingPickerCompanionDown).
 #[test]
 fn each_fault_fires_the_alert_that_names_it() {
@@ -616,6 +649,41 @@ fn each_fault_fires_the_alert_that_names_it() {
         )],
     );
     drop(bare);
+
+    // The module refuses its configuration; the cluster comes by CDS from a
+    // watched file, as on Envoy Gateway: Envoy rejects it alone.
+    let c = Backend::start("C");
+    let refused = EnvoyBuilder::new()
+        .tag("fault-native-refused")
+        .form(Form::Native)
+        .native_config(r#"{"no_such_key": 1}"#)
+        .eds_cluster("backend", &[Endpoint::serving(a.addr())])
+        .static_cluster("other", &[Endpoint::serving(c.addr())])
+        .bootstrap_hook(support::companion::plain_round_robin("other"))
+        .bootstrap_hook(cluster_from_cds_file("backend"))
+        .start();
+    assert_all(
+        &batch(&refused, "/other/x", &[], 5),
+        "the other cluster",
+        served_by(&c),
+    );
+    let r = refused.get("/backend/x", &[]);
+    assert_eq!(r.status, 503, "the refused cluster is missing: {r:?}");
+    assert!(refused.stat_or_zero("cluster_manager.cds.update_rejected") >= 1);
+    check(
+        "the native module refusing its configuration (CDS)",
+        "ServingPickerNativeRefused",
+        vec![Target::envoy(
+            &[
+                ("job", "gateway-proxies"),
+                ("instance", "refused"),
+                ("serving_picker_form", "native"),
+            ],
+            &refused,
+            gap,
+        )],
+    );
+    drop(refused);
 
     let closed = free_port();
     let no_admin = EnvoyBuilder::new()
