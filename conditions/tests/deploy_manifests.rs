@@ -67,12 +67,13 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Values for another project's Helm chart (`*-values.yaml`) and Prometheus
-/// rule files (`*.rules.yaml`): not Kubernetes objects.
+/// Values for another project's Helm chart (`*-values.yaml`), Prometheus
+/// rule files (`*.rules.yaml`) and scrape jobs (`*.scrape.yaml`): not
+/// Kubernetes objects.
 fn is_helm_values(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.ends_with("-values.yaml") || n.ends_with(".rules.yaml"))
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+        n.ends_with("-values.yaml") || n.ends_with(".rules.yaml") || n.ends_with(".scrape.yaml")
+    })
 }
 
 /// Reads `doc` as `T` and writes it back: what the type does not know is lost.

@@ -162,6 +162,16 @@ impl Server {
             .map_or(0, |v| v.parse().unwrap())
     }
 
+    /// The value of the gauge `name` (0 when it is not rendered).
+    fn gauge(&self, name: &str) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        let want = format!("{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+
     /// The value of `eg_hook_calls_total{result="<result>"}`.
     fn calls(&self, result: &str) -> u64 {
         let mut text = String::new();
@@ -497,6 +507,58 @@ fn a_call_over_the_concurrency_limit_is_answered_unchanged_at_once() {
         .unwrap();
     assert_ne!(r.load_assignment.unwrap().to_vec(), plain);
     assert_eq!(s.calls("managed"), 2);
+}
+
+/// The call accounting the alerts read: `eg_hook_last_call_timestamp_seconds`
+/// (when EG last called, any result) and
+/// `eg_hook_oldest_call_timestamp_seconds` (when the oldest call still being
+/// answered arrived; 0 when none is): here a call held by a re-read, then
+/// answered.
+#[test]
+fn the_oldest_outstanding_call_and_the_last_call_are_gauges() {
+    let config = HookConfig {
+        reread_timeout: Duration::from_millis(1500),
+        ..HookConfig::default()
+    };
+    let s = server_with(config, Some(Arc::new(Hangs)));
+    assert_eq!(s.gauge("eg_hook_last_call_timestamp_seconds"), 0.0);
+    assert_eq!(s.gauge("eg_hook_oldest_call_timestamp_seconds"), 0.0);
+    s.full_list(vec![slice("web", &[("10.0.0.1", READY)])]);
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let before = now();
+    // A doubt (10.0.0.3 unknown): the call waits on the re-read.
+    let doubtful = eg_cla("web", &[("10.0.0.1", READY), ("10.0.0.3", READY)]);
+    let mut c = s.client.clone();
+    let held = s._rt.spawn(async move {
+        c.post_endpoints_modify_raw(request(doubtful.encode_to_vec()))
+            .await
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let oldest = s.gauge("eg_hook_oldest_call_timestamp_seconds");
+    assert!(
+        oldest >= before && oldest <= now(),
+        "the held call's arrival: {oldest} (test started {before})"
+    );
+    // A second call, answered at once, leaves the oldest as it is.
+    let plain = eg_cla("other", &[("10.0.0.9", READY)]).encode_to_vec();
+    let mut c = s.client.clone();
+    s._rt
+        .block_on(c.post_endpoints_modify_raw(request(plain)))
+        .unwrap();
+    assert_eq!(s.gauge("eg_hook_oldest_call_timestamp_seconds"), oldest);
+    let last = s.gauge("eg_hook_last_call_timestamp_seconds");
+    assert!(
+        last > oldest,
+        "the last call came after the held one: {last} {oldest}"
+    );
+    s._rt.block_on(held).unwrap().unwrap();
+    assert_eq!(s.gauge("eg_hook_oldest_call_timestamp_seconds"), 0.0);
+    assert_eq!(s.gauge("eg_hook_last_call_timestamp_seconds"), last);
 }
 
 /// Bytes held are bounded: a request whose share (twice its size) does not

@@ -183,7 +183,45 @@ async fn a_companion_that_can_never_list_answers_every_call_unchanged_within_500
     assert_eq!(http_status_or_zero(metrics, &probe_path).await, 200);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("EndpointSlice watch error"), "{text}");
+    // What the alerts read: the source never succeeded and keeps failing
+    // (ServingPickerSourceFailing), EG's calls arrive (ServingPickerEgHookNotCalled
+    // stays quiet), none is outstanding (ServingPickerEgHookCallStuck).
+    let metrics_text = http_body(metrics, "/metrics").await;
+    let value = |name: &str| -> f64 {
+        metrics_text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("serving_picker_conditions_{name} ")))
+            .unwrap_or_else(|| panic!("{name} not exported:\n{metrics_text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("source_last_success_timestamp_seconds"), 0.0);
+    assert!(value("source_errors_total{kind=\"watch\"}") > 0.0);
+    let last_call = value("eg_hook_last_call_timestamp_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(last_call > now - 10.0 && last_call <= now, "{last_call}");
+    assert_eq!(value("eg_hook_oldest_call_timestamp_seconds"), 0.0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// GET `path` on `addr`: the body ("" when there is no answer).
+async fn http_body(addr: SocketAddr, path: &str) -> String {
+    let got = tokio::time::timeout(Duration::from_secs(2), async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out.split_once("\r\n\r\n")?.1.to_string())
+    })
+    .await;
+    got.ok().flatten().unwrap_or_default()
 }
 
 /// GET `path` on `addr`: the status code, 0 when there is no answer.

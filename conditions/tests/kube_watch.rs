@@ -432,6 +432,63 @@ async fn failing_lists_back_off_then_recover() {
     );
 }
 
+/// A gauge of the companion's registry (0 when not rendered).
+fn gauge(metrics: &Metrics, name: &str) -> f64 {
+    let text = metrics.render();
+    let want = format!("serving_picker_conditions_{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// What ServingPickerSourceFailing and ServingPickerEgHookNotCalled read:
+/// the errors from 0, the last success (a full list, a watch event) and the
+/// last change (a watch event; the first list is none) as Unix times.
+#[tokio::test]
+async fn the_last_success_and_the_last_change_are_timestamps() {
+    let api = FakeApi::default();
+    api.apply(slice("web-1", "10.0.0.1", true));
+    api.state.lock().unwrap().list_delay = Duration::from_millis(500);
+    let (mut rx, metrics) = start_source(&api).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        metrics
+            .render()
+            .contains("source_errors_total{kind=\"watch\"} 0"),
+        "errors from 0: {}",
+        metrics.render()
+    );
+    assert_eq!(
+        gauge(&metrics, "source_last_success_timestamp_seconds"),
+        0.0
+    );
+    let before = unix_now();
+    assert!(matches!(next(&mut rx).await, Change::Replace(_)));
+    let listed = gauge(&metrics, "source_last_success_timestamp_seconds");
+    assert!(listed >= before - 1.0 && listed <= unix_now(), "{listed}");
+    assert_eq!(
+        gauge(&metrics, "source_last_change_timestamp_seconds"),
+        0.0,
+        "a list is not a change"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    api.apply(slice("web-1", "10.0.0.1", false));
+    assert!(matches!(next(&mut rx).await, Change::Apply(_)));
+    let changed = gauge(&metrics, "source_last_change_timestamp_seconds");
+    assert!(
+        changed > listed && changed <= unix_now(),
+        "{changed} {listed}"
+    );
+    assert!(gauge(&metrics, "source_last_success_timestamp_seconds") >= changed);
+}
+
 /// A slow API: nothing is ready (no snapshot to serve, /readyz 503) until
 /// the first list is complete.
 #[tokio::test]

@@ -125,9 +125,12 @@ pub fn once_per_poller(envoy: &Envoy, lines: &[String]) -> bool {
 }
 
 /// The plugin configuration tests use, with `extra` keys merged in
-/// (`extra` must be a JSON object or null).
+/// (`extra` must be a JSON object or null). Requests before the first
+/// snapshot are held (`before_first_snapshot: hold`, not the default), so
+/// that a test that counts every request since Envoy's start sees only the
+/// filter's picks; the tests of the other modes say so.
 pub fn plugin_config(extra: serde_json::Value) -> String {
-    let mut cfg = serde_json::json!({"refresh_interval_ms": 100});
+    let mut cfg = serde_json::json!({"refresh_interval_ms": 100, "before_first_snapshot": "hold"});
     if let (Some(obj), Some(extra)) = (cfg.as_object_mut(), extra.as_object()) {
         for (k, v) in extra {
             obj.insert(k.clone(), v.clone());

@@ -22,7 +22,7 @@ pub enum BeforeFirstSnapshot {
     Hold,
     /// A 503 that says why, at once.
     Reject,
-    /// Envoy's own load balancer, not-serving hosts included.
+    /// Envoy's own load balancer: what Envoy does without the filter.
     Passthrough,
 }
 
@@ -51,6 +51,9 @@ pub struct PluginConfig {
     pub retry_alternates: usize,
     /// What requests get until this filter has its first snapshot.
     pub before_first_snapshot: BeforeFirstSnapshot,
+    /// A snapshot no refresh confirmed for this long is set aside: every
+    /// request passes through to Envoy's load balancer until one does.
+    pub max_snapshot_age_ms: u64,
 }
 
 pub const DEFAULT_ADMIN_PATH: &str =
@@ -91,11 +94,26 @@ impl Default for PluginConfig {
             on_no_serving: OnNoServing::Reject,
             clusters: None,
             retry_alternates: 2,
-            // Envoy's balancer would reach not-serving hosts; a 503 at every
-            // start and config change is worse than a wait of milliseconds.
-            before_first_snapshot: BeforeFirstSnapshot::Hold,
+            // Without a snapshot the filter knows nothing Envoy does not: it
+            // leaves the request to Envoy rather than hold or fail it (an
+            // admin API that never answers must not take the route down).
+            before_first_snapshot: BeforeFirstSnapshot::Passthrough,
+            max_snapshot_age_ms: default_max_snapshot_age_ms(1000, 5000),
         }
     }
+}
+
+/// The default `max_snapshot_age_ms`: 15 s, and never less than the
+/// shortest age allowed.
+fn default_max_snapshot_age_ms(refresh_interval_ms: u64, admin_timeout_ms: u64) -> u64 {
+    min_snapshot_age_ms(refresh_interval_ms, admin_timeout_ms).max(15_000)
+}
+
+/// The shortest `max_snapshot_age_ms` allowed: a leader hand-over (the
+/// lease's time to live, `poller::lease_ttl_ms`) and one more poll, so that
+/// neither a new leader nor one slow admin answer sets the snapshot aside.
+fn min_snapshot_age_ms(refresh_interval_ms: u64, admin_timeout_ms: u64) -> u64 {
+    refresh_interval_ms * 4 + admin_timeout_ms
 }
 
 fn admin_path(key: &str, value: Value, allow_empty: bool) -> Result<String, ConfigError> {
@@ -163,6 +181,7 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
         return Ok(config);
     };
     let mut full_refresh_set = false;
+    let mut max_age_set = false;
     for (key, value) in object {
         let k = key.as_str();
         match k {
@@ -219,6 +238,10 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
                 config.clusters = Some(list);
             }
             "retry_alternates" => config.retry_alternates = bounded_u64(k, value, 0, 8)? as usize,
+            "max_snapshot_age_ms" => {
+                max_age_set = true;
+                config.max_snapshot_age_ms = bounded_u64(k, value, 1000, 86_400_000)?
+            }
             _ => return Err(err(k, "unknown key")),
         }
     }
@@ -238,7 +261,35 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
         }
         config.full_refresh_interval_ms = config.refresh_interval_ms;
     }
+    let min_age = min_snapshot_age_ms(config.refresh_interval_ms, config.admin_timeout_ms);
+    if !max_age_set {
+        config.max_snapshot_age_ms =
+            default_max_snapshot_age_ms(config.refresh_interval_ms, config.admin_timeout_ms);
+    } else if config.max_snapshot_age_ms < min_age {
+        return Err(err(
+            "max_snapshot_age_ms",
+            format!(
+                "must be at least four refresh intervals and admin_timeout_ms ({min_age} ms here)"
+            ),
+        ));
+    }
     Ok(config)
+}
+
+/// The override header a configuration that does not parse most likely
+/// names: its `override_header` when that is a usable header name once in
+/// lower case, else the default. A filter on such a configuration still
+/// strips it, so that clients never steer.
+pub fn salvage_override_header(raw: &[u8]) -> String {
+    let named = serde_json::from_slice::<Value>(raw)
+        .ok()
+        .and_then(|v| {
+            v.get("override_header")?
+                .as_str()
+                .map(str::to_ascii_lowercase)
+        })
+        .and_then(|name| header_name("override_header", Value::String(name)).ok());
+    named.unwrap_or_else(|| PluginConfig::default().override_header)
 }
 
 impl PluginConfig {
@@ -295,7 +346,8 @@ mod tests {
                "partial_refresh":false,"admin_timeout_ms":500,"max_admin_body_bytes":2048,
                "metadata_namespace":"ns","override_header":"x-pick","refresh_interval_ms":100,
                "on_no_serving":"passthrough","clusters":["a","b"],"local_zone":"z1",
-               "local_zone_min_share":0.5,"retry_alternates":0,"before_first_snapshot":"reject"}"#,
+               "local_zone_min_share":0.5,"retry_alternates":0,"before_first_snapshot":"reject",
+               "max_snapshot_age_ms":60000}"#,
         )
         .unwrap();
         assert_eq!(c.admin_cluster, "adm");
@@ -315,6 +367,7 @@ mod tests {
         assert_eq!(c.selection.local_zone_min_share, 0.5);
         assert_eq!(c.retry_alternates, 0);
         assert_eq!(c.before_first_snapshot, BeforeFirstSnapshot::Reject);
+        assert_eq!(c.max_snapshot_age_ms, 60_000);
     }
 
     #[test]
@@ -342,14 +395,65 @@ mod tests {
         }
         assert_eq!(
             parse("{}").unwrap().before_first_snapshot,
-            BeforeFirstSnapshot::Hold
-        );
-        assert_eq!(
-            parse(r#"{"before_first_snapshot":"passthrough"}"#)
-                .unwrap()
-                .before_first_snapshot,
             BeforeFirstSnapshot::Passthrough
         );
+        for (value, mode) in [
+            ("hold", BeforeFirstSnapshot::Hold),
+            ("reject", BeforeFirstSnapshot::Reject),
+            ("passthrough", BeforeFirstSnapshot::Passthrough),
+        ] {
+            let text = format!(r#"{{"before_first_snapshot":"{value}"}}"#);
+            assert_eq!(parse(&text).unwrap().before_first_snapshot, mode);
+        }
+    }
+
+    #[test]
+    fn max_snapshot_age_defaults_to_15_s_and_covers_a_leader_hand_over() {
+        assert_eq!(parse("{}").unwrap().max_snapshot_age_ms, 15_000);
+        assert_eq!(PluginConfig::default().max_snapshot_age_ms, 15_000);
+        // A slow poll raises the default: four intervals and one admin call.
+        let slow = parse(r#"{"refresh_interval_ms":5000}"#).unwrap();
+        assert_eq!(slow.max_snapshot_age_ms, 25_000);
+        let set = parse(r#"{"max_snapshot_age_ms":9000}"#).unwrap();
+        assert_eq!(set.max_snapshot_age_ms, 9000);
+        // Shorter than a leader hand-over plus a poll: refused, naming the key.
+        assert_eq!(
+            key_of(r#"{"max_snapshot_age_ms":8999}"#),
+            "max_snapshot_age_ms"
+        );
+        assert_eq!(
+            key_of(r#"{"max_snapshot_age_ms":"15000"}"#),
+            "max_snapshot_age_ms"
+        );
+        let short = parse(
+            r#"{"refresh_interval_ms":100,"admin_timeout_ms":200,"max_snapshot_age_ms":1000}"#,
+        );
+        assert_eq!(short.unwrap().max_snapshot_age_ms, 1000);
+    }
+
+    #[test]
+    fn a_configuration_that_does_not_parse_still_names_the_header_to_strip() {
+        let default = "x-gateway-destination-endpoint";
+        for (raw, header) in [
+            (&br#"{"clusters": 5}"#[..], default),
+            (br#"{"clusters": 5, "override_header": "x-pick"}"#, "x-pick"),
+            // Envoy matches header names in any case: the lower-case form.
+            (
+                br#"{"override_header": "X-Pick", "refresh_interval_ms": 1}"#,
+                "x-pick",
+            ),
+            (br#"{"override_header": "host"}"#, default),
+            (br#"{"override_header": 7}"#, default),
+            (b"not json", default),
+            (b"[1]", default),
+        ] {
+            assert_eq!(
+                salvage_override_header(raw),
+                header,
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
     }
 
     fn key_of(s: &str) -> String {

@@ -35,6 +35,13 @@ pub fn idle_fresh_ms(config: &PluginConfig) -> u64 {
     tick_period(config.refresh_interval_ms).as_millis() as u64 * 4
 }
 
+/// Whether a worker's snapshot is stale: it has one, and no refresh
+/// confirmed the published snapshot within `max_age_ms` (the admin API is
+/// failing). A snapshot never confirmed yet (just published) is not.
+pub fn stale(confirmed_ms: Option<u64>, now_ms: u64, max_age_ms: u64, has_table: bool) -> bool {
+    has_table && confirmed_ms.is_some_and(|at| now_ms.saturating_sub(at) > max_age_ms)
+}
+
 pub struct Poller {
     /// This context's id in the lease (random: unique across VMs; never 0).
     pub id: u32,

@@ -1,5 +1,5 @@
 //! Shared data between this Envoy's VMs (one per worker): the leader lease,
-//! the published snapshot, and its version, behind `SharedData` (proxy-wasm's
+//! the published snapshot, its version, and when a refresh last confirmed it, behind `SharedData` (proxy-wasm's
 //! shared-data calls in Envoy, a map in tests).
 
 use crate::election::{lease_action, Lease, LeaseAction, RELEASED};
@@ -25,6 +25,7 @@ pub struct SharedKeys<S> {
     idle: String,
     version: String,
     snapshot: String,
+    confirmed: String,
 }
 
 impl<S: SharedData> SharedKeys<S> {
@@ -36,6 +37,7 @@ impl<S: SharedData> SharedKeys<S> {
             idle: format!("{prefix}.idle"),
             version: format!("{prefix}.version"),
             snapshot: format!("{prefix}.snapshot"),
+            confirmed: format!("{prefix}.confirmed"),
         }
     }
 
@@ -109,6 +111,19 @@ impl<S: SharedData> SharedKeys<S> {
 
     pub fn snapshot(&self) -> Option<Vec<u8>> {
         self.data.get(&self.snapshot).ok().and_then(|(v, _)| v)
+    }
+
+    /// A refresh succeeded at `now_ms`: the published snapshot is current.
+    pub fn confirm(&self, now_ms: u64) {
+        let _ = self
+            .data
+            .set(&self.confirmed, Some(now_ms.to_string().as_bytes()), None);
+    }
+
+    /// When a refresh last confirmed the published snapshot, if ever.
+    pub fn confirmed(&self) -> Option<u64> {
+        let seen = self.data.get(&self.confirmed).ok().and_then(|(v, _)| v)?;
+        std::str::from_utf8(&seen).ok()?.parse().ok()
     }
 
     /// Writes the snapshot, then its version (readers look at the version first).

@@ -1,5 +1,7 @@
 //! Per request: set our override header from the worker's routing table, or
-//! strip the client's; hold, pass or answer 503 before the first snapshot.
+//! strip the client's; hold, pass or answer 503 before the first snapshot;
+//! pass everything through while the configuration does not parse or the
+//! snapshot is stale (`Bypass`).
 //! Every decision of the request path is here, behind `RequestHost` (the few
 //! host calls a request makes); `proxy::http` only translates. Each host
 //! call costs microseconds in Envoy, so the common path (a pick) makes two:
@@ -81,10 +83,13 @@ pub struct RequestCounts {
     pub passthrough_unknown_cluster: Tally,
     pub passthrough_unmanaged: Tally,
     pub override_header_stripped: Tally,
+    pub passthrough_no_snapshot: Tally,
+    pub passthrough_config_invalid: Tally,
+    pub passthrough_stale_snapshot: Tally,
 }
 
 /// The stable names of `RequestCounts::all`, in its order.
-pub const COUNTER_NAMES: [&str; 12] = {
+pub const COUNTER_NAMES: [&str; 15] = {
     use serving_picker_core::counters;
     [
         counters::PICK_READY,
@@ -99,11 +104,14 @@ pub const COUNTER_NAMES: [&str; 12] = {
         "serving_picker.passthrough.unknown_cluster",
         "serving_picker.passthrough.unmanaged_cluster",
         "serving_picker.override_header.stripped",
+        "serving_picker.passthrough.no_snapshot",
+        "serving_picker.passthrough.config_invalid",
+        "serving_picker.passthrough.stale_snapshot",
     ]
 };
 
 impl RequestCounts {
-    pub fn all(&self) -> [&Tally; 12] {
+    pub fn all(&self) -> [&Tally; 15] {
         [
             &self.pick_ready,
             &self.pick_terminating_fallback,
@@ -117,8 +125,24 @@ impl RequestCounts {
             &self.passthrough_unknown_cluster,
             &self.passthrough_unmanaged,
             &self.override_header_stripped,
+            &self.passthrough_no_snapshot,
+            &self.passthrough_config_invalid,
+            &self.passthrough_stale_snapshot,
         ]
     }
+}
+
+/// Why every request passes through to Envoy's load balancer (the client's
+/// override header still stripped), whatever the routing table says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bypass {
+    /// Steer as the table says.
+    Off,
+    /// The plugin configuration does not parse: the filter never polls.
+    ConfigInvalid,
+    /// No refresh confirmed the snapshot within `max_snapshot_age_ms`
+    /// (the admin API is failing): it may name hosts that stopped serving.
+    StaleSnapshot,
 }
 
 /// Requests waiting for the first snapshot, by context id, and since when
@@ -156,11 +180,13 @@ impl Held {
 }
 
 /// What a worker's requests share: configuration, counters, routing table,
-/// and the clusters already logged as unknown since the last snapshot change.
+/// whether they all pass through, and the clusters already logged as
+/// unknown since the last snapshot change.
 pub struct Steering {
     pub config: std::rc::Rc<PluginConfig>,
     pub counts: RequestCounts,
     pub table: RefCell<Option<RoutingTable>>,
+    pub bypass: Cell<Bypass>,
     pub logged_unknown: RefCell<HashSet<String, FxBuildHasher>>,
 }
 
@@ -170,14 +196,50 @@ impl Steering {
             config,
             counts: RequestCounts::default(),
             table: RefCell::new(None),
+            bypass: Cell::new(Bypass::Off),
             logged_unknown: RefCell::new(HashSet::default()),
         }
+    }
+
+    /// A worker whose plugin configuration does not parse: every request
+    /// passes through with `override_header` (the one the configuration
+    /// most likely names) stripped.
+    pub fn config_invalid(override_header: String) -> Steering {
+        let config = PluginConfig {
+            override_header,
+            ..PluginConfig::default()
+        };
+        let s = Steering::new(std::rc::Rc::new(config));
+        s.bypass.set(Bypass::ConfigInvalid);
+        s
+    }
+
+    /// Sets the snapshot stale or current (not on a configuration that does
+    /// not parse); true when that changed.
+    pub fn set_stale(&self, stale: bool) -> bool {
+        let next = match (self.bypass.get(), stale) {
+            (Bypass::ConfigInvalid, _) => return false,
+            (_, true) => Bypass::StaleSnapshot,
+            (_, false) => Bypass::Off,
+        };
+        self.bypass.replace(next) != next
     }
 
     /// Steers the current request. `can_hold` is false where holding is no
     /// longer allowed (a held request being released).
     #[inline(never)]
     pub fn request(&self, host: &mut impl RequestHost, can_hold: bool) -> Verdict {
+        match self.bypass.get() {
+            Bypass::Off => {}
+            Bypass::ConfigInvalid => {
+                self.counts.passthrough_config_invalid.inc();
+                return self.strip_client_header(host);
+            }
+            Bypass::StaleSnapshot => {
+                self.counts.passthrough_stale_snapshot.inc();
+                return self.strip_client_header(host);
+            }
+        }
         let header = self.config.override_header.as_str();
         let name = host.cluster_name();
         let Some(cluster) = name.as_deref().and_then(|n| std::str::from_utf8(n).ok()) else {
@@ -286,14 +348,20 @@ impl Steering {
                 _ => return self.reject(host, cluster, true),
             }
         }
-        self.counts.passthrough_unknown_cluster.inc();
+        let no_snapshot = self.table.borrow().is_none();
+        if no_snapshot {
+            self.counts.passthrough_no_snapshot.inc();
+        } else {
+            self.counts.passthrough_unknown_cluster.inc();
+        }
         if self.logged_unknown.borrow_mut().insert(cluster.to_string()) {
-            let why = if self.table.borrow().is_none() {
-                "no snapshot loaded yet"
+            // Start-up and each configuration change pass through for a
+            // moment: expected, not a warning.
+            if no_snapshot {
+                log::info!("cluster {cluster:?}: no snapshot loaded yet; passing through to Envoy's load balancer");
             } else {
-                "not in the snapshot"
-            };
-            log::warn!("cluster {cluster:?}: {why}; passing through to Envoy's load balancer");
+                log::warn!("cluster {cluster:?}: not in the snapshot; passing through to Envoy's load balancer");
+            }
         }
         self.strip_client_header(host)
     }

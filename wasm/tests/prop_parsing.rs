@@ -77,7 +77,7 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 // ================================================================ plugin configuration
 
-const KNOWN_KEYS: [&str; 16] = [
+const KNOWN_KEYS: [&str; 17] = [
     "admin_cluster",
     "admin_path",
     "admin_health_path",
@@ -94,6 +94,7 @@ const KNOWN_KEYS: [&str; 16] = [
     "local_zone_min_share",
     "retry_alternates",
     "before_first_snapshot",
+    "max_snapshot_age_ms",
 ];
 
 /// Values of every type, biased to the edges of what the keys accept.
@@ -206,6 +207,7 @@ fn key_accepts(key: &str, v: &Value) -> bool {
         "max_admin_body_bytes" => in_range(v, 1024, 1 << 30),
         "refresh_interval_ms" => in_range(v, 100, 3_600_000),
         "retry_alternates" => in_range(v, 0, 8),
+        "max_snapshot_age_ms" => in_range(v, 1000, 86_400_000),
         "override_header" => v.as_str().is_some_and(|s| {
             !s.is_empty()
                 && s.chars().all(header_char)
@@ -295,10 +297,16 @@ fn check_config_fields(c: &PluginConfig, obj: &Map<String, Value>) {
     assert_eq!(c.on_no_serving, on);
     let before = match obj.get("before_first_snapshot").and_then(Value::as_str) {
         Some("reject") => BeforeFirstSnapshot::Reject,
-        Some("passthrough") => BeforeFirstSnapshot::Passthrough,
-        _ => BeforeFirstSnapshot::Hold,
+        Some("hold") => BeforeFirstSnapshot::Hold,
+        _ => BeforeFirstSnapshot::Passthrough,
     };
     assert_eq!(c.before_first_snapshot, before);
+    // Not given: 15 s, or four intervals and the admin timeout if longer.
+    let min_age = interval * 4 + c.admin_timeout_ms;
+    assert_eq!(
+        c.max_snapshot_age_ms,
+        n("max_snapshot_age_ms", min_age.max(15_000))
+    );
     let clusters = obj.get("clusters").and_then(Value::as_array).map(|a| {
         a.iter()
             .filter_map(|v| v.as_str().map(String::from))
@@ -341,8 +349,9 @@ proptest! {
 
     /// Objects of known (and unknown) keys with values of every type: Ok
     /// exactly when every key accepts its value, the timeout fits the
-    /// interval and a full refresh interval given is not shorter than it;
-    /// otherwise an error that names the first offending key.
+    /// interval, a full refresh interval given is not shorter than it and a
+    /// snapshot age given covers four intervals and the timeout; otherwise
+    /// an error that names the first offending key.
     #[test]
     fn config_objects_ok_or_error_naming_the_key(obj in config_object(), pretty in any::<bool>()) {
         let value = Value::Object(obj.clone());
@@ -355,9 +364,11 @@ proptest! {
         let timeout = obj.get("admin_timeout_ms").and_then(Value::as_u64).unwrap_or(PluginConfig::default().admin_timeout_ms);
         let interval = obj.get("refresh_interval_ms").and_then(Value::as_u64).unwrap_or(PluginConfig::default().refresh_interval_ms);
         let full = obj.get("full_refresh_interval_ms").and_then(Value::as_u64);
+        let max_age = obj.get("max_snapshot_age_ms").and_then(Value::as_u64);
         let expected_key = first_bad
             .or_else(|| (timeout > interval.max(1000) * 10).then(|| "admin_timeout_ms".to_string()))
-            .or_else(|| full.filter(|f| *f < interval).map(|_| "full_refresh_interval_ms".to_string()));
+            .or_else(|| full.filter(|f| *f < interval).map(|_| "full_refresh_interval_ms".to_string()))
+            .or_else(|| max_age.filter(|a| *a < interval * 4 + timeout).map(|_| "max_snapshot_age_ms".to_string()));
         match (parse_config(&raw), expected_key) {
             (Ok(c), None) => check_config_fields(&c, &obj),
             (Err(e), Some(key)) => {

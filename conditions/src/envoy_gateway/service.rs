@@ -34,9 +34,9 @@
 //! verdict says so; every other resource goes back as EG sent it. Without
 //! the flag, and over the same limits, every resource goes back unchanged.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,7 @@ use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
 use crate::source::Change;
 use crate::telemetry::metric_group;
-use crate::telemetry::metrics::{Labels, Metrics};
+use crate::telemetry::metrics::{unix_now, Labels, Metrics};
 use crate::telemetry::ratelog::PerKey;
 
 /// The index the source fills and the hook reads.
@@ -188,6 +188,54 @@ metric_group! {
         bytes_held: Gauge = ("eg_hook_bytes_held", "Bytes held by the calls being answered, twice each request (limit: eg_hook_max_bytes_held)"),
         max_calls: Gauge = ("eg_hook_max_calls", "Calls answered at once (--max-concurrent-calls); more are answered unchanged"),
         max_bytes_held: Gauge = ("eg_hook_max_bytes_held", "Bytes the calls being answered may hold (--max-bytes-held); more are answered unchanged"),
+        last_call: Gauge<f64, AtomicU64> = ("eg_hook_last_call_timestamp_seconds", "Unix time of Envoy Gateway's last hook call (any result); 0 before the first"),
+        oldest_call: Gauge<f64, AtomicU64> = ("eg_hook_oldest_call_timestamp_seconds", "Unix time the oldest hook call still being answered arrived; 0 when none is"),
+    }
+}
+
+/// The calls being answered, by arrival order, with their arrival (Unix
+/// seconds): the first is the oldest, its arrival the `oldest_call` gauge.
+#[derive(Debug, Default)]
+struct Outstanding {
+    next: u64,
+    arrived: BTreeMap<u64, f64>,
+}
+
+impl Outstanding {
+    fn oldest(&self) -> f64 {
+        self.arrived.first_key_value().map_or(0.0, |(_, t)| *t)
+    }
+}
+
+/// A call being answered: counted as outstanding until dropped.
+struct Arrival<'a> {
+    outstanding: &'a Mutex<Outstanding>,
+    metrics: &'a HookMetrics,
+    id: u64,
+}
+
+impl<'a> Arrival<'a> {
+    fn new(outstanding: &'a Mutex<Outstanding>, metrics: &'a HookMetrics) -> Arrival<'a> {
+        let now = unix_now();
+        metrics.last_call.set(now);
+        let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
+        let id = o.next;
+        o.next += 1;
+        o.arrived.insert(id, now);
+        metrics.oldest_call.set(o.oldest());
+        Arrival {
+            outstanding,
+            metrics,
+            id,
+        }
+    }
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        let mut o = self.outstanding.lock().unwrap_or_else(|p| p.into_inner());
+        o.arrived.remove(&self.id);
+        self.metrics.oldest_call.set(o.oldest());
     }
 }
 
@@ -310,6 +358,8 @@ pub struct HookService {
     too_big_log: Mutex<PerKey<()>>,
     native_lb: NativeLb,
     budget: RereadBudget,
+    /// The calls being answered (the age of the oldest is watched).
+    outstanding: Mutex<Outstanding>,
 }
 
 fn recent(
@@ -355,6 +405,7 @@ impl HookService {
             attempted: Mutex::new(HashMap::new()),
             metrics,
             too_big_log: Mutex::new(PerKey::new(Duration::from_secs(60), 1)),
+            outstanding: Mutex::new(Outstanding::default()),
         }
     }
 
@@ -471,6 +522,7 @@ impl HookService {
     ) -> RawPostEndpointsModifyResponse {
         let started = Instant::now();
         self.budget.on_call(started);
+        let _arrival = Arrival::new(&self.outstanding, &self.metrics);
         let echo = |bytes: Option<Bytes>| RawPostEndpointsModifyResponse {
             load_assignment: bytes,
         };

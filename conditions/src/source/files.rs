@@ -349,9 +349,11 @@ pub async fn run(
     select: Option<Keep>,
 ) -> anyhow::Result<()> {
     let mut directory = Directory::new(&dir, metrics.clone()).selecting(select);
+    metrics.source_started("file");
     let first = directory
         .full_list()
         .map_err(|e| anyhow::anyhow!("--slices-dir {}: {e}", dir.display()))?;
+    metrics.source_progress(false);
     metrics.watch_event("files_reload");
     if updates.send(first).await.is_err() {
         return Ok(());
@@ -368,8 +370,9 @@ pub async fn run(
     loop {
         changes.next().await;
         match directory.changes() {
-            Ok(list) if list.is_empty() => {}
+            Ok(list) if list.is_empty() => metrics.source_progress(false),
             Ok(list) => {
+                metrics.source_progress(true);
                 metrics.watch_event("files_reload");
                 for u in list {
                     if updates.send(u).await.is_err() {

@@ -212,6 +212,7 @@ pub async fn run_selection<B: Backoff + 'static>(
     let mut healthy_since: Option<Instant> = None;
     let keep = sel.keep.clone();
     let keeps = |obj: &EndpointSlice| keep.as_ref().is_none_or(|k| k.keeps(obj));
+    metrics.source_started("watch");
     while let Some(item) = stream.next().await {
         let mut trigger = None;
         if matches!(
@@ -219,6 +220,7 @@ pub async fn run_selection<B: Backoff + 'static>(
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
         ) {
             healthy_since.get_or_insert_with(Instant::now);
+            metrics.source_progress(!matches!(item, Ok(Event::InitDone)));
         }
         let change = match item {
             Ok(Event::Init) => {

@@ -39,6 +39,8 @@ metric_group! {
     pub struct SourceMetrics {
         watch_events: Family<Labels, Counter> = ("watch_events", "Events from the source, by kind (apply, delete, init, init_apply, init_done, files_reload)"),
         source_errors: Family<Labels, Counter> = ("source_errors", "Source errors, by kind (watch, file)"),
+        last_success: Gauge<f64, AtomicU64> = ("source_last_success_timestamp_seconds", "Unix time of the source's last success: a full list or a watch event (Kubernetes API), a read of the slice directory (files); 0 before the first"),
+        last_change: Gauge<f64, AtomicU64> = ("source_last_change_timestamp_seconds", "Unix time of the last EndpointSlice change the source saw after its first list (a watch event, a changed slice file); 0 before"),
         index_slices: Gauge = ("index_slices", "EndpointSlices in the index"),
         index_endpoints: Gauge = ("index_endpoints", "Endpoints over all indexed slices"),
         ready_gauge: Gauge = ("ready", "1 once the first full list of EndpointSlices is in"),
@@ -101,6 +103,14 @@ fn programming_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 20))
 }
 
+/// Now as Unix time in seconds (0 before the epoch: a clock that wrong is
+/// not worth a panic).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn seconds_buckets() -> Histogram {
     // 50 us .. ~13 s.
     Histogram::new(exponential_buckets(0.000_05, 2.0, 19))
@@ -147,6 +157,26 @@ impl Metrics {
             .watch_events
             .get_or_create(&vec![("kind", kind)])
             .inc();
+    }
+
+    /// A source starts: its errors of `kind` from 0, so that an alert on
+    /// increase() sees the first one.
+    pub fn source_started(&self, error_kind: &'static str) {
+        drop(
+            self.source
+                .source_errors
+                .get_or_create(&vec![("kind", error_kind)]),
+        );
+    }
+
+    /// The source succeeded (a full list, a watch event, a directory
+    /// read); `changed`: it saw a slice change after its first list.
+    pub fn source_progress(&self, changed: bool) {
+        let now = unix_now();
+        self.source.last_success.set(now);
+        if changed {
+            self.source.last_change.set(now);
+        }
     }
 
     pub fn source_error(&self, kind: &'static str) {

@@ -235,14 +235,16 @@ fn admin_unreachable(tag: &str, extra: Value) -> (Envoy, Backend, Backend) {
     )
 }
 
-/// Admin API unreachable from the start, default settings (`hold`): a
+/// Admin API unreachable from the start, `before_first_snapshot: hold`: a
 /// request, even one naming not-serving B in the client header, waits for a
 /// snapshot that never comes and gets the 503 `no-snapshot-yet` after
 /// `admin_timeout_ms`. Nothing reaches B.
 #[test]
 fn admin_unreachable_holds_then_503_and_reaches_nothing() {
-    let (envoy, a, b) =
-        admin_unreachable("admin-unreachable-hold", json!({"admin_timeout_ms": 300}));
+    let (envoy, a, b) = admin_unreachable(
+        "admin-unreachable-hold",
+        json!({"admin_timeout_ms": 300, "before_first_snapshot": "hold"}),
+    );
     let b_addr = b.addr().to_string();
     let hdr = [(OVERRIDE_HEADER, b_addr.as_str())];
     let rs = batch(&envoy, "/backend/x", &hdr, 5);
@@ -256,8 +258,9 @@ fn admin_unreachable_holds_then_503_and_reaches_nothing() {
     assert!(envoy.stat("serving_picker.reject.no_snapshot").unwrap_or(0) >= 5);
 }
 
-/// The same with `before_first_snapshot: passthrough`: the filter fails
-/// open to Envoy's round robin, and still strips the client's header.
+/// The same with `before_first_snapshot: passthrough` (the default): the
+/// filter leaves every request to Envoy's round robin, still strips the
+/// client's header, and counts it in `passthrough.no_snapshot`.
 #[test]
 fn admin_unreachable_passthrough_fails_open_and_still_strips() {
     // A serves too (round robin), unnamed here.
@@ -302,6 +305,11 @@ fn admin_unreachable_passthrough_fails_open_and_still_strips() {
             "snapshot.refresh_error should count the failed polls"
         );
     }
+    wait_until(
+        "passthrough.no_snapshot counted",
+        Duration::from_secs(2),
+        || envoy.stat_or_zero("serving_picker.passthrough.no_snapshot") >= n as u64,
+    );
 }
 
 #[test]

@@ -490,3 +490,80 @@ fn istio_1_31_marking_through_every_row() {
         },
     );
 }
+
+/// Every wasm configuration serving-picker ships: the serving_picker filter
+/// of each Envoy config at the repository's root, the EnvoyExtensionPolicy
+/// and the WasmPlugins of examples/. Expected: each parses, lists the
+/// clusters it manages (`clusters`), and leaves requests to Envoy's own
+/// balancer before the first snapshot (`before_first_snapshot: passthrough`).
+#[test]
+fn every_shipped_wasm_configuration_lists_its_clusters_and_passes_through_first() {
+    use serving_picker_wasm::config::{parse_config, BeforeFirstSnapshot};
+    let root = support::repo_root();
+    let read = |path: &str| -> Vec<Value> {
+        let text = std::fs::read_to_string(root.join(path)).unwrap();
+        serde_saphyr::from_multiple::<Value>(&text).unwrap()
+    };
+    // (where, the configuration as JSON text)
+    let mut configs: Vec<(String, String)> = Vec::new();
+    fn wasm_filters(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                if o.get("name").and_then(Value::as_str) == Some("envoy.filters.http.wasm") {
+                    if let Some(c) = v["typed_config"]["config"]["configuration"]["value"].as_str()
+                    {
+                        out.push(c.to_string());
+                    }
+                }
+                o.values().for_each(|x| wasm_filters(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| wasm_filters(x, out)),
+            _ => {}
+        }
+    }
+    for file in std::fs::read_dir(root).unwrap() {
+        let name = file.unwrap().file_name().to_string_lossy().to_string();
+        if name.starts_with("envoy") && name.ends_with(".yaml") {
+            let mut found = Vec::new();
+            for doc in read(&name) {
+                wasm_filters(&doc, &mut found);
+            }
+            configs.extend(found.into_iter().map(|c| (name.clone(), c)));
+        }
+    }
+    for path in [
+        "examples/envoy-gateway/serving-picker.yaml",
+        "examples/istio/serving-picker.yaml",
+        "examples/istio/canary.yaml",
+    ] {
+        for doc in read(path) {
+            match doc["kind"].as_str() {
+                Some("EnvoyExtensionPolicy") => {
+                    for w in doc["spec"]["wasm"].as_array().unwrap() {
+                        configs.push((path.to_string(), w["config"].to_string()));
+                    }
+                }
+                Some("WasmPlugin") => {
+                    configs.push((path.to_string(), doc["spec"]["pluginConfig"].to_string()))
+                }
+                _ => {}
+            }
+        }
+    }
+    let roots: Vec<&str> = configs.iter().map(|(w, _)| w.as_str()).collect();
+    for expected in ["envoy.yaml", "envoy-companion.yaml", "envoy-sessions.yaml"] {
+        assert!(roots.contains(&expected), "no filter found in {expected}");
+    }
+    assert!(configs.len() >= 7, "{roots:?}");
+    for (at, raw) in &configs {
+        let c = parse_config(raw.as_bytes()).unwrap_or_else(|e| panic!("{at}: {e}"));
+        let clusters = c.clusters.unwrap_or_else(|| panic!("{at}: no `clusters`"));
+        assert!(!clusters.is_empty(), "{at}");
+        assert_eq!(
+            c.before_first_snapshot,
+            BeforeFirstSnapshot::Passthrough,
+            "{at}"
+        );
+        println!("{at}: clusters {clusters:?}");
+    }
+}

@@ -2,9 +2,11 @@
 
 mod behaviour;
 mod deploy_shapes;
+mod ecds;
 mod faults;
 mod leader;
 mod narrowed;
 mod retries;
+mod scoped;
 mod staleness;
 mod topology;

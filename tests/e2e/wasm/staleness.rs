@@ -92,20 +92,17 @@ fn a_slow_full_refresh_does_not_stretch_the_stats_poll() {
 /// Before the first snapshot (here the admin API answers 500 at first), a
 /// managed cluster's requests get what `before_first_snapshot` says; Envoy's
 /// round robin would reach not-serving B.
-/// - `hold` (the default): they wait, and once the admin API answers they
-///   all go to A: no 503, B never reached.
+/// - `hold`: they wait, and once the admin API answers they all go to A:
+///   no 503, B never reached.
 /// - `reject`: a 503 saying so, at once; B never reached.
-/// - `passthrough`: Envoy's own load balancer, which reaches B (counted here
-///   to show what it does).
+/// - `passthrough` (the default): Envoy's own load balancer, which reaches B
+///   here (counted to show what it does): B is not serving in metadata
+///   only, as nothing but serving-picker reads it; the companion's default
+///   output leaves such a pod out of Envoy's balancer altogether.
 #[test]
 fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
     for mode in ["hold", "reject", "passthrough"] {
-        // The default is left unset: `hold` must be it.
-        let config = if mode == "hold" {
-            json!({})
-        } else {
-            json!({"before_first_snapshot": mode})
-        };
+        let config = json!({"before_first_snapshot": mode});
         let (envoy, a, b, stub) =
             behind_a_failing_admin_api(&format!("stale-first-{mode}"), config);
         let listen = envoy.listen_addr();
@@ -164,8 +161,10 @@ fn before_the_first_snapshot_no_request_reaches_a_not_serving_host() {
 /// get the 503 `no-snapshot-yet` after `admin_timeout_ms`, not a hang.
 #[test]
 fn a_hold_ends_in_a_503_when_no_snapshot_comes() {
-    let (envoy, a, b, _stub) =
-        behind_a_failing_admin_api("stale-hold-expires", json!({"admin_timeout_ms": 400}));
+    let (envoy, a, b, _stub) = behind_a_failing_admin_api(
+        "stale-hold-expires",
+        json!({"admin_timeout_ms": 400, "before_first_snapshot": "hold"}),
+    );
     let started = Instant::now();
     let r = envoy.get(PATH, &[]);
     let waited = started.elapsed();

@@ -293,3 +293,16 @@ fn the_summary_names_each_changed_cluster_up_to_eight() {
     assert!(line.ends_with("(+2 clusters)"), "{line}");
     assert!(!line.contains("c8="), "{line}");
 }
+
+#[test]
+fn a_snapshot_goes_stale_only_when_confirmations_stop_for_the_max_age() {
+    // Confirmed 15 s ago or less: current.
+    assert!(!stale(Some(100_000), 115_000, 15_000, true));
+    assert!(stale(Some(100_000), 115_001, 15_000, true));
+    // No table: nothing to set aside (before_first_snapshot applies).
+    assert!(!stale(Some(100_000), 200_000, 15_000, false));
+    // Never confirmed yet (a follower that took a snapshot just published).
+    assert!(!stale(None, 200_000, 15_000, true));
+    // A clock that went backwards is not an age.
+    assert!(!stale(Some(100_000), 50_000, 15_000, true));
+}

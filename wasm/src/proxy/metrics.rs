@@ -39,20 +39,24 @@ impl Metric {
 
 /// The request path's counters in the host: `steer::RequestCounts`, counted
 /// in the VM and added here on each tick (visible in /stats within one tick).
-pub struct RequestCounters([Metric; 12]);
+pub struct RequestCounters([Metric; 15]);
 
 impl RequestCounters {
     pub fn define() -> RequestCounters {
         RequestCounters(COUNTER_NAMES.map(|name| Metric::define(MetricType::Counter, name)))
     }
 
-    pub fn flush(&self, counts: &RequestCounts) {
+    /// Hands the counts to the host; their sum (0: no request counted).
+    pub fn flush(&self, counts: &RequestCounts) -> u64 {
+        let mut total = 0;
         for (metric, tally) in self.0.iter().zip(counts.all()) {
             let n = tally.take();
             if n > 0 {
                 metric.add(n);
+                total += n;
             }
         }
+        total
     }
 }
 
@@ -69,9 +73,27 @@ pub struct Metrics {
     pub snapshot_bytes: Metric,
     pub refresh_busy_us: Metric,
     pub admin_bytes: Metric,
+    /// 1 when the last configuration received, or the one the last
+    /// requests went through, does not parse (every request passes
+    /// through); 0 when it does.
+    pub config_invalid: Metric,
+    /// 1 while the snapshot is set aside as stale (every request passes
+    /// through), else 0.
+    pub snapshot_stale: Metric,
 }
 
 impl Metrics {
+    /// A filter whose configuration does not parse: only `config_invalid`,
+    /// at 1 (it never refreshes).
+    pub fn config_invalid() -> Metrics {
+        let metrics = Metrics {
+            config_invalid: Metric::define(MetricType::Gauge, "serving_picker.config_invalid"),
+            ..Metrics::default()
+        };
+        metrics.config_invalid.set(1);
+        metrics
+    }
+
     pub fn define() -> Metrics {
         let counter = |name| Metric::define(MetricType::Counter, name);
         let gauge = |name| Metric::define(MetricType::Gauge, name);
@@ -86,6 +108,8 @@ impl Metrics {
             snapshot_bytes: gauge("serving_picker.snapshot.bytes"),
             refresh_busy_us: gauge("serving_picker.snapshot.refresh_busy_us"),
             admin_bytes: gauge("serving_picker.snapshot.admin_bytes"),
+            config_invalid: gauge("serving_picker.config_invalid"),
+            snapshot_stale: gauge("serving_picker.snapshot.stale"),
         }
     }
 }

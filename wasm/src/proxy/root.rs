@@ -9,10 +9,10 @@ use super::now_ms;
 use super::shared_data::EnvoyShared;
 use super::worker::Worker;
 use crate::codec::{self, DecodeError};
-use crate::config::{fingerprint, parse_config};
-use crate::poller::{tick_period, Poller};
+use crate::config::{fingerprint, parse_config, salvage_override_header};
+use crate::poller::{self, tick_period, Poller};
 use crate::refresh::{Outcome, Start};
-use crate::shared::SharedKeys;
+use crate::shared::{SharedData, SharedKeys};
 use crate::steer::{Held, Steering, Verdict};
 use crate::table::RoutingTable;
 use proxy_wasm::hostcalls;
@@ -54,6 +54,8 @@ pub struct PickerRoot {
     worker: Option<Rc<Worker>>,
     keys: Option<SharedKeys<EnvoyShared>>,
     poller: Poller,
+    /// When the current configuration arrived.
+    configured_ms: u64,
 }
 
 fn random_id() -> u32 {
@@ -93,6 +95,34 @@ fn install(worker: &Worker, snapshot: &[u8]) -> Result<(), DecodeError> {
     Ok(())
 }
 
+/// Sets the worker's snapshot aside while no refresh confirms it (the admin
+/// API fails), and takes it back once one does (logged on each change).
+/// The `snapshot.stale` gauge says either that, or that no snapshot came
+/// within `max_snapshot_age_ms` of the configuration.
+fn check_stale<S: SharedData>(
+    worker: &Worker,
+    keys: &SharedKeys<S>,
+    now_ms: u64,
+    configured_ms: u64,
+) {
+    let max_age_ms = worker.steering.config.max_snapshot_age_ms;
+    let has_table = worker.steering.table.borrow().is_some();
+    let stale = poller::stale(keys.confirmed(), now_ms, max_age_ms, has_table);
+    let never = !has_table && now_ms.saturating_sub(configured_ms) > max_age_ms;
+    worker.metrics.snapshot_stale.set(u64::from(stale || never));
+    if !worker.steering.set_stale(stale) {
+        return;
+    }
+    if stale {
+        log::warn!(
+            "no refresh has confirmed the snapshot for over {max_age_ms} ms (max_snapshot_age_ms: \
+             the admin API fails): every request passes through to Envoy's load balancer until one does"
+        );
+    } else {
+        log::info!("a refresh confirmed the snapshot again: steering resumes");
+    }
+}
+
 impl PickerRoot {
     pub fn new(context_id: u32) -> PickerRoot {
         PickerRoot {
@@ -101,6 +131,7 @@ impl PickerRoot {
             worker: None,
             keys: None,
             poller: Poller::new(random_id()),
+            configured_ms: 0,
         }
     }
 
@@ -109,6 +140,13 @@ impl PickerRoot {
             return;
         };
         self.poller.sync(keys, |bytes| install(worker, bytes));
+    }
+
+    /// A refresh succeeded: every VM's snapshot is current as of now.
+    fn confirm(&self) {
+        if let Some(keys) = &self.keys {
+            keys.confirm(now_ms());
+        }
     }
 
     fn publish(
@@ -161,6 +199,7 @@ impl Context for PickerRoot {
                 // The snapshot is confirmed current: a successful poll too.
                 worker.metrics.refresh_ok.inc();
                 worker.metrics.refresh_skipped_unchanged.inc();
+                self.confirm();
                 return;
             }
             Outcome::Unchanged(work) => (work, None),
@@ -180,6 +219,7 @@ impl Context for PickerRoot {
             }
         };
         worker.metrics.refresh_ok.inc();
+        self.confirm();
         if work.narrowed_to.is_some() {
             worker.metrics.refresh_narrowed.inc();
         }
@@ -204,13 +244,42 @@ impl RootContext for PickerRoot {
         // No configuration at all reads as empty: every default.
         let raw = super::hostcalls::buffer(BufferType::PluginConfiguration, usize::MAX)
             .unwrap_or_default();
+        self.poller.reconfigured();
+        self.configured_ms = now_ms();
+        // Never `false`: Envoy would refuse the filter, and where the filter
+        // comes by ECDS without a default (Istio) every route of the
+        // listener would answer 500. A configuration that does not parse
+        // makes the filter pass every request through instead.
         let mut config = match parse_config(&raw) {
             Ok(config) => config,
             Err(e) => {
-                log::error!("rejecting configuration: {e}");
-                return false;
+                let header = salvage_override_header(&raw);
+                // Only what this state has: no snapshot metrics, so that
+                // nothing reads as a refresh that stopped.
+                let metrics = Metrics::config_invalid();
+                log::error!(
+                    "invalid configuration, every request passes through to Envoy's load balancer \
+                     (clients' {header} still removed) until a valid one arrives: {e}"
+                );
+                self.keys = None;
+                self.worker = Some(Rc::new(Worker {
+                    steering: Steering::config_invalid(header),
+                    metrics,
+                    counters: RequestCounters::define(),
+                    held: RefCell::new(Held::default()),
+                    root_context_id: self.context_id,
+                }));
+                // Ticks only hand the request counters to Envoy.
+                let interval_ms = crate::config::PluginConfig::default().refresh_interval_ms;
+                if let Err(e) = hostcalls::set_tick_period(tick_period(interval_ms)) {
+                    log::error!("cannot set the tick period: {e:?}; counters stay unreported");
+                }
+                return true;
             }
         };
+        let metrics = Metrics::define();
+        metrics.config_invalid.set(0);
+        metrics.snapshot_stale.set(0);
         // Envoy 1.40 serves its Node (bootstrap `node`, `--service-zone`) as the
         // `xds.node` attribute, in root contexts too; the old `node` property is gone.
         let from =
@@ -221,18 +290,20 @@ impl RootContext for PickerRoot {
         );
         self.keys = Some(SharedKeys::for_config(EnvoyShared, fingerprint(&raw)));
         let config_interval_ms = config.refresh_interval_ms;
-        self.worker = Some(Rc::new(Worker {
+        let worker = Rc::new(Worker {
             steering: Steering::new(Rc::new(config)),
-            metrics: Metrics::define(),
+            metrics,
             counters: RequestCounters::define(),
             held: RefCell::new(Held::default()),
             root_context_id: self.context_id,
-        }));
-        self.poller.reconfigured();
+        });
         if let Err(e) = hostcalls::set_tick_period(tick_period(config_interval_ms)) {
-            log::error!("cannot set the tick period: {e:?}");
-            return false;
+            // No ticks, no refresh: nothing could release a held request or
+            // confirm a snapshot, so every request passes through.
+            log::error!("cannot set the tick period: {e:?}; every request passes through");
+            worker.steering.set_stale(true);
         }
+        self.worker = Some(worker);
         // Pick up a snapshot other workers already have, before the first tick.
         self.sync();
         true
@@ -240,7 +311,7 @@ impl RootContext for PickerRoot {
 
     fn on_tick(&mut self) {
         super::sync_log_level();
-        let (Some(worker), Some(keys)) = (self.worker.clone(), &self.keys) else {
+        let Some(worker) = self.worker.clone() else {
             return;
         };
         let config = &worker.steering.config;
@@ -248,11 +319,26 @@ impl RootContext for PickerRoot {
         if worker.held.borrow().expired(now, config.admin_timeout_ms) {
             release_held(&worker, true);
         }
-        worker.counters.flush(&worker.steering.counts);
+        if worker.counters.flush(&worker.steering.counts) > 0 {
+            // Requests came through this context: say whether they passed
+            // through for a configuration that does not parse. (Envoy keeps
+            // an earlier configuration's contexts alive and may reuse them,
+            // so only traffic tells which configuration is in use.)
+            worker.metrics.config_invalid.set(u64::from(
+                worker.steering.bypass.get() == crate::steer::Bypass::ConfigInvalid,
+            ));
+        }
+        // A configuration that does not parse has nothing to poll.
+        let Some(keys) = &self.keys else {
+            return;
+        };
         // Refreshing on a worker would hold up its requests: while an idle
         // context (the main thread's) is alive, workers leave the lease to it.
         let leader = self.poller.lease(keys, config, now, self.served.get());
         self.sync();
+        if let Some(keys) = &self.keys {
+            check_stale(&worker, keys, now, self.configured_ms);
+        }
         if !leader {
             return;
         }

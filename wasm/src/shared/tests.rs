@@ -130,3 +130,24 @@ fn a_serving_leader_hands_the_lease_to_a_live_idle_context() {
     assert!(!k.hold_lease(5, 2_000, 10_000, true, true));
     assert!(k.hold_lease(6, 2_001, 10_000, false, false));
 }
+
+#[test]
+fn the_confirmation_time_is_shared_and_garbage_reads_as_none() {
+    let data = FakeShared::default();
+    assert_eq!(keys(&data).confirmed(), None);
+    keys(&data).confirm(1_700_000_000_123);
+    assert_eq!(keys(&data).confirmed(), Some(1_700_000_000_123));
+    assert_eq!(
+        SharedKeys::for_config(&data, 0xdef).confirmed(),
+        None,
+        "another configuration's"
+    );
+    (&data)
+        .set(
+            "serving_picker.0000000000000abc.confirmed",
+            Some(b"x"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(keys(&data).confirmed(), None);
+}

@@ -213,7 +213,11 @@ fn no_cluster_name_or_a_non_utf8_one_only_strips() {
 
 #[test]
 fn before_the_first_snapshot_hold_holds_once_then_answers_no_snapshot_yet() {
-    let s = steering(PluginConfig::default(), None);
+    let hold = || PluginConfig {
+        before_first_snapshot: BeforeFirstSnapshot::Hold,
+        ..PluginConfig::default()
+    };
+    let s = steering(hold(), None);
     let mut req = FakeRequest::to("ready").with_header(HEADER, "10.0.0.9:80");
     assert_eq!(s.request(&mut req, true), Verdict::Hold);
     assert_eq!(req.header_writes, 0);
@@ -230,7 +234,7 @@ fn before_the_first_snapshot_hold_holds_once_then_answers_no_snapshot_yet() {
     // Unmanaged clusters never wait.
     let config = PluginConfig {
         clusters: Some(vec!["ready".into()]),
-        ..PluginConfig::default()
+        ..hold()
     };
     let s = steering(config, None);
     assert_eq!(
@@ -260,7 +264,104 @@ fn before_the_first_snapshot_reject_and_passthrough() {
     assert_eq!(s.request(&mut req, true), Verdict::Continue);
     assert!(req.values(HEADER).is_empty());
     assert!(req.replies.is_empty());
-    assert_eq!(s.counts.passthrough_unknown_cluster.get(), 1);
+    assert_eq!(
+        moved(&s),
+        [
+            ("serving_picker.override_header.stripped", 1),
+            ("serving_picker.passthrough.no_snapshot", 1)
+        ]
+    );
+    // The default.
+    assert_eq!(
+        PluginConfig::default().before_first_snapshot,
+        BeforeFirstSnapshot::Passthrough
+    );
+}
+
+#[test]
+fn an_unlisted_cluster_passes_through_before_the_first_snapshot_and_after() {
+    for mode in [
+        BeforeFirstSnapshot::Hold,
+        BeforeFirstSnapshot::Reject,
+        BeforeFirstSnapshot::Passthrough,
+    ] {
+        let config = || PluginConfig {
+            clusters: Some(vec!["ready".into()]),
+            before_first_snapshot: mode,
+            ..PluginConfig::default()
+        };
+        for s in [
+            steering(config(), None),
+            steering(config(), Some(&snapshot())),
+        ] {
+            // (The leader plans only listed clusters: `plans::build_plans`.)
+            for cluster in ["elsewhere", "envoy_admin"] {
+                let mut req = FakeRequest::to(cluster).with_header(HEADER, "10.0.0.9:80");
+                assert_eq!(s.request(&mut req, true), Verdict::Continue, "{mode:?}");
+                assert!(req.values(HEADER).is_empty(), "{mode:?}");
+                assert!(req.replies.is_empty(), "{mode:?}");
+            }
+            assert_eq!(
+                moved(&s),
+                [
+                    ("serving_picker.passthrough.unmanaged_cluster", 2),
+                    ("serving_picker.override_header.stripped", 2)
+                ],
+                "{mode:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_configuration_that_does_not_parse_passes_every_request_through_stripped() {
+    let s = Steering::config_invalid("x-pick".into());
+    for cluster in ["ready", "elsewhere"] {
+        let mut req = FakeRequest::to(cluster)
+            .with_header("x-pick", "10.0.0.9:80")
+            .with_header(HEADER, "keep");
+        assert_eq!(s.request(&mut req, true), Verdict::Continue);
+        assert!(req.values("x-pick").is_empty());
+        assert_eq!(req.values(HEADER), ["keep"]);
+        assert!(req.replies.is_empty());
+    }
+    assert_eq!(
+        moved(&s),
+        [
+            ("serving_picker.override_header.stripped", 2),
+            ("serving_picker.passthrough.config_invalid", 2)
+        ]
+    );
+    // It never leaves that state (a new configuration is a new worker).
+    assert!(!s.set_stale(false));
+    assert_eq!(s.bypass.get(), Bypass::ConfigInvalid);
+}
+
+#[test]
+fn a_stale_snapshot_passes_every_request_through_until_it_is_confirmed_again() {
+    let s = steering(PluginConfig::default(), Some(&snapshot()));
+    assert!(s.set_stale(true));
+    assert!(!s.set_stale(true), "no change, nothing to log");
+    for cluster in ["ready", "gone"] {
+        let mut req = FakeRequest::to(cluster).with_header(HEADER, "10.0.0.9:80");
+        assert_eq!(s.request(&mut req, true), Verdict::Continue);
+        assert!(req.values(HEADER).is_empty());
+        assert!(
+            req.replies.is_empty(),
+            "no no-serving 503 from a stale snapshot"
+        );
+    }
+    assert_eq!(
+        moved(&s),
+        [
+            ("serving_picker.override_header.stripped", 2),
+            ("serving_picker.passthrough.stale_snapshot", 2)
+        ]
+    );
+    assert!(s.set_stale(false));
+    let mut req = FakeRequest::to("ready");
+    s.request(&mut req, true);
+    assert!(req.values(HEADER)[0].starts_with("10.0.0.1:80"));
 }
 
 #[test]
