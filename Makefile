@@ -24,12 +24,11 @@ VENV := .venv
 # The Envoy `make test` uses (in .venv). func-e reads the same file when it picks the Envoy to
 # run (`func-e run` in this directory), so the two stay in step.
 ENVOY_VERSION := $(strip $(file < .envoy-version))
-ENVOY_MINOR := $(basename $(ENVOY_VERSION))
-# The native module is built for ENVOY_VERSION's minor ($(NATIVE_SO)) and for each older minor
-# with the dynamic-module load-balancing policy (target/envoy-<minor>/libserving_picker.so):
-# each build answers its Envoy's ABI version and refuses to load into any other Envoy
-# (native/src/envoy_version.rs, docs/compatibility.md).
-NATIVE_OLDER_MINORS := 1.38 1.39
+# The native module is one build ($(NATIVE_SO)) for every Envoy minor it is tested with (those of
+# native/abi/envoy-<minor>.callbacks): it identifies the Envoy that loads it and answers that
+# release's ABI version (native/src/envoy_version.rs, docs/compatibility.md). The release names
+# its files and image tags per minor too, as aliases of the one build.
+NATIVE_MINORS := $(sort $(patsubst native/abi/envoy-%.callbacks,%,$(wildcard native/abi/envoy-*.callbacks)))
 # The Envoy releases `make test-compat` runs (each in .venv-<version>, ENVOY_VERSION in .venv):
 # the newest patch of every minor on PyPI from 1.36 on, and 1.38.2 (1.38.3's wheel has no V8).
 COMPAT_ENVOYS := 1.36.4 1.37.0 1.38.2 1.38.3 1.39.3 $(ENVOY_VERSION)
@@ -39,8 +38,6 @@ COMPAT_QUICK_ENVOYS := $(filter-out $(ENVOY_VERSION),$(COMPAT_ENVOYS))
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
-# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/e2e/native/abi.rs).
-export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml envoy-sessions-header.yaml $(wildcard examples/*.yaml)
@@ -51,9 +48,9 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate monitoring unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
+.PHONY: build build-wasm build-native run test venv envoy wasm-target wasm-opt lint validate monitoring unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
-build: build-wasm build-native build-native-older
+build: build-wasm build-native
 
 # zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
 # when missing) links both native artefacts:
@@ -92,25 +89,6 @@ build-native: venv
 	  cargo build --release -p serving-picker-conditions; \
 	fi
 	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
-
-# The native module for the older Envoy minors, each from a cargo target directory of its own
-# (a cdylib's file name carries no feature hash, so builds with other features would overwrite
-# each other): cargo-zigbuild for glibc $(NATIVE_GLIBC) when it is there, else cargo's own build.
-build-native-older: build-native
-	@export PATH="$(abspath $(VENV))/bin:$$PATH"; \
-	for minor in $(NATIVE_OLDER_MINORS); do \
-	  dir=$(TARGET)/envoy-$$minor; features="--no-default-features --features envoy-$${minor/./-}"; \
-	  if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && command -v cargo-zigbuild >/dev/null && \
-	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
-	       $$features --target-dir $$dir/cargo; then \
-	    built=$$dir/cargo/$(NATIVE_TRIPLE)/release/libserving_picker.so; \
-	  else \
-	    cargo build --release -p serving-picker-native $$features --target-dir $$dir/cargo || exit 1; \
-	    built=$$dir/cargo/release/libserving_picker.so; \
-	  fi; \
-	  cp $$built $$dir/libserving_picker.so.tmp && mv $$dir/libserving_picker.so.tmp $$dir/libserving_picker.so; \
-	  echo "built $$dir/libserving_picker.so (for Envoy $$minor)"; \
-	done
 
 build-wasm: wasm-target wasm-opt
 	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
@@ -168,7 +146,9 @@ test-compat: build envoy $(call compat-envoys,$(COMPAT_ENVOYS))
 	scripts/test-compat.sh --full --out docs/compatibility-matrix.md $(COMPAT_ENVOYS)
 
 # `make test`'s share: on COMPAT_QUICK_ENVOYS (the default Envoy's full suite is `integration`),
-# the rolling-update walk through every row in both forms and the native ABI checks.
+# the rolling-update walk through every row in both forms and the native ABI checks, with the
+# one native module; then the upgrade run (an Envoy with a module cluster restarted as 1.38,
+# 1.39 and 1.40 under load, beside a plain Envoy).
 test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
 	scripts/test-compat.sh --quick --out $(TARGET)/compatibility-quick.md $(COMPAT_QUICK_ENVOYS)
 
@@ -201,10 +181,12 @@ unit:
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 $(E2E_WITHOUT_ENVOY)
 
 # The end-to-end tests: the one binary of tests/ (serving-picker-e2e), real Envoy; what
-# `unit` runs of it is skipped here, so `make test` runs no suite twice.
+# `unit` runs of it is skipped here, so `make test` runs no suite twice, and so is the upgrade
+# run through every tested Envoy minor, which test-compat-quick runs with those Envoys.
+E2E_WITH_OTHER_ENVOYS = native::upgrade::
 integration: build envoy
 	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 \
-	  $(foreach t,$(E2E_WITHOUT_ENVOY),--skip $(t))
+	  $(foreach t,$(E2E_WITHOUT_ENVOY) $(E2E_WITH_OTHER_ENVOYS),--skip $(t))
 
 soak: build envoy
 	scripts/soak.sh
@@ -277,26 +259,19 @@ build-cross: venv
 	@$(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
 	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
-	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native && \
-	for minor in $(NATIVE_OLDER_MINORS); do \
-	  cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
-	    --no-default-features --features envoy-$${minor/./-} --target-dir $(TARGET)/envoy-$$minor/cargo || exit 1; \
-	done
+	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native
 
-# What the images and the release are made of, one directory per platform (scripts/images.sh).
+# What the images and the release are made of, one directory per platform (scripts/images.sh);
+# ENVOY_MINORS (the tested minors) names the native module's per-minor aliases.
 stage: build build-cross
 	rm -rf $(STAGE)
-	mkdir -p $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR) $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR) $(STAGE)/wasm
+	mkdir -p $(STAGE)/linux-amd64 $(STAGE)/linux-arm64 $(STAGE)/wasm
 	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
 	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/release/serving-picker-conditions $(STAGE)/linux-arm64/
-	cp $(NATIVE_SO) $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR)/
-	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR)/
+	cp $(NATIVE_SO) $(STAGE)/linux-amd64/libserving_picker.so
+	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/libserving_picker.so
 	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
-	for minor in $(NATIVE_OLDER_MINORS); do \
-	  mkdir -p $(STAGE)/linux-amd64/envoy-$$minor $(STAGE)/linux-arm64/envoy-$$minor && \
-	  cp $(TARGET)/envoy-$$minor/libserving_picker.so $(STAGE)/linux-amd64/envoy-$$minor/ && \
-	  cp $(TARGET)/envoy-$$minor/cargo/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$$minor/ || exit 1; \
-	done
+	echo "$(NATIVE_MINORS)" >$(STAGE)/envoy-minors
 
 # The images as OCI archives in $(TARGET)/images (packaging/*.Containerfile, buildah).
 images: stage

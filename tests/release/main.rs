@@ -295,12 +295,12 @@ fn run() -> Result<Tally, String> {
         Err(e) => tally.fail(&what, &e.to_string()),
     }
     // The symbol checks read the arm64 ELF (ENVOY_ELF) and ask its version
-    // through qemu. The load-or-refuse tests of the other minors' builds stay
-    // with the amd64 run (make test).
+    // through qemu. The load tests of other callback sets stay with the amd64
+    // run (make test).
     run_test(
         &mut tally,
         e2e,
-        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, and its callbacks are those recorded for {minor} (tests/e2e/native/abi.rs)"),
+        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, it resolves every callback when opened (-z now), and its callbacks are those recorded for {minor} (tests/e2e/native/abi.rs)"),
         &[
             ("SERVING_PICKER_NATIVE", &arm64_so),
             ("ENVOY_BIN", &envoy_arm64_path),
@@ -310,6 +310,7 @@ fn run() -> Result<Tally, String> {
             "native::abi::every_declared_callback_is_exported_by_envoy",
             "native::abi::every_hook_the_module_exports_is_known_to_envoy",
             "native::abi::the_module_imports_exactly_the_declared_callbacks",
+            "native::abi::the_module_resolves_every_callback_when_it_is_opened",
             "native::abi::this_envoys_callbacks_are_the_list_recorded_for_its_minor",
         ],
     );
