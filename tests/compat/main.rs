@@ -433,7 +433,7 @@ fn compat(args: &Args) -> Result<bool, String> {
             .map_err(|e| format!("{}: {e}", log_path.display()))?;
         // A failing test is a FAIL cell below, not an error here.
         let _ = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-            .args(["test", "-p", "serving-picker-e2e", "--test", "e2e", "--"])
+            .args(["test", "--workspace", "--test", "e2e", "--"])
             .args(["--exact", "--test-threads", "2", "--show-output"])
             .args(&tests)
             .env("ENVOY_BIN", &bin)
@@ -602,7 +602,7 @@ fn upgrade_run(
         .map_err(|e| format!("{}: {e}", log_path.display()))?;
     let t0 = Instant::now();
     let _ = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["test", "-p", "serving-picker-e2e", "--test", "e2e", "--"])
+        .args(["test", "--workspace", "--test", "e2e", "--"])
         .args(["--exact", UPGRADE_TEST, "--nocapture"])
         .env(UPGRADE_ENVOYS, envoys.join(" "))
         .env("SERVING_PICKER_NATIVE", so)

@@ -10,10 +10,10 @@
 //! ARM64_SYSROOT, TARGET (the cargo target directory), PIP (the venv's pip).
 //!
 //! The chosen end-to-end tests run from the test binary `make test` built,
-//! found through `cargo test -p serving-picker-e2e --test e2e --no-run`:
-//! the command `make unit` and `make integration` build it with, so the
-//! same features and nothing is rebuilt (`--workspace` would unify other
-//! features and rebuild it). The artefacts go in SERVING_PICKER_* and
+//! found through `cargo test --workspace --test e2e --no-run`: the
+//! selection `make unit` and `make integration` build it with, so the same
+//! features and nothing is rebuilt (a `-p` selection would resolve fewer
+//! packages' features and rebuild it). The artefacts go in SERVING_PICKER_* and
 //! Envoy in ENVOY_BIN:
 //! - amd64: the companion serves the seed table's rows with the wasm form,
 //!   the native form and plain round robin;
@@ -67,7 +67,7 @@ fn env(name: &str) -> Result<String, String> {
 /// when nothing changed.
 fn e2e_test_binary() -> Result<PathBuf, String> {
     let out = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["test", "-p", "serving-picker-e2e", "--test", "e2e"])
+        .args(["test", "--workspace", "--test", "e2e"])
         .args(["--no-run", "--message-format=json"])
         .stderr(Stdio::piped())
         .output()
