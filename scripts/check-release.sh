@@ -324,7 +324,8 @@ import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "test-release" and m.get("executable"):
-        print(m["executable"]); break')
+        found = m["executable"]
+print(found if "found" in globals() else "")')
 if [ -x "$RELEASE_BIN" ]; then
   "$RELEASE_BIN" 2>>"$WORK/test-release.log" | tee "$WORK/test-release.out" | grep -v '^test-release: '
 else

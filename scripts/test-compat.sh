@@ -17,6 +17,7 @@ import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "test-compat" and m.get("executable"):
-        print(m["executable"]); break')
+        found = m["executable"]
+print(found if "found" in globals() else "")')
 [ -x "$bin" ] || { echo "test-compat.sh: the test-compat binary was not built" >&2; exit 1; }
 exec "$bin" "$@"

@@ -425,8 +425,14 @@ mod tests {
         let (abi, tested, m) = loaded(verdict(&later, CheckMode::Warn, "0.1.0"));
         assert_eq!(abi, NEWEST.abi_version);
         assert!(!tested);
-        assert!(m.contains("its 900 callbacks are none of the tested releases"), "{m}");
-        assert!(m.contains("1.38 (521 callbacks), 1.39 (607 callbacks), 1.40 (781 callbacks)"), "{m}");
+        assert!(
+            m.contains("its 900 callbacks are none of the tested releases"),
+            "{m}"
+        );
+        assert!(
+            m.contains("1.38 (521 callbacks), 1.39 (607 callbacks), 1.40 (781 callbacks)"),
+            "{m}"
+        );
         assert!(m.contains(UNTESTED_GAUGE), "{m}");
         let m = refused(verdict(&later, CheckMode::Strict, "0.1.0"));
         assert!(m.contains("SERVING_PICKER_ENVOY_CHECK=strict"), "{m}");
@@ -447,7 +453,9 @@ mod tests {
             };
             let m = refused(verdict(&lacking, mode, "0.1.0"));
             assert!(
-                m.contains("does not export callbacks the module calls: envoy_dynamic_module_callback_log"),
+                m.contains(
+                    "does not export callbacks the module calls: envoy_dynamic_module_callback_log"
+                ),
                 "{m}"
             );
             let no_lb = Seen::Unknown {
@@ -456,7 +464,10 @@ mod tests {
                 missing: vec!["envoy_dynamic_module_callback_lb_get_hosts_count"],
             };
             let m = refused(verdict(&no_lb, mode, "0.1.0"));
-            assert!(m.contains("no load-balancing policy for dynamic modules"), "{m}");
+            assert!(
+                m.contains("no load-balancing policy for dynamic modules"),
+                "{m}"
+            );
         }
     }
 

@@ -53,7 +53,8 @@ const ABI_TESTS: [&str; 8] = [
     "an_envoy_lacking_a_callback_the_module_calls_refuses_it",
 ];
 /// The upgrade run (tests/e2e/native/upgrade.rs) and its variable.
-const UPGRADE_TEST: &str = "native::upgrade::upgrade_restarts_through_every_envoy_with_the_same_module";
+const UPGRADE_TEST: &str =
+    "native::upgrade::upgrade_restarts_through_every_envoy_with_the_same_module";
 const UPGRADE_ENVOYS: &str = "SERVING_PICKER_UPGRADE_ENVOYS";
 /// What the ABI test prints about the module it loaded.
 const MODULE_SHA_LINE: &str = "module sha256 ";
@@ -593,7 +594,10 @@ fn upgrade_run(
         ));
     }
     let envoys: Vec<String> = chain.iter().map(|(_, b)| b.display().to_string()).collect();
-    println!("=== upgrade run: {} with the same module", releases.join(" -> "));
+    println!(
+        "=== upgrade run: {} with the same module",
+        releases.join(" -> ")
+    );
     let log_path = work.join("upgrade.log");
     let log_file =
         std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;

@@ -16,8 +16,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serving_picker::envoy_version::{
@@ -250,7 +250,11 @@ fn validate_native(envoy: &Path, dir: &Path, env: &[(&str, &str)]) -> (bool, Str
 /// `sha256sum` of a file.
 fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().unwrap();
-    assert!(out.status.success(), "sha256sum {}: {out:?}", path.display());
+    assert!(
+        out.status.success(),
+        "sha256sum {}: {out:?}",
+        path.display()
+    );
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .next()
@@ -271,9 +275,15 @@ fn the_module_loads_into_this_envoy_with_its_own_abi_version() {
     println!("module sha256 {} ({})", sha256(&so), so.display());
     for env in [vec![], vec![("SERVING_PICKER_ENVOY_CHECK", "strict")]] {
         let (ok, out) = validate_native(&envoy_bin(), so.parent().unwrap(), &env);
-        assert!(ok, "the module should load into Envoy {}:\n{out}", envoy_release());
         assert!(
-            out.contains(&format!("loads into Envoy {minor}, a tested release (dynamic-module ABI {abi})")),
+            ok,
+            "the module should load into Envoy {}:\n{out}",
+            envoy_release()
+        );
+        assert!(
+            out.contains(&format!(
+                "loads into Envoy {minor}, a tested release (dynamic-module ABI {abi})"
+            )),
             "{out}"
         );
         assert!(
@@ -333,7 +343,10 @@ fn envoy_with_renamed_callback(tag: &str, from: &str, to: &str) -> (PathBuf, Pat
         .position(|w| w == needle.as_bytes())
         .unwrap_or_else(|| panic!("{from} not in {}'s .dynstr", elf.display()));
     // The whole name: preceded by the NUL that ends the previous string.
-    assert!(at > 0 && table[at - 1] == 0, "{from} shares its bytes with another name");
+    assert!(
+        at > 0 && table[at - 1] == 0,
+        "{from} shares its bytes with another name"
+    );
     table[at..at + to.len()].copy_from_slice(to.as_bytes());
     std::fs::write(&copy, &bytes).unwrap();
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -341,7 +354,10 @@ fn envoy_with_renamed_callback(tag: &str, from: &str, to: &str) -> (PathBuf, Pat
     let after = defined_dynamic_symbols(&copy);
     let gone: Vec<&String> = before.difference(&after).collect();
     let new: Vec<&String> = after.difference(&before).collect();
-    assert_eq!((gone, new), (vec![&from.to_string()], vec![&to.to_string()]));
+    assert_eq!(
+        (gone, new),
+        (vec![&from.to_string()], vec![&to.to_string()])
+    );
     (dir, copy)
 }
 
@@ -371,7 +387,8 @@ fn an_envoy_with_another_callback_set_loads_it_with_a_warning_and_the_gauge() {
         .lines()
         .find(|n| n.starts_with(CALLBACK_PREFIX) && !IMPORTED.contains(n) && !n.contains("_lb_"))
         .unwrap();
-    let (dir, other) = envoy_with_renamed_callback("native-abi-other-set", unused, &renamed(unused));
+    let (dir, other) =
+        envoy_with_renamed_callback("native-abi-other-set", unused, &renamed(unused));
     let so = native_module();
     let (ok, out) = validate_native(&other, so.parent().unwrap(), &[]);
     assert!(ok, "{out}");
@@ -382,7 +399,10 @@ fn an_envoy_with_another_callback_set_loads_it_with_a_warning_and_the_gauge() {
         )),
         "{out}"
     );
-    assert!(out.contains(&format!("gauge {UNTESTED_GAUGE} = 1")), "{out}");
+    assert!(
+        out.contains(&format!("gauge {UNTESTED_GAUGE} = 1")),
+        "{out}"
+    );
     // Envoy's own check: "matched" only where the newest tested ABI is this
     // Envoy's.
     let newest = KNOWN.last().unwrap().abi_version;
@@ -397,7 +417,10 @@ fn an_envoy_with_another_callback_set_loads_it_with_a_warning_and_the_gauge() {
         &[("SERVING_PICKER_ENVOY_CHECK", "strict")],
     );
     assert!(!ok, "strict should refuse:\n{out}");
-    assert!(out.contains("SERVING_PICKER_ENVOY_CHECK=strict loads it only into a tested release"), "{out}");
+    assert!(
+        out.contains("SERVING_PICKER_ENVOY_CHECK=strict loads it only into a tested release"),
+        "{out}"
+    );
     assert!(out.contains("Failed to initialize dynamic module"), "{out}");
 
     // Serving: the gauge says which Envoy it is.
@@ -435,14 +458,18 @@ fn an_envoy_lacking_a_callback_the_module_calls_refuses_it() {
         envoy_with_renamed_callback("native-abi-lacking", missing, &renamed(missing));
     let so = native_module();
     let (ok, out) = validate_native(&lacking, so.parent().unwrap(), &[]);
-    assert!(!ok, "the module loaded into an Envoy without {missing}:\n{out}");
+    assert!(
+        !ok,
+        "the module loaded into an Envoy without {missing}:\n{out}"
+    );
     let named = out
         .lines()
         .filter(|l| l.contains(missing))
         .collect::<Vec<_>>();
     assert!(!named.is_empty(), "no line names {missing}:\n{out}");
     assert!(
-        out.contains("Failed to load dynamic module") || out.contains("Failed to initialize dynamic module"),
+        out.contains("Failed to load dynamic module")
+            || out.contains("Failed to initialize dynamic module"),
         "{out}"
     );
     println!("Envoy {} without {missing}: {}", envoy_release(), named[0]);

@@ -34,7 +34,10 @@ fn envoys() -> Vec<PathBuf> {
         panic!("{ENVOYS_VAR} is not set: the Envoy executables to restart through, oldest first (make test-compat-quick sets it)")
     });
     let envoys: Vec<PathBuf> = list.split_whitespace().map(PathBuf::from).collect();
-    assert!(envoys.len() >= 2, "{ENVOYS_VAR}={list:?}: two Envoys at least");
+    assert!(
+        envoys.len() >= 2,
+        "{ENVOYS_VAR}={list:?}: two Envoys at least"
+    );
     for e in &envoys {
         assert!(e.is_file(), "{ENVOYS_VAR}: no Envoy at {}", e.display());
     }
