@@ -24,12 +24,11 @@ VENV := .venv
 # The Envoy `make test` uses (in .venv). func-e reads the same file when it picks the Envoy to
 # run (`func-e run` in this directory), so the two stay in step.
 ENVOY_VERSION := $(strip $(file < .envoy-version))
-ENVOY_MINOR := $(basename $(ENVOY_VERSION))
-# The native module is built for ENVOY_VERSION's minor ($(NATIVE_SO)) and for each older minor
-# with the dynamic-module load-balancing policy (target/envoy-<minor>/libserving_picker.so):
-# each build answers its Envoy's ABI version and refuses to load into any other Envoy
-# (native/src/envoy_version.rs, docs/compatibility.md).
-NATIVE_OLDER_MINORS := 1.38 1.39
+# The native module is one build ($(NATIVE_SO)) for every Envoy minor it is tested with (those of
+# native/abi/envoy-<minor>.callbacks): it identifies the Envoy that loads it and answers that
+# release's ABI version (native/src/envoy_version.rs, docs/compatibility.md). The release names
+# its files and image tags per minor too, as aliases of the one build.
+NATIVE_MINORS := $(sort $(patsubst native/abi/envoy-%.callbacks,%,$(wildcard native/abi/envoy-*.callbacks)))
 # The Envoy releases `make test-compat` runs (each in .venv-<version>, ENVOY_VERSION in .venv):
 # the newest patch of every minor on PyPI from 1.36 on, and 1.38.2 (1.38.3's wheel has no V8).
 COMPAT_ENVOYS := 1.36.4 1.37.0 1.38.2 1.38.3 1.39.3 $(ENVOY_VERSION)
@@ -39,8 +38,6 @@ COMPAT_QUICK_ENVOYS := $(filter-out $(ENVOY_VERSION),$(COMPAT_ENVOYS))
 export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
-# Where the native builds for the other Envoy minors are (envoy-<minor>/, tests/e2e/native/abi.rs).
-export SERVING_PICKER_NATIVE_BUILDS := $(abspath $(TARGET))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml envoy-sessions-header.yaml $(wildcard examples/*.yaml)
@@ -51,14 +48,15 @@ export ENVOY_DYNAMIC_MODULES_SEARCH_PATH := $(abspath $(dir $(NATIVE_SO)))
 PROPTEST_CASES ?= 64
 FUZZ_CASES ?= 20000
 
-.PHONY: build build-wasm build-native build-native-older run test venv envoy wasm-target wasm-opt lint validate monitoring unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
+.PHONY: build build-wasm build-native run test check venv envoy wasm-target wasm-opt lint validate monitoring unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
-build: build-wasm build-native build-native-older
+build: build-wasm build-native
+	@touch $(TARGET)/.build-done
 
 # zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
-# when missing) links both native artefacts:
+# when missing) links both native artefacts, each built once:
 # - the native module for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30), copied
-#   over cargo's own build (renamed into place: never overwrite a .so that an Envoy may have loaded);
+#   to $(NATIVE_SO) (renamed into place: never overwrite a .so that an Envoy may have loaded);
 # - the companion as one static binary (musl): it runs on any Linux and is what the FROM scratch
 #   image holds, so the binary the tests run is the one that ships.
 # Without zig (offline, NATIVE_ZIG=0, or a failed zig build) cargo's own builds stay: they need
@@ -76,12 +74,12 @@ ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
 # rustup's standard library for each cross target (once; needs the network the first time).
 rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
-	cargo build --release -p serving-picker-native
 	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
 	  if cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
 	    cp $(TARGET)/$(NATIVE_TRIPLE)/release/libserving_picker.so $(NATIVE_SO).tmp && mv $(NATIVE_SO).tmp $(NATIVE_SO) && \
 	    echo "native module linked for glibc $(NATIVE_GLIBC)+ (cargo-zigbuild)"; \
-	  else echo "cargo-zigbuild failed: the native module is cargo's, for this machine's glibc"; fi; \
+	  else echo "cargo-zigbuild failed: the native module is cargo's, for this machine's glibc"; \
+	    cargo build --release -p serving-picker-native || exit 1; fi; \
 	  $(call rust-target,$(COMPANION_TRIPLE)) && \
 	  cargo zigbuild --release --target $(COMPANION_TRIPLE) -p serving-picker-conditions && \
 	    cp $(TARGET)/$(COMPANION_TRIPLE)/release/serving-picker-conditions $(CONDITIONS_BIN).tmp && \
@@ -89,28 +87,9 @@ build-native: venv
 	    { echo "static companion build failed: cargo's, for this machine's glibc"; cargo build --release -p serving-picker-conditions; }; \
 	else \
 	  echo "cargo-zigbuild unavailable: the native module and the companion are cargo's, for this machine's glibc"; \
-	  cargo build --release -p serving-picker-conditions; \
+	  cargo build --release -p serving-picker-native -p serving-picker-conditions; \
 	fi
 	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
-
-# The native module for the older Envoy minors, each from a cargo target directory of its own
-# (a cdylib's file name carries no feature hash, so builds with other features would overwrite
-# each other): cargo-zigbuild for glibc $(NATIVE_GLIBC) when it is there, else cargo's own build.
-build-native-older: build-native
-	@export PATH="$(abspath $(VENV))/bin:$$PATH"; \
-	for minor in $(NATIVE_OLDER_MINORS); do \
-	  dir=$(TARGET)/envoy-$$minor; features="--no-default-features --features envoy-$${minor/./-}"; \
-	  if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && command -v cargo-zigbuild >/dev/null && \
-	     cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
-	       $$features --target-dir $$dir/cargo; then \
-	    built=$$dir/cargo/$(NATIVE_TRIPLE)/release/libserving_picker.so; \
-	  else \
-	    cargo build --release -p serving-picker-native $$features --target-dir $$dir/cargo || exit 1; \
-	    built=$$dir/cargo/release/libserving_picker.so; \
-	  fi; \
-	  cp $$built $$dir/libserving_picker.so.tmp && mv $$dir/libserving_picker.so.tmp $$dir/libserving_picker.so; \
-	  echo "built $$dir/libserving_picker.so (for Envoy $$minor)"; \
-	done
 
 build-wasm: wasm-target wasm-opt
 	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
@@ -157,8 +136,14 @@ DEMO_TLS := .run/tls
 demo-certs:
 	cargo run -q --example demo-certs -- $(DEMO_TLS)
 
-test: build envoy lint validate monitoring unit integration test-compat-quick
+# `make check` first: a broken format, lint or unit test fails in minutes, before any release build.
+test: check build envoy validate integration test-compat-quick
 	@echo "make test: all checks passed"
+
+# What needs neither Envoy nor a release build: fmt, clippy, the shipped alerts (promtool) and
+# every Envoy-free suite (`lint`, `monitoring`, `unit`). Minutes, warm.
+check: lint monitoring unit
+	@echo "make check: all checks passed"
 
 # Both forms on every Envoy release in COMPAT_ENVOYS: the table's rows, the one-replica soak,
 # retries staying in the tier, the no-serving 503, and the native module's ABI checks; writes
@@ -168,7 +153,9 @@ test-compat: build envoy $(call compat-envoys,$(COMPAT_ENVOYS))
 	scripts/test-compat.sh --full --out docs/compatibility-matrix.md $(COMPAT_ENVOYS)
 
 # `make test`'s share: on COMPAT_QUICK_ENVOYS (the default Envoy's full suite is `integration`),
-# the rolling-update walk through every row in both forms and the native ABI checks.
+# the rolling-update walk through every row in both forms and the native ABI checks, with the
+# one native module; then the upgrade run (an Envoy with a module cluster restarted as 1.38,
+# 1.39 and 1.40 under load, beside a plain Envoy).
 test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
 	scripts/test-compat.sh --quick --out $(TARGET)/compatibility-quick.md $(COMPAT_QUICK_ENVOYS)
 
@@ -204,20 +191,45 @@ validate: build envoy demo-certs
 	  $(ENVOY_BIN) --mode validate -c $$c --disable-hot-restart -l warning || exit 1; \
 	done
 
+# The test runner. Every suite comes from one `--workspace` build, so the test profile compiles
+# each crate once, with one feature set: a `-p` or `--exclude` selection resolves the features of
+# fewer packages and compiles again (scripts/test-compat.sh and scripts/check-release.sh find the
+# binaries the same way). cargo-nextest when it is installed (each test in its own process, the
+# test binaries side by side: TEST_THREADS tests at a time); else cargo test, binary by binary.
+NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
+TEST_THREADS ?= 2
+# The end-to-end binary's tests that read no Envoy (`unit` runs them, `integration` skips them),
+# and the upgrade run through every tested Envoy minor, which test-compat-quick runs with those
+# Envoys (`integration` skips it).
+E2E_WITHOUT_ENVOY = both::contract:: harness::backend_ harness::http_client_
+E2E_WITH_OTHER_ENVOYS = native::upgrade::
+# A nextest filterset: a test whose name starts with any of these.
+e2e-filter = ($(subst $(eval) ,|,$(foreach t,$(1),test(/^$(t)/))))
+
 # Every suite that needs no Envoy and no `make build`: each crate's unit, property and
 # integration tests (the companion's run the debug binary cargo builds for them; platforms/
 # checks the manifests), the harness's own tests (its layout guard) and the end-to-end
-# binary's tests that read no Envoy (E2E_WITHOUT_ENVOY: filters of `cargo test`).
-E2E_WITHOUT_ENVOY = both::contract:: harness::backend_ harness::http_client_
+# binary's tests that read no Envoy (E2E_WITHOUT_ENVOY).
 unit:
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --exclude serving-picker-e2e -- --test-threads 2
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 $(E2E_WITHOUT_ENVOY)
+ifeq ($(NEXTEST),yes)
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo nextest run --workspace --no-fail-fast --test-threads $(TEST_THREADS) \
+	  -E 'not package(serving-picker-e2e) or $(call e2e-filter,$(E2E_WITHOUT_ENVOY))'
+	cargo test --workspace --doc
+else
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --exclude serving-picker-e2e -- --test-threads $(TEST_THREADS)
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --test e2e -- --test-threads $(TEST_THREADS) $(E2E_WITHOUT_ENVOY)
+endif
 
 # The end-to-end tests: the one binary of tests/ (serving-picker-e2e), real Envoy; what
 # `unit` runs of it is skipped here, so `make test` runs no suite twice.
 integration: build envoy
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test -p serving-picker-e2e --test e2e -- --test-threads 2 \
-	  $(foreach t,$(E2E_WITHOUT_ENVOY),--skip $(t))
+ifeq ($(NEXTEST),yes)
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo nextest run --workspace --no-fail-fast --test-threads $(TEST_THREADS) \
+	  -E 'package(serving-picker-e2e) and not $(call e2e-filter,$(E2E_WITHOUT_ENVOY) $(E2E_WITH_OTHER_ENVOYS))'
+else
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --test e2e -- --test-threads $(TEST_THREADS) \
+	  $(foreach t,$(E2E_WITHOUT_ENVOY) $(E2E_WITH_OTHER_ENVOYS),--skip $(t))
+endif
 
 soak: build envoy
 	scripts/soak.sh
@@ -299,26 +311,19 @@ build-cross: venv
 	@$(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
 	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
-	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native && \
-	for minor in $(NATIVE_OLDER_MINORS); do \
-	  cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native \
-	    --no-default-features --features envoy-$${minor/./-} --target-dir $(TARGET)/envoy-$$minor/cargo || exit 1; \
-	done
+	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native
 
-# What the images and the release are made of, one directory per platform (scripts/images.sh).
+# What the images and the release are made of, one directory per platform (scripts/images.sh);
+# ENVOY_MINORS (the tested minors) names the native module's per-minor aliases.
 stage: build build-cross
 	rm -rf $(STAGE)
-	mkdir -p $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR) $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR) $(STAGE)/wasm
+	mkdir -p $(STAGE)/linux-amd64 $(STAGE)/linux-arm64 $(STAGE)/wasm
 	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
 	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/release/serving-picker-conditions $(STAGE)/linux-arm64/
-	cp $(NATIVE_SO) $(STAGE)/linux-amd64/envoy-$(ENVOY_MINOR)/
-	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$(ENVOY_MINOR)/
+	cp $(NATIVE_SO) $(STAGE)/linux-amd64/libserving_picker.so
+	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/libserving_picker.so
 	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
-	for minor in $(NATIVE_OLDER_MINORS); do \
-	  mkdir -p $(STAGE)/linux-amd64/envoy-$$minor $(STAGE)/linux-arm64/envoy-$$minor && \
-	  cp $(TARGET)/envoy-$$minor/libserving_picker.so $(STAGE)/linux-amd64/envoy-$$minor/ && \
-	  cp $(TARGET)/envoy-$$minor/cargo/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/envoy-$$minor/ || exit 1; \
-	done
+	echo "$(NATIVE_MINORS)" >$(STAGE)/envoy-minors
 
 # The images as OCI archives in $(TARGET)/images (packaging/*.Containerfile, buildah).
 images: stage

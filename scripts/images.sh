@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds serving-picker's images as OCI archives, from artefacts already built and staged:
 #
-#   $STAGE/linux-<arch>/serving-picker-conditions            (static, per arch)
-#   $STAGE/linux-<arch>/envoy-<minor>/libserving_picker.so   (per arch and Envoy minor)
+#   $STAGE/linux-<arch>/serving-picker-conditions   (static, per arch)
+#   $STAGE/linux-<arch>/libserving_picker.so        (per arch: one build for every Envoy minor)
 #   $STAGE/wasm/serving_picker.wasm
+#   $STAGE/envoy-minors                             the Envoy minors the native module is tested with
 #
 # and writes to $OUT:
-#   serving-picker-conditions.oci.tar            index: linux/amd64 + linux/arm64
-#   serving-picker-native-envoy<minor>.oci.tar   index: linux/amd64 + linux/arm64, per minor
-#   serving-picker-wasm.oci.tar                  one manifest (the compat Wasm image)
+#   serving-picker-conditions.oci.tar   index: linux/amd64 + linux/arm64
+#   serving-picker-native.oci.tar       index: linux/amd64 + linux/arm64
+#   serving-picker-wasm.oci.tar         one manifest (the compat Wasm image)
 #
 # Environment: VERSION, REVISION, SOURCE (labels), SOURCE_DATE_EPOCH (every timestamp in the
 # images: the same inputs give the same digests), ARCHES (default "amd64 arm64"),
-# ENVOY_MINORS (default: every envoy-* directory staged for amd64).
+# ENVOY_MINORS (default: $STAGE/envoy-minors; the native image's label lists them).
 # buildah with the vfs driver and chroot isolation, in a private store under $OUT: no daemon,
 # no root-owned state, nothing pulled (every image is FROM scratch).
 set -euo pipefail
@@ -74,13 +75,11 @@ for arch in $ARCHES; do
 done
 multiarch serving-picker-conditions "$PACKAGING/companion.Containerfile" "$STAGE"
 
-minors=${ENVOY_MINORS:-$(cd "$STAGE/linux-amd64" && ls -d envoy-* 2>/dev/null | sed 's/^envoy-//')}
-[ -n "$minors" ] || { echo "images.sh: no $STAGE/linux-amd64/envoy-*/libserving_picker.so" >&2; exit 1; }
-for minor in $minors; do
-  for arch in $ARCHES; do check_elf "$STAGE/linux-$arch/envoy-$minor/libserving_picker.so" "$arch"; done
-  multiarch "serving-picker-native-envoy$minor" "$PACKAGING/native.Containerfile" "$STAGE" \
-    --build-arg "ENVOY_MINOR=$minor"
-done
+minors=${ENVOY_MINORS:-$(cat "$STAGE/envoy-minors" 2>/dev/null)}
+[ -n "$minors" ] || { echo "images.sh: no Envoy minors (ENVOY_MINORS or $STAGE/envoy-minors)" >&2; exit 1; }
+for arch in $ARCHES; do check_elf "$STAGE/linux-$arch/libserving_picker.so" "$arch"; done
+multiarch serving-picker-native "$PACKAGING/native.Containerfile" "$STAGE" \
+  --build-arg "ENVOY_MINORS=$(echo $minors)"
 
 wasm=$STAGE/wasm/serving_picker.wasm
 [ "$(head -c 4 "$wasm" | od -An -tx1 | tr -d ' ')" = 0061736d ] || { echo "images.sh: $wasm is not a wasm module" >&2; exit 1; }

@@ -2,14 +2,18 @@
 # `make release VERSION=x.y.z [REGISTRY=host/path]`: writes $DIST (default dist/) from the staged
 # artefacts (make stage):
 #
-#   serving-picker-conditions-<v>-linux-{amd64,arm64}       the companion, static
-#   libserving_picker-<v>-envoy<minor>-linux-{amd64,arm64}.so the native module, per Envoy minor
-#   serving_picker-<v>.wasm                                   the wasm module
-#   images/*.oci.tar                                          the images (scripts/images.sh)
-#   images.txt                                                <name> <tag> <digest>, one per image
-#   manifests/{deploy,examples}/                              the manifests, images pinned by digest
-#   SHA256SUMS                                                of every file above
+#   serving-picker-conditions-<v>-linux-{amd64,arm64}         the companion, static
+#   libserving_picker-<v>-linux-{amd64,arm64}.so                the native module, for every
+#                                                               tested Envoy minor
+#   libserving_picker-<v>-envoy<minor>-linux-{amd64,arm64}.so   the same file under the names of
+#                                                               each minor (ENVOY_MINORS)
+#   serving_picker-<v>.wasm                                     the wasm module
+#   images/<name>-<v>.oci.tar                                   the images (scripts/images.sh)
+#   images.txt                                                  <name> <tag> <digest>, one per tag
+#   manifests/{deploy,examples}/                                the manifests, images pinned by digest
+#   SHA256SUMS                                                  of every file above
 #
+# The native image is tagged <v> and, for each minor, <v>-envoy<minor>: one digest.
 # With REGISTRY set, pushes each image as <REGISTRY>/<name>:<tag> (digests kept) and checks that
 # the registry serves the digest the archive holds. REGISTRY_TLS_VERIFY=false for a plain-HTTP
 # registry (the loopback one of scripts/check-release.sh).
@@ -33,14 +37,17 @@ git diff --quiet HEAD -- 2>/dev/null || REVISION="$REVISION-dirty"
 export VERSION REVISION
 export SOURCE=${SOURCE:-$(scripts/version.sh repository)}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
+ENVOY_MINORS=${ENVOY_MINORS:-$(cat "$STAGE/envoy-minors" 2>/dev/null)}
+[ -n "$ENVOY_MINORS" ] || { echo "release: no Envoy minors (ENVOY_MINORS or $STAGE/envoy-minors)" >&2; exit 1; }
+export ENVOY_MINORS
 
 rm -rf "$DIST"
 mkdir -p "$DIST/images"
 for arch in amd64 arm64; do
   cp "$STAGE/linux-$arch/serving-picker-conditions" "$DIST/serving-picker-conditions-$VERSION-linux-$arch"
-  for so in "$STAGE"/linux-$arch/envoy-*/libserving_picker.so; do
-    minor=$(basename "$(dirname "$so")"); minor=${minor#envoy-}
-    cp "$so" "$DIST/libserving_picker-$VERSION-envoy$minor-linux-$arch.so"
+  cp "$STAGE/linux-$arch/libserving_picker.so" "$DIST/libserving_picker-$VERSION-linux-$arch.so"
+  for minor in $ENVOY_MINORS; do
+    cp "$STAGE/linux-$arch/libserving_picker.so" "$DIST/libserving_picker-$VERSION-envoy$minor-linux-$arch.so"
   done
 done
 cp "$STAGE/wasm/serving_picker.wasm" "$DIST/serving_picker-$VERSION.wasm"
@@ -53,21 +60,21 @@ archive_digest() {
 }
 : >"$DIST/images.txt"
 for archive in "$DIST"/images/*.oci.tar; do
-  image=$(basename "$archive" .oci.tar)
-  case $image in
-    serving-picker-native-envoy*) name=serving-picker-native; tag="$VERSION-envoy${image#serving-picker-native-envoy}" ;;
-    *) name=$image; tag=$VERSION ;;
-  esac
-  final=$DIST/images/$name-$tag.oci.tar
+  name=$(basename "$archive" .oci.tar)
+  final=$DIST/images/$name-$VERSION.oci.tar
   mv "$archive" "$final"
-  echo "$name $tag $(archive_digest "$final")" >>"$DIST/images.txt"
+  digest=$(archive_digest "$final")
+  echo "$name $VERSION $digest" >>"$DIST/images.txt"
+  if [ "$name" = serving-picker-native ]; then
+    for minor in $ENVOY_MINORS; do echo "$name $VERSION-envoy$minor $digest" >>"$DIST/images.txt"; done
+  fi
 done
 sort -o "$DIST/images.txt" "$DIST/images.txt"
 
 if [ -n "$REGISTRY" ]; then
   while read -r name tag digest; do
     skopeo copy --quiet --all --preserve-digests --dest-tls-verify="$TLS_VERIFY" \
-      "oci-archive:$DIST/images/$name-$tag.oci.tar" "docker://$REGISTRY/$name:$tag"
+      "oci-archive:$DIST/images/$name-$VERSION.oci.tar" "docker://$REGISTRY/$name:$tag"
     served=sha256:$(skopeo inspect --raw --tls-verify="$TLS_VERIFY" "docker://$REGISTRY/$name:$tag" | sha256sum | cut -d' ' -f1)
     if [ "$served" != "$digest" ]; then
       echo "release: $REGISTRY/$name:$tag is $served in the registry, $digest in the archive" >&2

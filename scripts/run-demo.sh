@@ -10,21 +10,11 @@
 # when set, else the version in .envoy-version (the Envoy `make test` uses); a full version
 # already installed needs no network. func-e stops Envoy with SIGKILL, not a graceful drain:
 # under func-e, Ctrl-C ends the demo's Envoys at once (.venv's Envoy gets SIGTERM).
-# The native Envoy finds libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH: the
-# build for the Envoy minor that runs (target/release for .envoy-version's, target/envoy-<minor>
-# for the others: the module refuses any other Envoy).
+# The native Envoy finds libserving_picker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH: the one
+# build (target/release), which loads into every Envoy minor it is tested with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pinned="$(tr -d '[:space:]' < .envoy-version)"
-version="$pinned"
-command -v func-e >/dev/null 2>&1 && version="${ENVOY_VERSION:-$pinned}"
-# The build's target directory (the Makefile passes its release directory).
-builds="$(dirname "${ENVOY_DYNAMIC_MODULES_SEARCH_PATH:-$PWD/target/release}")"
-if [[ "${version%.*}" == "${pinned%.*}" ]]; then
-  export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$builds/release"
-else
-  export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$builds/envoy-${version%.*}"
-fi
+export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="${ENVOY_DYNAMIC_MODULES_SEARCH_PATH:-$PWD/target/release}"
 [[ -f .run/tls/envoy-sds/sds-validation.yaml ]] || {
   echo "run-demo: no demo certificates in .run/tls (make demo-certs)" >&2
   exit 1

@@ -6,6 +6,18 @@
 #
 # The work is the end-to-end crate's `test-compat` binary (tests/compat/main.rs: which tests,
 # which Envoy, module and wasm runtime per release, the table); its doc says what each mode runs.
+# The binary is the one the e2e test build of `make unit` and `make integration` makes (cargo
+# builds a package's binaries with its integration tests; the same `--workspace` selection, so the
+# same features and nothing is rebuilt, where `cargo run` would build the package again without
+# its dev-dependencies' features).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo run -q -p serving-picker-e2e --bin test-compat -- "$@"
+bin=$(cargo test --workspace --test e2e --no-run --message-format=json-render-diagnostics | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "test-compat" and m.get("executable"):
+        found = m["executable"]
+print(found if "found" in globals() else "")')
+[ -x "$bin" ] || { echo "test-compat.sh: the test-compat binary was not built" >&2; exit 1; }
+exec "$bin" "$@"

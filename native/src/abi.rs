@@ -3,10 +3,11 @@
 //! the conversions of the opaque pointers the hooks receive and return.
 //! This is the one file with raw pointers into Envoy.
 //!
-//! The declarations hold for every Envoy this module is built for (1.38,
-//! 1.39, 1.40: docs/compatibility.md says how each signature was compared).
-//! A callback whose signature differs in some release gets one declaration
-//! per `envoy-1-NN` feature here; none does today.
+//! The declarations hold for every Envoy this module runs in (1.38, 1.39,
+//! 1.40: docs/compatibility.md says how each signature was compared). A
+//! callback whose signature differed in some release would need a
+//! declaration per release here, chosen by the release `envoy_version`
+//! identifies at load time; none does.
 //! Every declared callback is checked against each supported Envoy binary
 //! (`nm -D --defined-only envoy`, tests/e2e/native/abi.rs) and its behaviour
 //! against the real Envoys (the e2e tests, `make test-compat`).

@@ -1,30 +1,36 @@
-//! Which Envoy this build is for, and whether the Envoy loading it is that
-//! one.
+//! Which Envoy loads the module, and whether it may.
 //!
-//! A build targets one Envoy minor, chosen by a cargo feature (`envoy-1-38`,
-//! `envoy-1-39`, `envoy-1-40`, the default); `make build` writes one .so per
-//! minor (docs/compatibility.md). Envoy itself only compares the ABI version
-//! string `program_init` returns and logs a warning on a mismatch, then
-//! loads the module anyway; a callback whose signature differs would then be
-//! undefined behaviour. So `program_init` identifies the running Envoy by
-//! the set of `envoy_dynamic_module_callback_*` symbols its executable
-//! exports (identical across the patch releases of a minor, different for
-//! every minor) and refuses, with a log line saying which build to load,
-//! when that is not the Envoy this build is for. A refusal is a null
-//! answer, which makes Envoy fail the configuration that loads the module
-//! ("Failed to initialize dynamic module").
+//! One build serves every Envoy minor with the dynamic-module load-balancing
+//! policy (1.38, 1.39, 1.40: docs/compatibility.md). Envoy itself only
+//! compares the ABI version string `program_init` returns and logs a warning
+//! on a mismatch, then loads the module anyway. So `program_init` identifies
+//! the running Envoy by the set of `envoy_dynamic_module_callback_*` symbols
+//! its executable exports (identical across the patch releases of a minor,
+//! different for every minor) and answers that release's own ABI version
+//! string.
 //!
-//! `SERVING_PICKER_ENVOY_CHECK=warn` turns a refusal into a warning (for an
-//! Envoy build this table does not know), except when Envoy lacks a
-//! callback the module calls: that would abort Envoy at the first call.
+//! An Envoy whose callback set is none of the tested releases' (a later
+//! minor, or another build of a supported one) still exports every callback
+//! the module calls when it gets this far: the module is linked with
+//! `-z now`, so the dynamic linker resolves every callback when Envoy opens
+//! it and a missing one fails that `dlopen`, naming the symbol. It loads,
+//! under upstream's promise that a module built for Envoy 1.N loads in
+//! 1.(N+1) (envoyproxy/envoy#43219), with a warning line and the gauge
+//! `serving_picker.envoy.untested` at 1. Refused (a null answer, which makes
+//! Envoy fail the configuration that loads the module: "Failed to initialize
+//! dynamic module") are only an Envoy that lacks a callback the module calls
+//! (named in the line) or has no load-balancing policy for modules, and, with
+//! `SERVING_PICKER_ENVOY_CHECK=strict`, every Envoy that is not a tested
+//! release.
 
 use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use object::{Object, ObjectSymbol};
 
-/// One Envoy minor this module can be built for.
+/// One Envoy minor the module is tested with.
 #[derive(Debug, PartialEq, Eq)]
 pub struct EnvoyRelease {
     /// "1.40"
@@ -37,7 +43,8 @@ pub struct EnvoyRelease {
     pub callbacks_fnv: u64,
 }
 
-/// Every Envoy minor with the dynamic-module load-balancing policy.
+/// Every Envoy minor with the dynamic-module load-balancing policy, oldest
+/// first: the releases the module is tested with.
 pub const KNOWN: [EnvoyRelease; 3] = [
     EnvoyRelease {
         minor: "1.38",
@@ -59,26 +66,12 @@ pub const KNOWN: [EnvoyRelease; 3] = [
     },
 ];
 
-#[cfg(any(
-    all(feature = "envoy-1-38", feature = "envoy-1-39"),
-    all(feature = "envoy-1-38", feature = "envoy-1-40"),
-    all(feature = "envoy-1-39", feature = "envoy-1-40"),
-))]
-compile_error!(
-    "enable exactly one envoy-1-NN feature (--no-default-features --features envoy-1-38)"
-);
-#[cfg(not(any(feature = "envoy-1-38", feature = "envoy-1-39", feature = "envoy-1-40")))]
-compile_error!("enable one envoy-1-NN feature (the default is envoy-1-40)");
-
-/// The Envoy this build is for.
-#[cfg(feature = "envoy-1-38")]
-pub const BUILT_FOR: &EnvoyRelease = &KNOWN[0];
-#[cfg(feature = "envoy-1-39")]
-pub const BUILT_FOR: &EnvoyRelease = &KNOWN[1];
-#[cfg(feature = "envoy-1-40")]
-pub const BUILT_FOR: &EnvoyRelease = &KNOWN[2];
+/// The newest tested release: the ABI version answered to any other Envoy.
+pub const NEWEST: &EnvoyRelease = &KNOWN[KNOWN.len() - 1];
 
 pub const CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_";
+/// Every callback of the load-balancing policy for modules starts so.
+pub const LB_CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_lb_";
 
 /// The callbacks the module calls: abi.rs's declarations (tests/e2e/native/abi.rs
 /// checks that the .so imports exactly these).
@@ -106,8 +99,35 @@ pub const IMPORTED: [&str; 21] = [
     "envoy_dynamic_module_callback_log_enabled",
 ];
 
-/// The variable that turns a refusal into a warning (`warn`).
+/// The variable that chooses which Envoys the module loads into.
 pub const CHECK_VAR: &str = "SERVING_PICKER_ENVOY_CHECK";
+
+/// The gauge (`dynamicmodulescustom.serving_picker.envoy.untested` in
+/// /stats), defined by every configuration: 1 when the running Envoy is not
+/// a tested release, 0 when it is.
+pub const UNTESTED_GAUGE: &str = "serving_picker.envoy.untested";
+
+/// What `SERVING_PICKER_ENVOY_CHECK` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckMode {
+    /// `warn`, the default: a tested release loads; any other Envoy that
+    /// exports every callback the module calls loads with a warning.
+    Warn,
+    /// `strict`: only a tested release loads.
+    Strict,
+}
+
+/// The mode `SERVING_PICKER_ENVOY_CHECK` names (unset or empty: `warn`), or
+/// the default and a line saying the value was not understood.
+pub fn check_mode(value: Option<&str>) -> Result<CheckMode, String> {
+    match value {
+        None | Some("") | Some("warn") => Ok(CheckMode::Warn),
+        Some("strict") => Ok(CheckMode::Strict),
+        Some(other) => Err(format!(
+            "serving_picker: {CHECK_VAR}={other:?} is neither \"warn\" nor \"strict\": warn"
+        )),
+    }
+}
 
 /// Count and FNV-1a hash of a set of callback names (each followed by a
 /// newline, in byte order: what `LC_ALL=C sort -u` of the lists gives).
@@ -127,10 +147,12 @@ pub fn fingerprint<'a>(names: impl IntoIterator<Item = &'a str>) -> (usize, u64)
 #[derive(Debug, PartialEq, Eq)]
 pub enum Seen {
     Release(&'static EnvoyRelease),
-    /// Not a release this module knows (newer, or a custom build): how many
-    /// callbacks it exports, and which of the module's imports it lacks.
+    /// Not a tested release (a later one, or another build): how many
+    /// callbacks it exports, whether any is the load-balancing policy's, and
+    /// which of the module's imports it lacks.
     Unknown {
         callbacks: usize,
+        lb_policy: bool,
         missing: Vec<&'static str>,
     },
     /// The executable's symbols could not be read.
@@ -148,6 +170,7 @@ pub fn identify(exported: &BTreeSet<String>) -> Seen {
     }
     Seen::Unknown {
         callbacks: count,
+        lb_policy: exported.iter().any(|n| n.starts_with(LB_CALLBACK_PREFIX)),
         missing: IMPORTED
             .iter()
             .copied()
@@ -176,92 +199,76 @@ pub fn exported_callbacks(executable: &Path) -> Result<BTreeSet<String>, String>
 /// Load, or not, and the line that says why.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Load; `warning` when only the override lets it.
     Load {
+        /// The ABI version string to answer Envoy.
+        abi_version: &'static CStr,
+        /// Whether the Envoy is a tested release (else: a warning line and
+        /// the gauge).
+        tested: bool,
         message: String,
-        warning: bool,
     },
     Refuse(String),
 }
 
-fn build_hint(release: &EnvoyRelease) -> String {
-    if release.minor == KNOWN[KNOWN.len() - 1].minor {
-        "target/release/libserving_picker.so".to_string()
-    } else {
-        format!("target/envoy-{}/libserving_picker.so", release.minor)
-    }
+fn tested_list() -> String {
+    KNOWN
+        .iter()
+        .map(|r| format!("{} ({} callbacks)", r.minor, r.callbacks))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
-/// The decision for the Envoy `seen` under this build (`built_for`), with
-/// `SERVING_PICKER_ENVOY_CHECK=warn` or not.
-pub fn verdict(seen: &Seen, built_for: &EnvoyRelease, warn_only: bool) -> Verdict {
-    let this = format!(
-        "serving_picker: this module is built for Envoy {} (dynamic-module ABI {})",
-        built_for.minor,
-        built_for.abi_version.to_string_lossy()
-    );
-    let (problem, overridable) = match seen {
-        Seen::Release(r) if *r == built_for => {
-            return Verdict::Load {
-                message: format!("{this} and runs in Envoy {}", r.minor),
-                warning: false,
+/// The decision for the Envoy `seen`, in `mode`; `build` names the module
+/// (its version) in the line.
+pub fn verdict(seen: &Seen, mode: CheckMode, build: &str) -> Verdict {
+    let this = format!("serving_picker {build}");
+    let abi = |r: &EnvoyRelease| r.abi_version.to_string_lossy().into_owned();
+    let untested = |what: String| {
+        if mode == CheckMode::Strict {
+            Verdict::Refuse(format!(
+                "{this} refuses to load: {what}; {CHECK_VAR}=strict loads it only into a tested release: {}",
+                tested_list()
+            ))
+        } else {
+            Verdict::Load {
+                abi_version: NEWEST.abi_version,
+                tested: false,
+                message: format!(
+                    "{this} loads into an Envoy it is not tested with: {what}. Every callback it calls is there; \
+                     upstream promises that a module for Envoy 1.N loads in 1.(N+1). It answers ABI {} (Envoy {}'s). \
+                     Tested: {}; gauge {UNTESTED_GAUGE} = 1 ({CHECK_VAR}=strict refuses such an Envoy)",
+                    abi(NEWEST),
+                    NEWEST.minor,
+                    tested_list()
+                ),
             }
         }
-        Seen::Release(r) => (
-            format!(
-                "this Envoy is {} (ABI {}): load the module built for Envoy {} (`make build` writes {})",
-                r.minor,
-                r.abi_version.to_string_lossy(),
-                r.minor,
-                build_hint(r)
-            ),
-            true,
-        ),
-        Seen::Unknown { missing, .. } if !missing.is_empty() => (
-            format!(
-                "this Envoy does not export callbacks the module calls ({}): it is not an Envoy the module supports",
-                missing.join(", ")
-            ),
-            false,
-        ),
-        Seen::Unknown { callbacks, .. } => (
-            format!(
-                "this Envoy's dynamic-module ABI is none the module knows ({callbacks} callbacks exported; known: {}): a newer release or a custom build",
-                KNOWN
-                    .iter()
-                    .map(|r| format!("{} ({})", r.minor, r.callbacks))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            true,
-        ),
-        Seen::Unreadable(why) => (
-            format!("the running Envoy could not be identified ({why})"),
-            true,
-        ),
     };
-    if overridable && warn_only {
-        Verdict::Load {
-            message: format!("{this}; {problem}; loading anyway ({CHECK_VAR}=warn)"),
-            warning: true,
-        }
-    } else if overridable {
-        Verdict::Refuse(format!(
-            "{this} and refuses to load: {problem} ({CHECK_VAR}=warn loads it anyway, at your own risk)"
-        ))
-    } else {
-        Verdict::Refuse(format!("{this} and refuses to load: {problem}"))
-    }
-}
-
-/// Whether `SERVING_PICKER_ENVOY_CHECK` asks for a warning instead of a
-/// refusal (`warn`); any other value than `warn` or `strict` is reported.
-pub fn warn_only(value: Option<&str>) -> Result<bool, String> {
-    match value {
-        None | Some("strict") => Ok(false),
-        Some("warn") => Ok(true),
-        Some(other) => Err(format!(
-            "serving_picker: {CHECK_VAR}={other:?} is neither \"strict\" nor \"warn\": strict"
+    match seen {
+        Seen::Release(r) => Verdict::Load {
+            abi_version: r.abi_version,
+            tested: true,
+            message: format!(
+                "{this} loads into Envoy {}, a tested release (dynamic-module ABI {})",
+                r.minor,
+                abi(r)
+            ),
+        },
+        Seen::Unknown {
+            lb_policy: false, ..
+        } => Verdict::Refuse(format!(
+            "{this} refuses to load: this Envoy has no load-balancing policy for dynamic modules \
+             (no {LB_CALLBACK_PREFIX}* callback; Envoy 1.38 and later have it)"
+        )),
+        Seen::Unknown { missing, .. } if !missing.is_empty() => Verdict::Refuse(format!(
+            "{this} refuses to load: this Envoy does not export callbacks the module calls: {}",
+            missing.join(", ")
+        )),
+        Seen::Unknown { callbacks, .. } => untested(format!(
+            "its {callbacks} callbacks are none of the tested releases' sets (a later release or another build)"
+        )),
+        Seen::Unreadable(why) => untested(format!(
+            "the running Envoy could not be identified ({why})"
         )),
     }
 }
@@ -272,6 +279,18 @@ pub fn running_envoy() -> Seen {
         Ok(exported) => identify(&exported),
         Err(e) => Seen::Unreadable(e),
     }
+}
+
+/// Whether program_init loaded the module into an Envoy that is not a
+/// tested release (what the gauge says).
+static UNTESTED: AtomicBool = AtomicBool::new(false);
+
+pub fn set_untested(untested: bool) {
+    UNTESTED.store(untested, Ordering::Relaxed);
+}
+
+pub fn untested() -> bool {
+    UNTESTED.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -327,81 +346,146 @@ mod tests {
             identify(&newer),
             Seen::Unknown {
                 callbacks: KNOWN[2].callbacks + 1,
+                lb_policy: true,
                 missing: vec![]
             }
         );
         let mut custom = list("1.40");
         custom.remove("envoy_dynamic_module_callback_log");
         match identify(&custom) {
-            Seen::Unknown { missing, .. } => {
+            Seen::Unknown {
+                missing, lb_policy, ..
+            } => {
+                assert!(lb_policy);
                 assert_eq!(missing, ["envoy_dynamic_module_callback_log"])
             }
             other => panic!("{other:?}"),
         }
+        // 1.37: dynamic modules, but no load-balancing policy for them.
+        let no_lb: BTreeSet<String> = list("1.38")
+            .into_iter()
+            .filter(|n| !n.starts_with(LB_CALLBACK_PREFIX))
+            .collect();
+        assert!(matches!(
+            identify(&no_lb),
+            Seen::Unknown {
+                lb_policy: false,
+                ..
+            }
+        ));
+    }
+
+    fn loaded(v: Verdict) -> (&'static CStr, bool, String) {
+        match v {
+            Verdict::Load {
+                abi_version,
+                tested,
+                message,
+            } => (abi_version, tested, message),
+            Verdict::Refuse(m) => panic!("refused: {m}"),
+        }
+    }
+
+    fn refused(v: Verdict) -> String {
+        match v {
+            Verdict::Refuse(m) => m,
+            other => panic!("loaded: {other:?}"),
+        }
     }
 
     #[test]
-    fn verdicts() {
-        let (v38, v40) = (&KNOWN[0], &KNOWN[2]);
-        match verdict(&Seen::Release(v40), v40, false) {
-            Verdict::Load { message, warning } => {
-                assert!(!warning);
-                assert!(message.contains("built for Envoy 1.40"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
-        // Another release: refused, naming the build to load.
-        match verdict(&Seen::Release(v38), v40, false) {
-            Verdict::Refuse(m) => {
+    fn every_tested_release_loads_with_its_own_abi_version() {
+        for mode in [CheckMode::Warn, CheckMode::Strict] {
+            for r in &KNOWN {
+                let (abi, tested, m) = loaded(verdict(&Seen::Release(r), mode, "0.1.0"));
+                assert_eq!(abi, r.abi_version);
+                assert!(tested);
                 assert!(
-                    m.contains("built for Envoy 1.40 (dynamic-module ABI v0.2.0)"),
+                    m.contains(&format!(
+                        "serving_picker 0.1.0 loads into Envoy {}, a tested release (dynamic-module ABI {})",
+                        r.minor,
+                        r.abi_version.to_string_lossy()
+                    )),
                     "{m}"
                 );
-                assert!(m.contains("this Envoy is 1.38 (ABI v0.1.0)"), "{m}");
-                assert!(m.contains("target/envoy-1.38/libserving_picker.so"), "{m}");
-                assert!(m.contains("SERVING_PICKER_ENVOY_CHECK=warn"), "{m}");
             }
-            other => panic!("{other:?}"),
         }
-        match verdict(&Seen::Release(v40), v38, false) {
-            Verdict::Refuse(m) => assert!(m.contains("target/release/libserving_picker.so"), "{m}"),
-            other => panic!("{other:?}"),
-        }
-        // The override: a warning instead.
-        assert!(matches!(
-            verdict(&Seen::Release(v38), v40, true),
-            Verdict::Load { warning: true, .. }
-        ));
-        let unknown = Seen::Unknown {
+        assert_eq!(KNOWN[0].abi_version, c"v0.1.0");
+        assert_eq!(KNOWN[1].abi_version, c"v0.1.0");
+        assert_eq!(KNOWN[2].abi_version, c"v0.2.0");
+    }
+
+    #[test]
+    fn another_envoy_with_every_callback_loads_with_a_warning_unless_strict() {
+        let later = Seen::Unknown {
             callbacks: 900,
+            lb_policy: true,
             missing: vec![],
         };
-        assert!(matches!(verdict(&unknown, v40, false), Verdict::Refuse(_)));
-        assert!(matches!(
-            verdict(&unknown, v40, true),
-            Verdict::Load { warning: true, .. }
-        ));
-        assert!(matches!(
-            verdict(&Seen::Unreadable("x".into()), v40, false),
-            Verdict::Refuse(_)
-        ));
-        // A missing callback is refused even with the override.
-        let lacking = Seen::Unknown {
-            callbacks: 10,
-            missing: vec!["envoy_dynamic_module_callback_log"],
-        };
-        match verdict(&lacking, v40, true) {
-            Verdict::Refuse(m) => assert!(m.contains("envoy_dynamic_module_callback_log"), "{m}"),
-            other => panic!("{other:?}"),
+        let (abi, tested, m) = loaded(verdict(&later, CheckMode::Warn, "0.1.0"));
+        assert_eq!(abi, NEWEST.abi_version);
+        assert!(!tested);
+        assert!(
+            m.contains("its 900 callbacks are none of the tested releases"),
+            "{m}"
+        );
+        assert!(
+            m.contains("1.38 (521 callbacks), 1.39 (607 callbacks), 1.40 (781 callbacks)"),
+            "{m}"
+        );
+        assert!(m.contains(UNTESTED_GAUGE), "{m}");
+        let m = refused(verdict(&later, CheckMode::Strict, "0.1.0"));
+        assert!(m.contains("SERVING_PICKER_ENVOY_CHECK=strict"), "{m}");
+        // Unreadable: the same (reaching program_init proves that every
+        // callback resolved, the module being linked with -z now).
+        let unreadable = Seen::Unreadable("x".into());
+        assert!(!loaded(verdict(&unreadable, CheckMode::Warn, "0.1.0")).1);
+        assert!(refused(verdict(&unreadable, CheckMode::Strict, "0.1.0")).contains("(x)"));
+    }
+
+    #[test]
+    fn an_envoy_lacking_a_callback_or_the_policy_is_refused_in_every_mode() {
+        for mode in [CheckMode::Warn, CheckMode::Strict] {
+            let lacking = Seen::Unknown {
+                callbacks: 10,
+                lb_policy: true,
+                missing: vec!["envoy_dynamic_module_callback_log"],
+            };
+            let m = refused(verdict(&lacking, mode, "0.1.0"));
+            assert!(
+                m.contains(
+                    "does not export callbacks the module calls: envoy_dynamic_module_callback_log"
+                ),
+                "{m}"
+            );
+            let no_lb = Seen::Unknown {
+                callbacks: 10,
+                lb_policy: false,
+                missing: vec!["envoy_dynamic_module_callback_lb_get_hosts_count"],
+            };
+            let m = refused(verdict(&no_lb, mode, "0.1.0"));
+            assert!(
+                m.contains("no load-balancing policy for dynamic modules"),
+                "{m}"
+            );
         }
     }
 
     #[test]
     fn the_check_variable() {
-        assert_eq!(warn_only(None), Ok(false));
-        assert_eq!(warn_only(Some("strict")), Ok(false));
-        assert_eq!(warn_only(Some("warn")), Ok(true));
-        assert!(warn_only(Some("off")).unwrap_err().contains("\"off\""));
+        assert_eq!(check_mode(None), Ok(CheckMode::Warn));
+        assert_eq!(check_mode(Some("")), Ok(CheckMode::Warn));
+        assert_eq!(check_mode(Some("warn")), Ok(CheckMode::Warn));
+        assert_eq!(check_mode(Some("strict")), Ok(CheckMode::Strict));
+        assert!(check_mode(Some("off")).unwrap_err().contains("\"off\""));
+    }
+
+    #[test]
+    fn the_untested_flag() {
+        set_untested(true);
+        assert!(untested());
+        set_untested(false);
+        assert!(!untested());
     }
 
     #[test]
@@ -412,7 +496,7 @@ mod tests {
         assert!(exported_callbacks(Path::new("/nonexistent")).is_err());
         let seen = identify(&BTreeSet::new());
         assert!(
-            matches!(seen, Seen::Unknown { callbacks: 0, ref missing } if missing.len() == IMPORTED.len())
+            matches!(seen, Seen::Unknown { callbacks: 0, lb_policy: false, ref missing } if missing.len() == IMPORTED.len())
         );
     }
 }

@@ -10,7 +10,7 @@ use crate::abi::{
     self, AbiVersionPtr, ConfigHandle, Context, EnvoyBuffer, EnvoyPtr, Lb, ModulePtr, OutU32,
 };
 use crate::envoy_host::{self, Envoy, EnvoyHosts, EnvoyLbInstance, EnvoyPolicy, EnvoyRequest};
-use crate::envoy_version::{self, Verdict, BUILT_FOR, CHECK_VAR};
+use crate::envoy_version::{self, CheckMode, Verdict, CHECK_VAR};
 use crate::policy::Level;
 
 /// Runs `f`, or logs the panic and returns `fallback`.
@@ -30,22 +30,28 @@ fn guarded<T>(hook: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Answers the ABI version this build is for, or refuses (null) when the
-/// Envoy loading it is not that one (`envoy_version`).
+/// Answers the running Envoy's own ABI version string, or refuses (null)
+/// an Envoy the module cannot run in (`envoy_version`).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionPtr {
     guarded("on_program_init", abi::NO_ABI_VERSION, || {
-        let warn_only = match envoy_version::warn_only(std::env::var(CHECK_VAR).ok().as_deref()) {
-            Ok(w) => w,
+        let mode = match envoy_version::check_mode(std::env::var(CHECK_VAR).ok().as_deref()) {
+            Ok(mode) => mode,
             Err(line) => {
                 envoy_host::log(Level::Warn, &line);
-                false
+                CheckMode::Warn
             }
         };
-        match envoy_version::verdict(&envoy_version::running_envoy(), BUILT_FOR, warn_only) {
-            Verdict::Load { message, warning } => {
-                envoy_host::log(if warning { Level::Warn } else { Level::Info }, &message);
-                abi::abi_version_ptr(BUILT_FOR.abi_version)
+        let build = env!("CARGO_PKG_VERSION");
+        match envoy_version::verdict(&envoy_version::running_envoy(), mode, build) {
+            Verdict::Load {
+                abi_version,
+                tested,
+                message,
+            } => {
+                envoy_host::log(if tested { Level::Info } else { Level::Warn }, &message);
+                envoy_version::set_untested(!tested);
+                abi::abi_version_ptr(abi_version)
             }
             Verdict::Refuse(message) => {
                 envoy_host::log(Level::Error, &message);
@@ -68,6 +74,10 @@ pub extern "C" fn envoy_dynamic_module_on_lb_config_new(
             envoy_host::log(Level::Error, "serving_picker: no config object from Envoy");
             return abi::NO_MODULE;
         };
+        // 1 when the running Envoy is not a tested release (program_init).
+        if let Some(id) = handle.define_gauge(envoy_version::UNTESTED_GAUGE) {
+            handle.set_gauge(id, u64::from(envoy_version::untested()));
+        }
         // SAFETY: Envoy's buffers are valid for this call.
         let (name, raw) = unsafe { (name.bytes(), config.bytes()) };
         match EnvoyPolicy::new(Envoy::new(handle), name, raw) {

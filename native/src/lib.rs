@@ -1,6 +1,6 @@
 //! serving-picker as an Envoy dynamic-module load-balancing policy
 //! (`envoy.load_balancing_policies.dynamic_modules`, Envoy 1.38 to 1.40; one
-//! build per Envoy minor, docs/compatibility.md).
+//! build for all of them, docs/compatibility.md).
 //!
 //! A thin shell around the core (`serving_picker_core`):
 //! - `hooks`: the exported `envoy_dynamic_module_on_*` functions and the
@@ -9,7 +9,7 @@
 //!   metrics), plain Rust against small traits, tested against fakes;
 //! - `envoy_host`: Envoy behind those traits; `abi`: the Envoy callbacks
 //!   and the hooks' pointer conversions (the only raw pointers);
-//! - `envoy_version`: which Envoy a build is for, and the load-time check;
+//! - `envoy_version`: which Envoy loads the module, and the load-time check;
 //! - `config` parses the policy JSON, `table` reads a cluster's hosts into
 //!   the core's records, plans them and picks per request, `metrics` names
 //!   the counters and keeps the log-once state;

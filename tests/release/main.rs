@@ -10,10 +10,10 @@
 //! ARM64_SYSROOT, TARGET (the cargo target directory), PIP (the venv's pip).
 //!
 //! The chosen end-to-end tests run from the test binary `make test` built,
-//! found through `cargo test -p serving-picker-e2e --test e2e --no-run`:
-//! the command `make unit` and `make integration` build it with, so the
-//! same features and nothing is rebuilt (`--workspace` would unify other
-//! features and rebuild it). The artefacts go in SERVING_PICKER_* and
+//! found through `cargo test --workspace --test e2e --no-run`: the
+//! selection `make unit` and `make integration` build it with, so the same
+//! features and nothing is rebuilt (a `-p` selection would resolve fewer
+//! packages' features and rebuild it). The artefacts go in SERVING_PICKER_* and
 //! Envoy in ENVOY_BIN:
 //! - amd64: the companion serves the seed table's rows with the wasm form,
 //!   the native form and plain round robin;
@@ -67,7 +67,7 @@ fn env(name: &str) -> Result<String, String> {
 /// when nothing changed.
 fn e2e_test_binary() -> Result<PathBuf, String> {
     let out = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["test", "-p", "serving-picker-e2e", "--test", "e2e"])
+        .args(["test", "--workspace", "--test", "e2e"])
         .args(["--no-run", "--message-format=json"])
         .stderr(Stdio::piped())
         .output()
@@ -295,12 +295,12 @@ fn run() -> Result<Tally, String> {
         Err(e) => tally.fail(&what, &e.to_string()),
     }
     // The symbol checks read the arm64 ELF (ENVOY_ELF) and ask its version
-    // through qemu. The load-or-refuse tests of the other minors' builds stay
-    // with the amd64 run (make test).
+    // through qemu. The load tests of other callback sets stay with the amd64
+    // run (make test).
     run_test(
         &mut tally,
         e2e,
-        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, and its callbacks are those recorded for {minor} (tests/e2e/native/abi.rs)"),
+        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, it resolves every callback when opened (-z now), and its callbacks are those recorded for {minor} (tests/e2e/native/abi.rs)"),
         &[
             ("SERVING_PICKER_NATIVE", &arm64_so),
             ("ENVOY_BIN", &envoy_arm64_path),
@@ -310,6 +310,7 @@ fn run() -> Result<Tally, String> {
             "native::abi::every_declared_callback_is_exported_by_envoy",
             "native::abi::every_hook_the_module_exports_is_known_to_envoy",
             "native::abi::the_module_imports_exactly_the_declared_callbacks",
+            "native::abi::the_module_resolves_every_callback_when_it_is_opened",
             "native::abi::this_envoys_callbacks_are_the_list_recorded_for_its_minor",
         ],
     );

@@ -73,26 +73,14 @@ pub fn native_module() -> PathBuf {
     p
 }
 
-/// The native module built for Envoy `minor` ("1.38"): under
-/// `SERVING_PICKER_NATIVE_BUILDS` (default `<repo>/target`), `release/` for
-/// the minor of `.envoy-version`, `envoy-<minor>/` for the others (what
-/// `make build` writes). Not checked for existence.
-pub fn native_module_for(minor: &str) -> PathBuf {
-    let repo = crate::repo_root();
-    let builds = std::env::var_os("SERVING_PICKER_NATIVE_BUILDS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo.join("target"));
-    let pinned = std::fs::read_to_string(repo.join(".envoy-version")).unwrap_or_default();
-    if pinned.trim().starts_with(&format!("{minor}.")) {
-        builds.join("release/libserving_picker.so")
-    } else {
-        builds.join(format!("envoy-{minor}/libserving_picker.so"))
-    }
-}
-
 /// The Envoy release of `ENVOY_BIN` ("1.40.0"), from `envoy --version`.
 pub fn envoy_release() -> String {
-    let out = Command::new(envoy_bin())
+    envoy_release_of(&envoy_bin())
+}
+
+/// The Envoy release of an Envoy executable ("1.40.0").
+pub fn envoy_release_of(bin: &Path) -> String {
+    let out = Command::new(bin)
         .arg("--version")
         .output()
         .unwrap_or_else(|e| panic!("envoy --version: {e}"));
@@ -209,6 +197,10 @@ pub struct EnvoyBuilder {
     native_config: Option<String>,
     /// Command-line arguments after the harness's own.
     extra_args: Vec<String>,
+    /// The Envoy executable (else `envoy_bin()`).
+    bin: Option<PathBuf>,
+    /// The listener's port (else a free one per start attempt).
+    listen_port: Option<u16>,
 }
 
 /// Edits the generated bootstrap (and may write files into the Envoy's dir)
@@ -235,7 +227,23 @@ impl EnvoyBuilder {
             form: Form::Wasm,
             native_config: None,
             extra_args: Vec::new(),
+            bin: None,
+            listen_port: None,
         }
+    }
+
+    /// Runs this Envoy executable instead of `ENVOY_BIN` (another release,
+    /// in an upgrade).
+    pub fn binary(mut self, path: &Path) -> Self {
+        self.bin = Some(path.to_path_buf());
+        self
+    }
+
+    /// Listens on this port (the one a restarted Envoy takes over) instead
+    /// of a free one.
+    pub fn listen_port(mut self, port: u16) -> Self {
+        self.listen_port = Some(port);
+        self
     }
 
     /// One more Envoy command-line argument (e.g. `--service-zone`).
@@ -428,7 +436,7 @@ impl EnvoyBuilder {
 
     /// Writes the bootstrap and EDS files, starts Envoy and waits for /ready.
     pub fn start(self) -> Envoy {
-        let bin = envoy_bin();
+        let bin = self.bin.clone().unwrap_or_else(envoy_bin);
         let native = (self.form == Form::Native && self.filter.is_some()).then(native_module);
         let wasm = if self.filter.is_some() && self.form == Form::Wasm {
             Some(wasm_module())
@@ -448,7 +456,7 @@ impl EnvoyBuilder {
         }
         let mut last_err = String::new();
         for attempt in 1..=START_ATTEMPTS {
-            let listen_port = free_port();
+            let listen_port = self.listen_port.unwrap_or_else(free_port);
             let admin_port = free_port();
             let mut bootstrap = self.bootstrap(&dir, listen_port, admin_port, wasm.as_deref());
             for hook in &self.hooks {

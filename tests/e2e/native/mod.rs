@@ -2,3 +2,4 @@
 
 mod abi;
 mod lb_policy;
+mod upgrade;
