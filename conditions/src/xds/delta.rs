@@ -12,6 +12,9 @@
 //!   lacks, each with its version: a hash of its content, the same across
 //!   restarts of the companion, so a client that reconnects with
 //!   `initial_resource_versions` is not sent what it has.
+//! - A name subscribed again while subscribed is sent again: the client may
+//!   have forgotten it (the xDS protocol, "Subscribing to Resources": the
+//!   server must still provide it).
 //! - A name not served when subscribed is answered in `removed_resources`:
 //!   the protocol's "does not exist". Envoy's EDS then finishes warming the
 //!   cluster, without hosts, at once (`envoyproxy/envoy`
@@ -386,6 +389,32 @@ mod tests {
             .insert("b".into(), "stale".into());
         st.on_request(&r, &s, Instant::now());
         assert_eq!(got(&take(&mut st, &s).unwrap()), ["b=b@2"]);
+    }
+
+    #[test]
+    fn a_name_subscribed_again_is_sent_again_unless_the_client_has_it() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1), ("b", 2)]);
+        let mut st = DeltaStream::new(names(), &s);
+        st.on_request(&req(&["a", "b"], &[], ""), &s, Instant::now());
+        let r = take(&mut st, &s).unwrap();
+        st.on_request(&req(&[], &[], &r.nonce), &s, Instant::now());
+        assert!(take(&mut st, &s).is_none());
+        // a subscribed again while subscribed: the client may have lost it.
+        let h = st.on_request(&req(&["a"], &[], ""), &s, Instant::now());
+        assert!(h.due);
+        let r2 = take(&mut st, &s).unwrap();
+        assert_eq!(got(&r2), ["a=a@1"]);
+        let h = st.on_request(&req(&[], &[], &r2.nonce), &s, Instant::now());
+        assert!(!h.due, "the ACK alone sends nothing");
+        // With the version it has: nothing.
+        let mut again = req(&["b"], &[], "");
+        again
+            .initial_resource_versions
+            .insert("b".into(), s.resource("b").unwrap().delta_version.clone());
+        let h = st.on_request(&again, &s, Instant::now());
+        assert!(!h.due);
+        assert!(take(&mut st, &s).is_none());
     }
 
     #[test]

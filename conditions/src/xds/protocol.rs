@@ -90,6 +90,10 @@ pub enum RequestKind {
     Ack { version: String },
     /// Rejects the last response.
     Nack { version: String, message: String },
+    /// State of the world: repeats the ACK (or NACK) of the last response,
+    /// already received: the client re-added a watch (`sotw`); answered
+    /// with every subscribed resource.
+    Repeated { version: String },
     /// Answers an older response (state of the world: ignored; delta: its
     /// subscription changes are taken, nothing is acknowledged).
     Stale,
@@ -113,6 +117,8 @@ pub struct Handled {
     pub due: bool,
     /// Trigger times of the changes this ACK confirms applied.
     pub applied: Vec<SystemTime>,
+    /// Resources due again because the client re-added a watch (`sotw`).
+    pub resent: usize,
 }
 
 impl Handled {
@@ -125,6 +131,7 @@ impl Handled {
             unknown_sample: Vec::new(),
             due: false,
             applied: Vec::new(),
+            resent: 0,
         }
     }
 }

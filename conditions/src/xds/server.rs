@@ -665,6 +665,9 @@ fn report(core: &Core, shared: &StreamShared, h: &Handled, other_types: &mut BTr
                 tracing::warn!(node = %node, version = %version, error = %message, left_out, "xDS NACK: Envoy rejected an assignment");
             }
         }
+        RequestKind::Repeated { version } => {
+            tracing::debug!(node = %node, version = %version, "xDS request repeats its last ACK: Envoy re-added a watch (a cluster CDS updated)");
+        }
         RequestKind::Stale => {
             tracing::debug!(node = %node, "xDS request with a stale nonce")
         }
@@ -676,6 +679,9 @@ fn report(core: &Core, shared: &StreamShared, h: &Handled, other_types: &mut BTr
                 }
             }
         }
+    }
+    if h.resent > 0 {
+        tracing::debug!(node = %node, resources = h.resent, "every subscribed assignment sent again (a watch re-added)");
     }
     if h.unknown > 0 {
         core.callbacks.unknown_names(h.unknown);
@@ -1076,6 +1082,31 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(rec.has("programmed 1"));
         assert_eq!(s.subscriptions(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_repeated_ack_gets_every_assignment_under_a_new_nonce() {
+        let (s, _tx, rec, _table) = server(XdsLimits::default());
+        let mut c = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        c.send(&sotw(&["a", "b"], "")).await;
+        let r = DiscoveryResponse::decode(c.next().await.unwrap()).unwrap();
+        let mut ack = sotw(&["a", "b"], &r.nonce);
+        ack.version_info = r.version_info.clone();
+        c.send(&ack).await;
+        // Envoy re-created a cluster: its last ACK again.
+        c.send(&ack).await;
+        let r2 = DiscoveryResponse::decode(c.next().await.unwrap()).unwrap();
+        assert_eq!(r2.resources.len(), 2);
+        assert_ne!(r2.nonce, r.nonce);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let acks = rec
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.starts_with("acked"))
+            .count();
+        assert_eq!(acks, 1, "the repeat is not counted as an ACK");
     }
 
     #[tokio::test]

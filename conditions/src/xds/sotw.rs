@@ -11,6 +11,28 @@
 //!   it on Envoy 1.40 with two clusters changing one at a time).
 //! - A request whose nonce is not the last one sent is stale and ignored
 //!   (Envoy sends a fresh one after the newer response).
+//! - A request that repeats the nonce of a response already ACKed or
+//!   NACKed (a second ACK of the same response) is answered with every
+//!   subscribed resource again, under a new nonce. Envoy sends one when a
+//!   watch is added or removed outside a response: over ADS a cluster that
+//!   CDS updates (its load-balancing policy, say) is re-created, and its
+//!   EDS watch names what the old cluster's names, at the same version and
+//!   nonce (`envoyproxy/envoy`
+//!   `source/extensions/config_subscription/grpc/grpc_mux_impl.{cc,h}`:
+//!   `addWatch` and a watch's removal each queue a request). The new
+//!   cluster warms only when an assignment reaches it (the xDS protocol,
+//!   "Resource warming"), and a state-of-the-world request does not say
+//!   which name is new, so all are sent; unanswered, it warms at its
+//!   `initial_fetch_timeout` (15 s) from Envoy's cached assignment. Istio
+//!   answers the same way after a CDS push (`istio/istio@1.30.3`
+//!   `pilot/pkg/model/context.go`, `AlwaysRespond`); go-control-plane's
+//!   caches answer only what changed or was never sent
+//!   (`envoyproxy/go-control-plane@v0.14.0` `pkg/cache/v3/simple.go`,
+//!   `createResponse`). Such a request that
+//!   arrives while a response is in flight is stale; it is remembered, and
+//!   the ACK of that response is answered the same way. Each takes at most
+//!   one response, sent only when none awaits its ACK, so a client cannot
+//!   make the server send faster than it ACKs.
 //! - A request with `error_detail` NACKs the last response: logged and
 //!   counted; the same version is not sent again (a new one will be).
 //! - A subscription change (resource_names) sends the newly named resources
@@ -54,6 +76,9 @@ pub struct SotwStream {
     seen: SeenSnapshots,
     /// Since when a response has been due and not taken.
     due_since: Option<Instant>,
+    /// A stale request came while a response was in flight: its ACK is
+    /// answered with every subscribed resource.
+    resend_at_ack: bool,
 }
 
 impl SotwStream {
@@ -67,6 +92,7 @@ impl SotwStream {
             acks: Acks::default(),
             seen: SeenSnapshots { seq: snap.seq },
             due_since: None,
+            resend_at_ack: false,
         }
     }
 
@@ -105,26 +131,42 @@ impl SotwStream {
             handled.kind = RequestKind::OtherType(req.type_url.clone());
             return handled;
         }
+        // Every subscribed resource goes again (a watch was re-added).
+        let mut resend = false;
         if !req.response_nonce.is_empty() {
             if !self.acks.is_current(&req.response_nonce) {
+                // With one response awaiting its ACK, a request naming an
+                // older one was sent before this response arrived, outside
+                // any response: a watch changed.
+                self.resend_at_ack |= self.acks.awaiting;
                 handled.kind = RequestKind::Stale;
                 return handled;
             }
-            let accepted = req.error_detail.is_none();
-            let (applied, after) = self.acks.replied(accepted, now);
-            handled.kind = match &req.error_detail {
-                Some(status) => RequestKind::Nack {
+            if !self.acks.awaiting {
+                resend = true;
+                handled.kind = RequestKind::Repeated {
                     version: req.version_info.clone(),
-                    message: status.message.clone(),
-                },
-                None => {
-                    handled.ack_after = after;
-                    handled.applied = applied;
-                    RequestKind::Ack {
+                };
+            } else {
+                let accepted = req.error_detail.is_none();
+                let (applied, after) = self.acks.replied(accepted, now);
+                // A NACK fails every watch's update, warming ones included:
+                // nothing to resend.
+                resend = std::mem::take(&mut self.resend_at_ack) && accepted;
+                handled.kind = match &req.error_detail {
+                    Some(status) => RequestKind::Nack {
                         version: req.version_info.clone(),
+                        message: status.message.clone(),
+                    },
+                    None => {
+                        handled.ack_after = after;
+                        handled.applied = applied;
+                        RequestKind::Ack {
+                            version: req.version_info.clone(),
+                        }
                     }
-                }
-            };
+                };
+            }
         }
         self.started = true;
         let fp = names_fingerprint(&req.resource_names);
@@ -152,6 +194,9 @@ impl SotwStream {
                 self.subs.set(&keys, &snap.table);
                 self.names_seen = Some((fp, handled.unknown));
             }
+        }
+        if resend {
+            handled.resent = self.subs.resend_all(&snap.table);
         }
         handled.due = self.refresh_due(snap, now);
         handled
@@ -462,13 +507,14 @@ mod tests {
         assert!(h.names_changed);
         let r2 = take(&mut st, &s).unwrap();
         assert_eq!(sent(&r2), vec!["b@2"]);
-        // b dropped, then asked again: sent again.
+        // b dropped, then asked again outside a response (the nonce already
+        // ACKed): a watch added, so every name is sent again.
         let h = ack(&mut st, &["a"], &r2, &s);
         assert!(!h.due);
         let h = st.on_request(&req(&["a", "b"], "v1", &r2.nonce), &s, now());
         assert!(h.due);
         let r4 = take(&mut st, &s).unwrap();
-        assert_eq!(sent(&r4), vec!["b@2"]);
+        assert_eq!(sent(&r4), vec!["a@1", "b@2"]);
         // Names no cluster defines: counted, sampled, not kept.
         let h = ack(&mut st, &["a", "b", "zz", "yy"], &r4, &s);
         assert_eq!(h.unknown, 2);
@@ -481,6 +527,155 @@ mod tests {
             h.unknown_sample.is_empty(),
             "the same names again: not sampled"
         );
+    }
+
+    /// Envoy over ADS, when CDS updates a cluster: the new cluster's EDS
+    /// watch names what the old one's did, and Envoy sends its last ACK
+    /// again (same names, version and nonce).
+    #[test]
+    fn a_repeated_ack_is_answered_with_every_resource_once() {
+        let mut w = World::new();
+        let s = w.snap("v1", true, &[("a", 1), ("b", 2)]);
+        let mut st = SotwStream::new(names(), &s);
+        st.on_request(&req(&["a", "b"], "", ""), &s, now());
+        let r1 = take(&mut st, &s).unwrap();
+        let h = ack(&mut st, &["a", "b"], &r1, &s);
+        assert!(matches!(h.kind, RequestKind::Ack { .. }));
+        assert!(!h.due);
+        // The cluster re-created: the same request again.
+        let h = ack(&mut st, &["a", "b"], &r1, &s);
+        assert_eq!(
+            h.kind,
+            RequestKind::Repeated {
+                version: "v1".into()
+            }
+        );
+        assert!(h.due);
+        assert_eq!(h.resent, 2);
+        assert!(h.ack_after.is_none(), "not an ACK: no ACK latency");
+        let r2 = take(&mut st, &s).unwrap();
+        assert_eq!(sent(&r2), vec!["a@1", "b@2"]);
+        assert_eq!(r2.version_info, "v1", "nothing changed");
+        assert_ne!(r2.nonce, r1.nonce);
+        // Its ACK is an ACK: no loop.
+        let h = ack(&mut st, &["a", "b"], &r2, &s);
+        assert!(matches!(h.kind, RequestKind::Ack { .. }));
+        assert!(h.applied.is_empty(), "a resend is not a change");
+        assert!(!h.due);
+        assert!(take(&mut st, &s).is_none());
+        // The old cluster's watch removed once the new one warmed: once more.
+        let h = ack(&mut st, &["a", "b"], &r2, &s);
+        assert!(h.due);
+        let r3 = take(&mut st, &s).unwrap();
+        assert_eq!(sent(&r3), vec!["a@1", "b@2"]);
+        ack(&mut st, &["a", "b"], &r3, &s);
+        assert!(take(&mut st, &s).is_none());
+    }
+
+    #[test]
+    fn a_repeated_ack_with_new_names_sends_every_name() {
+        let mut w = World::new();
+        let s = w.snap("v1", true, &[("a", 1), ("b", 2), ("c", 3)]);
+        let mut st = SotwStream::new(names(), &s);
+        st.on_request(&req(&["a", "b"], "", ""), &s, now());
+        let r1 = take(&mut st, &s).unwrap();
+        ack(&mut st, &["a", "b"], &r1, &s);
+        // One CDS update re-creates a and adds c: one request.
+        let h = ack(&mut st, &["a", "b", "c"], &r1, &s);
+        assert!(h.names_changed);
+        assert!(h.due);
+        let r2 = take(&mut st, &s).unwrap();
+        assert_eq!(sent(&r2), vec!["a@1", "b@2", "c@3"]);
+        assert!(take(&mut st, &s).is_none(), "one response awaits its ACK");
+        ack(&mut st, &["a", "b", "c"], &r2, &s);
+        // One that re-creates a and drops b: what is still named.
+        let h = ack(&mut st, &["a", "c"], &r2, &s);
+        assert!(h.due);
+        assert_eq!(sent(&take(&mut st, &s).unwrap()), vec!["a@1", "c@3"]);
+    }
+
+    #[test]
+    fn a_watch_re_added_while_a_response_is_in_flight_is_answered_at_its_ack() {
+        let mut w = World::new();
+        let s1 = w.snap("v1", true, &[("a", 1), ("b", 2)]);
+        let mut st = SotwStream::new(names(), &s1);
+        st.on_request(&req(&["a", "b"], "", ""), &s1, now());
+        let r1 = take(&mut st, &s1).unwrap();
+        ack(&mut st, &["a", "b"], &r1, &s1);
+        let s2 = w.snap("v2", true, &[("b", 5)]);
+        st.on_snapshot(&s2, now());
+        let r2 = take(&mut st, &s2).unwrap();
+        assert_eq!(sent(&r2), vec!["b@5"]);
+        // Envoy re-adds a's watch before r2 arrives: stale, not answered now.
+        let h = ack(&mut st, &["a", "b"], &r1, &s2);
+        assert_eq!(h.kind, RequestKind::Stale);
+        assert!(!h.due);
+        assert!(take(&mut st, &s2).is_none(), "r2 awaits its ACK");
+        // More of them cost nothing more.
+        ack(&mut st, &["a", "b"], &r1, &s2);
+        // r2's ACK is answered with everything, once.
+        let h = ack(&mut st, &["a", "b"], &r2, &s2);
+        assert!(matches!(h.kind, RequestKind::Ack { .. }));
+        assert_eq!(h.applied.len(), 1, "r2's change is timed");
+        assert!(h.due);
+        assert_eq!(h.resent, 2);
+        let r3 = take(&mut st, &s2).unwrap();
+        assert_eq!(sent(&r3), vec!["a@1", "b@5"]);
+        let h = ack(&mut st, &["a", "b"], &r3, &s2);
+        assert!(!h.due);
+        assert!(take(&mut st, &s2).is_none());
+    }
+
+    #[test]
+    fn a_nack_ends_a_pending_resend() {
+        let mut w = World::new();
+        let s1 = w.snap("v1", true, &[("a", 1), ("b", 2)]);
+        let mut st = SotwStream::new(names(), &s1);
+        st.on_request(&req(&["a", "b"], "", ""), &s1, now());
+        let r1 = take(&mut st, &s1).unwrap();
+        ack(&mut st, &["a", "b"], &r1, &s1);
+        let s2 = w.snap("v2", true, &[("b", 5)]);
+        st.on_snapshot(&s2, now());
+        let r2 = take(&mut st, &s2).unwrap();
+        ack(&mut st, &["a", "b"], &r1, &s2);
+        // Envoy rejects r2: every watch's update fails, the warming one's
+        // too (it warms), so nothing is sent again.
+        let mut nack = req(&["a", "b"], "v1", &r2.nonce);
+        nack.error_detail = Some(RpcStatus {
+            code: 3,
+            message: "bad".into(),
+            details: vec![],
+        });
+        let h = st.on_request(&nack, &s2, now());
+        assert!(matches!(h.kind, RequestKind::Nack { .. }));
+        assert_eq!(h.resent, 0);
+        assert!(!h.due);
+        assert!(take(&mut st, &s2).is_none());
+    }
+
+    /// However often a client repeats its ACK, one response awaits its
+    /// ACK at a time: it cannot make the server send faster than it ACKs.
+    #[test]
+    fn repeated_acks_take_one_response_per_ack() {
+        let mut w = World::new();
+        let s = w.snap("v1", true, &[("a", 1), ("b", 2)]);
+        let mut st = SotwStream::new(names(), &s);
+        st.on_request(&req(&["a", "b"], "", ""), &s, now());
+        let r1 = take(&mut st, &s).unwrap();
+        ack(&mut st, &["a", "b"], &r1, &s);
+        let mut responses = 0;
+        let mut last = r1.clone();
+        for _ in 0..100 {
+            ack(&mut st, &["a", "b"], &r1, &s);
+            if let Some(r) = take(&mut st, &s) {
+                responses += 1;
+                last = r;
+            }
+        }
+        assert_eq!(responses, 1, "r1 repeated: one answer, then stale");
+        ack(&mut st, &["a", "b"], &last, &s);
+        assert!(take(&mut st, &s).is_some(), "the repeats seen in flight");
+        assert!(take(&mut st, &s).is_none());
     }
 
     #[test]

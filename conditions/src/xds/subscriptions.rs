@@ -129,7 +129,11 @@ impl Subscriptions {
 
     /// Adds `keys` (delta subscribe); `known`: what the client says it
     /// already has of some (a version the table's resource has now counts
-    /// as sent). Returns the keys that were not subscribed before.
+    /// as sent). A key already subscribed is sent again unless `known`
+    /// says the client has it: a client may have forgotten a resource it
+    /// is still subscribed to (the xDS protocol, "Subscribing to
+    /// Resources": the server must still provide it). Returns the keys
+    /// that were not subscribed before.
     pub fn add(
         &mut self,
         keys: &[u64],
@@ -138,21 +142,53 @@ impl Subscriptions {
     ) -> Vec<u64> {
         let mut fresh = Vec::new();
         for &k in keys {
-            if let Err(i) = self.find(k) {
-                let sent = table
-                    .get(k)
-                    .filter(|r| known(k, r))
-                    .map_or(0, |r| r.version);
-                self.subs.insert(i, Sub { hash: k, sent });
-                fresh.push(k);
-                if let Some(r) = table.get(k) {
-                    if r.version != sent {
-                        self.mark(i, 0);
-                    }
+            let sent = table
+                .get(k)
+                .filter(|r| known(k, r))
+                .map_or(0, |r| r.version);
+            let i = match self.find(k) {
+                Ok(i) => {
+                    self.forget_sent(i, sent);
+                    i
                 }
+                Err(i) => {
+                    self.subs.insert(i, Sub { hash: k, sent });
+                    fresh.push(k);
+                    i
+                }
+            };
+            if table.get(k).is_some_and(|r| r.version != sent) {
+                self.mark(i, 0);
             }
         }
         fresh
+    }
+
+    /// Sets what entry `i` was last sent to `version`, keeping it due if
+    /// it is.
+    fn forget_sent(&mut self, i: usize, version: u64) {
+        if let Some(s) = self.subs.get_mut(i) {
+            s.sent = version | (s.sent & DUE);
+        }
+    }
+
+    /// Marks every subscribed resource that is served due again, as never
+    /// sent: the client may have lost track of which it holds (a state of
+    /// the world client that re-added a watch). What was due keeps its
+    /// trigger time; the rest carry none (not a change). Returns how many
+    /// are due.
+    pub fn resend_all(&mut self, table: &Table) -> usize {
+        for i in 0..self.subs.len() {
+            self.forget_sent(i, 0);
+            let served = self
+                .subs
+                .get(i)
+                .is_some_and(|s| table.get(s.hash).is_some());
+            if served {
+                self.mark(i, 0);
+            }
+        }
+        self.due.len()
     }
 
     /// Removes `keys` (delta unsubscribe).
@@ -398,6 +434,27 @@ mod tests {
         s.set(&keys(&["a"]), &t);
         s.set(&keys(&["a", "c"]), &t);
         assert_eq!(names(&s.take(&t, all, &mut vec![])), ["c"]);
+    }
+
+    #[test]
+    fn resend_all_marks_every_served_name_once_keeping_pending_triggers() {
+        let t = table(&[("a", 1), ("b", 2)]);
+        let mut s = Subscriptions::default();
+        s.set(&keys(&["a", "b", "later"]), &t);
+        s.take(&t, all, &mut vec![]);
+        put(&t, &[("b", 5)]);
+        s.on_changed(&keys(&["b"]), &t);
+        assert_eq!(s.resend_all(&t), 2, "a and b; later is not served");
+        assert_eq!(s.resend_all(&t), 2, "due once each");
+        let c = s.take(&t, all, &mut vec![]);
+        assert_eq!(names(&c), ["a", "b"]);
+        let timed: Vec<_> = c
+            .iter()
+            .filter(|c| c.trigger.is_some())
+            .map(|c| c.resource.name.as_str())
+            .collect();
+        assert_eq!(timed, ["b"], "b's change keeps its trigger; a is untimed");
+        assert!(!s.any_due());
     }
 
     #[test]

@@ -15,7 +15,11 @@
 //! - two Envoys on one companion; an Envoy restarted (gets the current
 //!   state); the companion killed and restarted (Envoy keeps the last
 //!   assignment, then follows the new process); a malformed slice file
-//!   (logged, last good state kept).
+//!   (logged, last good state kept);
+//! - a companion-fed cluster that CDS updates (Envoy re-creates it): over
+//!   ADS it warms from the companion's answer to the repeated ACK; over
+//!   delta ADS Envoy asks nothing, and it warms from Envoy's cache at its
+//!   initial fetch timeout.
 //!
 //! "goes to X" with the module: 200 from X, which received the override
 //! header naming X first (the filter picked it). With plain round robin:
@@ -241,14 +245,15 @@ fn seed_rows_wasm_form_over_delta_ads() {
         c.companion
             .metric("serving_picker_conditions_xds_acks_total")
             .unwrap_or(0.0)
-            >= 10.0
+            >= SEED_WALK_ASSIGNMENTS as f64
     );
-    // Each change's programming latency, measured at Envoy's ACK.
+    // Each change's programming latency, measured at Envoy's ACK (the
+    // first assignment is a subscription, not a change).
     assert!(
         c.companion
             .metric("serving_picker_conditions_programming_duration_seconds_count")
             .unwrap_or(0.0)
-            >= 9.0
+            >= (SEED_WALK_ASSIGNMENTS - 1) as f64
     );
 }
 
@@ -905,4 +910,157 @@ fn active_health_checks_keep_a_pod_that_leaves_eds_unless_the_cluster_ignores_th
         0,
         "flat output: the pod is UNHEALTHY at once"
     );
+}
+
+/// Cluster `name`'s EDS counters that say how a warming ended:
+/// (update_success, init_fetch_timeout, assignment_use_cached).
+fn eds_counters(envoy: &Envoy, name: &str) -> (u64, u64, u64) {
+    let stat = |s: &str| envoy.stat_or_zero(&format!("cluster.{name}.{s}"));
+    (
+        stat("update_success"),
+        stat("init_fetch_timeout"),
+        stat("assignment_use_cached"),
+    )
+}
+
+/// Whether cluster `name` is active on least request and nothing warms.
+fn runs_least_request(envoy: &Envoy, name: &str) -> bool {
+    let active = envoy.admin_get("/config_dump?resource=dynamic_active_clusters");
+    let warming = envoy.admin_get("/config_dump?resource=dynamic_warming_clusters");
+    let Ok(j) = serde_json::from_str::<serde_json::Value>(&active.body) else {
+        return false;
+    };
+    let swapped = j["configs"].as_array().into_iter().flatten().any(|c| {
+        c["cluster"]["name"] == name
+            && c["cluster"]["load_balancing_policy"]
+                .to_string()
+                .contains("least_request")
+    });
+    swapped
+        && !warming.body.contains(name)
+        && envoy.stat_or_zero("cluster_manager.warming_clusters") == 0
+}
+
+/// What a CDS update of a companion-fed cluster did.
+struct Swapped {
+    companion: Companion,
+    /// `eds_counters` before and after the swap.
+    before: (u64, u64, u64),
+    after: (u64, u64, u64),
+    /// The companion's responses (xds_pushes) before and after.
+    pushes: (f64, f64),
+}
+
+/// Cluster "backend" from a watched CDS file on plain round robin, and a
+/// static EDS cluster "other", both fed by the companion over `api` (with
+/// an initial fetch timeout of 2 s, so that a warming that waits for it
+/// ends soon). CDS swaps "backend" to least request: Envoy re-creates it,
+/// and the new cluster warms.
+fn cds_swap(api: XdsApi) -> Swapped {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    let slices = SliceDir::create(&fresh_dir("slices-cds"));
+    slices.set_endpoints(SERVICE, &[Endpoint::serving(a.addr())]);
+    slices.set_endpoints("other", &[Endpoint::serving(b.addr())]);
+    let companion = Companion::start(
+        slices.path(),
+        &[(CLUSTER, SERVICE), ("other", "other")],
+        &[],
+    );
+    let envoy = EnvoyBuilder::new()
+        .tag(&format!("companion-cds-swap-{api:?}"))
+        .eds_cluster(CLUSTER, &[])
+        .eds_cluster("other", &[])
+        .with_filter(None)
+        .bootstrap_hook(support::companion::plain_round_robin(CLUSTER))
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), api))
+        .bootstrap_hook(|bootstrap: &mut serde_json::Value, _: &std::path::Path| {
+            let c = support::tweak::cluster_mut(bootstrap, CLUSTER);
+            c["eds_cluster_config"]["eds_config"]["initial_fetch_timeout"] = json!("2s");
+        })
+        .bootstrap_hook(support::tweak::cluster_from_cds_file(CLUSTER))
+        .start();
+    settle(&envoy, PATH, &[], "A serves", served_by(&a));
+    settle(&envoy, "/other/x", &[], "B serves other", served_by(&b));
+    let before = eds_counters(&envoy, CLUSTER);
+    let pushes_before = companion
+        .metric("serving_picker_conditions_xds_pushes_total")
+        .unwrap_or(0.0);
+    support::tweak::CdsFile::in_envoy_dir(envoy.dir())
+        .set_policy(CLUSTER, support::companion::least_request_policy(false));
+    wait_until(
+        "the cluster runs least request, nothing warming",
+        Duration::from_secs(10),
+        || runs_least_request(&envoy, CLUSTER),
+    );
+    let after = eds_counters(&envoy, CLUSTER);
+    let pushes_after = companion
+        .metric("serving_picker_conditions_xds_pushes_total")
+        .unwrap_or(0.0);
+    // The new cluster has A and follows the companion from now on.
+    expect_routing(&envoy, PATH, &[], "A after the swap", served_by(&a));
+    slices.set_endpoints(
+        SERVICE,
+        &[
+            Endpoint::terminating_not_serving(a.addr()),
+            Endpoint::serving(b.addr()),
+        ],
+    );
+    expect_routing(&envoy, PATH, &[], "B after a change", served_by(&b));
+    expect_routing(&envoy, "/other/x", &[], "other keeps B", served_by(&b));
+    Swapped {
+        companion,
+        before,
+        after,
+        pushes: (pushes_before, pushes_after),
+    }
+}
+
+/// Over ADS (state of the world) the re-created cluster's watch repeats
+/// Envoy's last ACK on the shared stream; the companion answers it, and
+/// the cluster warms from that EDS update, not from its initial fetch
+/// timeout.
+#[test]
+fn a_cluster_cds_re_creates_over_ads_warms_from_the_companion() {
+    let s = cds_swap(XdsApi::Ads);
+    let (updates, fetch_timeouts, cached) = s.after;
+    assert_eq!(
+        (fetch_timeouts, cached),
+        (0, 0),
+        "warmed at the initial fetch timeout, from Envoy's cache"
+    );
+    assert!(
+        updates > s.before.0,
+        "no EDS update reached the new cluster"
+    );
+    assert!(
+        s.pushes.1 > s.pushes.0,
+        "the companion sent nothing for the swap"
+    );
+    assert_eq!(
+        s.companion
+            .metric("serving_picker_conditions_xds_nacks_total"),
+        Some(0.0)
+    );
+}
+
+/// Over delta ADS Envoy asks nothing when it re-creates a cluster whose
+/// name another watch (the old cluster's) already subscribes
+/// (`NewGrpcMuxImpl::updateWatch` sends only names new to the
+/// subscription), so no server sees it: the cluster warms at its initial
+/// fetch timeout, from Envoy's cached assignment (with the hosts it had),
+/// then follows the companion.
+#[test]
+fn a_cluster_cds_re_creates_over_delta_ads_warms_from_envoys_cache() {
+    let s = cds_swap(XdsApi::DeltaAds);
+    let (_, fetch_timeouts, cached) = s.after;
+    assert_eq!(
+        (
+            fetch_timeouts.saturating_sub(s.before.1),
+            cached.saturating_sub(s.before.2)
+        ),
+        (1, 1),
+        "the new cluster warmed at its initial fetch timeout from the cache"
+    );
+    assert_eq!(s.pushes.1, s.pushes.0, "Envoy asked the companion nothing");
 }

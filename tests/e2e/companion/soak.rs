@@ -18,7 +18,11 @@
 //! them, as when a patch or policy stops attaching. Every pod keeps
 //! answering while it is not serving, so a request sent to one shows as
 //! served by it: 0 failures, and 0 requests to a pod that is not serving,
-//! in both halves.
+//! in both halves. The wasm form takes its endpoints over plain EDS (the
+//! swapped cluster opens a stream of its own), the native form over ADS:
+//! the swapped cluster's watch re-sends Envoy's last ACK on the shared
+//! stream, and the companion answers it, so the cluster warms from an EDS
+//! update, not from Envoy's initial fetch timeout (15 s) and its cache.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -305,7 +309,18 @@ fn runs_round_robin(envoy: &Envoy, name: &str) -> bool {
     active && !warming.body.contains(name)
 }
 
-fn picker_removed_halfway(form: Form) {
+/// Cluster `name`'s EDS counters: (update_success, init_fetch_timeout,
+/// assignment_use_cached).
+fn eds_counters(envoy: &Envoy, name: &str) -> (u64, u64, u64) {
+    let stat = |s: &str| envoy.stat_or_zero(&format!("cluster.{name}.{s}"));
+    (
+        stat("update_success"),
+        stat("init_fetch_timeout"),
+        stat("assignment_use_cached"),
+    )
+}
+
+fn picker_removed_halfway(form: Form, api: XdsApi) {
     let (a, b, c) = (
         Backend::start("A"),
         Backend::start("B"),
@@ -322,12 +337,7 @@ fn picker_removed_halfway(form: Form) {
             CLUSTER,
             json!({"outlier_detection": envoy_yaml_outlier_detection()}),
         ))
-        // Plain EDS: the swapped cluster opens a stream of its own and gets
-        // the current assignment at once. Over ADS the companion takes the
-        // warming cluster's request (the same names, version and nonce as
-        // its last ACK) for an ACK, and Envoy warms the new cluster only at
-        // its initial fetch timeout, 15 s, from its cached assignment.
-        .bootstrap_hook(eds_from_companion(companion.listen_addr(), XdsApi::Eds))
+        .bootstrap_hook(eds_from_companion(companion.listen_addr(), api))
         .form(form)
         .bootstrap_hook(cluster_from_cds_file(CLUSTER))
         .start();
@@ -354,11 +364,25 @@ fn picker_removed_halfway(form: Form) {
     std::thread::sleep(PHASE);
     update(&load, &slices, "1", &a, &b);
     load.phase("picker removed: the cluster on plain round robin");
+    let (updates, _, _) = eds_counters(&envoy, CLUSTER);
     CdsFile::in_envoy_dir(envoy.dir()).set_policy(CLUSTER, round_robin_policy());
+    // Longer than the initial fetch timeout (15 s): whichever way the
+    // cluster warms, the counters below say which.
     wait_until(
         "the cluster runs plain round robin",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         || runs_round_robin(&envoy, CLUSTER),
+    );
+    assert_eq!(envoy.stat_or_zero("cluster_manager.warming_clusters"), 0);
+    let (updates_after, fetch_timeouts, cached) = eds_counters(&envoy, CLUSTER);
+    assert_eq!(
+        (fetch_timeouts, cached),
+        (0, 0),
+        "the swapped cluster ({api:?}) warmed at its initial fetch timeout, from Envoy's cache, not from an EDS update"
+    );
+    assert!(
+        updates_after > updates,
+        "no EDS update reached the swapped cluster ({api:?})"
     );
     std::thread::sleep(PHASE);
     update(&load, &slices, "2", &b, &c);
@@ -406,10 +430,10 @@ fn picker_removed_halfway(form: Form) {
 
 #[test]
 fn soak_picker_removed_halfway_wasm_form() {
-    picker_removed_halfway(Form::Wasm);
+    picker_removed_halfway(Form::Wasm, XdsApi::Eds);
 }
 
 #[test]
-fn soak_picker_removed_halfway_native_form() {
-    picker_removed_halfway(Form::Native);
+fn soak_picker_removed_halfway_native_form_over_ads() {
+    picker_removed_halfway(Form::Native, XdsApi::Ads);
 }
