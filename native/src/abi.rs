@@ -11,6 +11,9 @@
 //! (`nm -D --defined-only envoy`, tests/e2e/native/abi.rs) and its behaviour
 //! against the real Envoys (the e2e tests, `make test-compat`).
 
+// The module's raw pointers into Envoy live here and only here.
+#![allow(unsafe_code)]
+
 use std::ffi::{c_void, CStr};
 use std::os::raw::{c_char, c_int};
 use std::sync::Arc;
