@@ -25,6 +25,7 @@ use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 
 use crate::eds::assignment::{Encoder, Output, CLA_TYPE_URL};
+use crate::eds::metrics::PublishMetrics;
 use crate::eds::response_bytes::{delta_entry_parts, resource_entry};
 use crate::model::cluster::{template_name, ClusterSpec};
 use crate::model::endpoint::Endpoint;
@@ -659,12 +660,14 @@ impl PortSource for SharedPublisher {
 
 /// Runs the publisher: takes every update waiting at once, publishes the
 /// result; forgets old template tombstones now and then. Ends when every
-/// source has gone.
+/// source has gone. Reports in `counts` (the index, the snapshots) and
+/// `metrics` (readiness, the status page).
 pub async fn run(
     publisher: Publisher,
     mut updates: mpsc::Receiver<Update>,
     snapshots: watch::Sender<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
+    counts: PublishMetrics,
 ) {
     let shared = Arc::new(SharedPublisher(Mutex::new(publisher)));
     metrics.status().set_source(shared.clone());
@@ -692,12 +695,13 @@ pub async fn run(
         let started = Instant::now();
         let mut publisher = shared.lock();
         let snapshot = publisher.apply(batch);
-        metrics.applied(
+        counts.applied(
             n,
             publisher.index(),
             publisher.is_ready(),
             started.elapsed(),
         );
+        metrics.set_ready(publisher.is_ready());
         if let Some(s) = snapshot {
             tracing::debug!(
                 version = %s.version,
@@ -719,7 +723,7 @@ pub async fn run(
                     "first full list in: snapshot published"
                 );
             }
-            metrics.published();
+            counts.published();
             for h in s.changed.iter() {
                 if let Some(r) = s.table.get(*h) {
                     let serving = publisher.serving_of(&r.name);

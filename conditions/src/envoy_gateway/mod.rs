@@ -58,6 +58,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use crate::eds::assignment::Output;
+use crate::eds::metrics::PublishMetrics;
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
 use crate::model::index::{Index, IpFamily};
@@ -193,6 +194,7 @@ pub async fn consume(
     shared: Arc<Shared>,
     mut updates: mpsc::Receiver<Update>,
     metrics: Arc<Metrics>,
+    counts: PublishMetrics,
     tiered: bool,
 ) {
     metrics.status().set_source(Arc::new(IndexPorts {
@@ -208,7 +210,8 @@ pub async fn consume(
         let was_ready = shared.ready.load(Ordering::SeqCst);
         let (ready, changed) = apply_updates_changed(&shared, batch);
         let index = shared.index.read().unwrap_or_else(|p| p.into_inner());
-        metrics.applied(n, &index, ready, started.elapsed());
+        counts.applied(n, &index, ready, started.elapsed());
+        metrics.set_ready(ready);
         for service in &changed {
             let ports = service_ports_of(&index, service);
             let now: BTreeSet<String> = ports.iter().map(|(c, _)| c.name.clone()).collect();

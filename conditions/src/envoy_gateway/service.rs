@@ -57,9 +57,10 @@ use super::proto::{
 use super::reread_budget::RereadBudget;
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
+use crate::source::metrics::SourceMetrics;
 use crate::source::Change;
 use crate::telemetry::metric_group;
-use crate::telemetry::metrics::{unix_now, Labels, Metrics};
+use crate::telemetry::metrics::{unix_now, Labels};
 use crate::telemetry::ratelog::PerKey;
 
 /// The index the source fills and the hook reads.
@@ -143,7 +144,9 @@ pub struct FilesReread {
 }
 
 impl FilesReread {
-    pub fn new(dir: PathBuf, metrics: Arc<Metrics>) -> FilesReread {
+    /// Scans `dir` once now; its errors count in `metrics` as the
+    /// watcher's do.
+    pub fn new(dir: PathBuf, metrics: SourceMetrics) -> FilesReread {
         let mut d = crate::source::files::Directory::new(&dir, metrics);
         if let Err(e) = d.scan() {
             tracing::warn!(dir = %dir.display(), error = %e, "slice directory: first scan for re-reads failed");

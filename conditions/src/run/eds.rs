@@ -13,8 +13,8 @@ use crate::eds::publish::{self, Publisher, Snapshot};
 use crate::limits::{ServeLimits, XdsLimits};
 use crate::model::cluster::{check_unique, ClusterSpec};
 use crate::model::index::IpFamily;
-use crate::run::{self, Plumbing, Slices};
-use crate::telemetry::metrics::Metrics;
+use crate::run::{self, Plumbing, Slices, Telemetry};
+use crate::xds::metrics::MetricsCallbacks;
 use crate::xds::Names;
 use crate::xds::XdsServer;
 
@@ -85,12 +85,18 @@ pub async fn run(
         Family::Ipv6 => IpFamily::Ipv6,
     };
     let output = args.output.clone();
+    let Telemetry {
+        metrics,
+        source: source_metrics,
+        publish: publish_metrics,
+        xds: xds_metrics,
+    } = Telemetry::new();
     let plumbing = Plumbing::start(
         args.listen,
         args.metrics_listen,
         &args.tls,
         &args.limits,
-        Metrics::new(),
+        metrics,
     )
     .await?;
     let metrics = plumbing.metrics.clone();
@@ -113,6 +119,7 @@ pub async fn run(
         updates_rx,
         snap_tx,
         metrics.clone(),
+        publish_metrics,
     ));
     let slices = match args.slices_dir.clone() {
         Some(dir) => {
@@ -138,13 +145,13 @@ pub async fn run(
             selection,
         },
     };
-    let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
+    let source_task = run::spawn_source(slices, updates_tx, source_metrics);
 
     let xds = XdsServer::new(
         snap_rx,
         Names::new(args.clusters.iter().map(|c| c.name.clone())).managing(args.manage.is_some()),
         args.xds.clone(),
-        metrics,
+        Arc::new(MetricsCallbacks::new(xds_metrics, metrics)),
         Some(plumbing.connections.clone()),
     );
     tokio::spawn(xds.clone().run_fanout());

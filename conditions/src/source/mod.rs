@@ -1,10 +1,11 @@
 //! Where EndpointSlices come from: the Kubernetes API (`kube`) or a
 //! directory of files (`files`). Both send [`Update`]s: a full list
 //! (`Change::Replace`) first, and whenever they had to start over, then
-//! single changes.
+//! single changes, and report in `metrics`.
 
 pub mod files;
 pub mod kube;
+pub mod metrics;
 
 use std::collections::BTreeMap;
 use std::time::{Instant, SystemTime};
