@@ -172,8 +172,10 @@ pub fn topology_mode(
     }
 }
 
-/// `plan_cluster_at` without a local node (no node hints can match).
-pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> ClusterPlan {
+/// `plan_cluster_at` without a local node (no node hints can match): the
+/// tests' shorthand.
+#[cfg(test)]
+fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> ClusterPlan {
     plan_cluster_at(cluster, zone, None)
 }
 

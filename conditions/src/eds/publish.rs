@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 
 use crate::eds::assignment::{Encoder, Output, CLA_TYPE_URL};
@@ -150,9 +149,11 @@ impl Resource {
         self.delta_head.len() + self.value().len() + self.delta_tail.len()
     }
 
-    /// As an `Any` (a copy).
-    pub fn to_any(&self) -> Any {
-        Any {
+    /// As an `Any` (a copy), for the benchmarks that build responses the
+    /// way a control plane without shared bytes would.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn to_any(&self) -> envoy_types::pb::google::protobuf::Any {
+        envoy_types::pb::google::protobuf::Any {
             type_url: CLA_TYPE_URL.to_string(),
             value: self.value().to_vec(),
         }

@@ -265,8 +265,10 @@ fn service_ports_of(index: &Index, service: &ServiceKey) -> Vec<(ClusterSpec, Ve
 
 /// Every managed Service port, named `namespace/service:port` (the hook
 /// learns EG's cluster names only when EG calls), with its endpoints as
-/// the hook writes their conditions: the status page's rows in this mode.
-pub fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
+/// the hook writes their conditions: the status page's rows in this mode,
+/// all at once (the page reads them port by port: `IndexPorts`).
+#[cfg(test)]
+fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
     let mut out = Vec::new();
     for service in index.services() {
         out.extend(service_ports_of(index, service));
