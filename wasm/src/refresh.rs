@@ -71,6 +71,7 @@ struct Answer {
 /// What one refresh cost, for the debug log and gauges.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Work {
+    /// Bytes of the admin answers read (the dump, and `/clusters` when read).
     pub admin_bytes: usize,
     /// VM time of the refresh's earlier callbacks (the dump's, when
     /// `/clusters` followed); the caller adds the last one's.
@@ -88,9 +89,13 @@ pub struct Work {
 /// What a tick's poll did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Start {
+    /// The first admin call of a refresh is under way.
     Started,
+    /// A call of the refresh under way has not answered yet.
     Busy,
+    /// No poll due yet, or a full refresh is too soon after the last one.
     NotDue,
+    /// The admin call could not start.
     Failed,
 }
 
@@ -111,6 +116,7 @@ pub enum Outcome {
     Failed,
 }
 
+/// The leader's refresh: the call under way, the change gate, and what the last refreshes read.
 #[derive(Default)]
 pub struct Refresher {
     /// The call under way and when its step started (the poll for the
