@@ -34,6 +34,7 @@ pub struct EnvoyRelease {
     /// How many `envoy_dynamic_module_callback_*` symbols it exports, and
     /// their FNV-1a hash (`fingerprint`); the lists are native/abi/*.callbacks.
     pub callbacks: usize,
+    /// Their FNV-1a hash, as `fingerprint` computes it.
     pub callbacks_fnv: u64,
 }
 
@@ -73,11 +74,14 @@ compile_error!("enable one envoy-1-NN feature (the default is envoy-1-40)");
 /// The Envoy this build is for.
 #[cfg(feature = "envoy-1-38")]
 pub const BUILT_FOR: &EnvoyRelease = &KNOWN[0];
+/// The Envoy this build is for.
 #[cfg(feature = "envoy-1-39")]
 pub const BUILT_FOR: &EnvoyRelease = &KNOWN[1];
+/// The Envoy this build is for.
 #[cfg(feature = "envoy-1-40")]
 pub const BUILT_FOR: &EnvoyRelease = &KNOWN[2];
 
+/// The prefix of every callback Envoy exports to dynamic modules.
 pub const CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_";
 
 /// The callbacks the module calls: abi.rs's declarations (tests/e2e/native/abi.rs
@@ -126,11 +130,14 @@ pub fn fingerprint<'a>(names: impl IntoIterator<Item = &'a str>) -> (usize, u64)
 /// What the running Envoy is, by its exported callbacks.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Seen {
+    /// A release this module knows.
     Release(&'static EnvoyRelease),
     /// Not a release this module knows (newer, or a custom build): how many
     /// callbacks it exports, and which of the module's imports it lacks.
     Unknown {
+        /// How many callbacks it exports.
         callbacks: usize,
+        /// The module's imports it does not export (the module would not load).
         missing: Vec<&'static str>,
     },
     /// The executable's symbols could not be read.
@@ -178,9 +185,12 @@ pub fn exported_callbacks(executable: &Path) -> Result<BTreeSet<String>, String>
 pub enum Verdict {
     /// Load; `warning` when only the override lets it.
     Load {
+        /// The line to log.
         message: String,
+        /// Whether to log it as a warning.
         warning: bool,
     },
+    /// Refuse, and the line that says why.
     Refuse(String),
 }
 
