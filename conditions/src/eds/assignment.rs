@@ -252,6 +252,7 @@ fn group_of(ep: &Endpoint, out: &Output) -> Option<GroupKey> {
 }
 
 impl Encoder {
+    /// No endpoint yet.
     pub fn new() -> Encoder {
         Encoder::default()
     }
@@ -286,6 +287,7 @@ impl Encoder {
         self.groups.values().map(|g| g.lbs.len()).sum()
     }
 
+    /// No endpoint.
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }

@@ -60,6 +60,7 @@ fn content_version(value: &[u8]) -> String {
 /// One EDS resource as published.
 #[derive(Debug)]
 pub struct Resource {
+    /// The resource name (the `--cluster` name, or a managed port's template name).
     pub name: String,
     /// [`name_hash`] of the name.
     pub hash: u64,
@@ -75,9 +76,11 @@ pub struct Resource {
     /// The delta protocol's entry (a `Resource` of a
     /// DeltaDiscoveryResponse) is `delta_head`, the assignment, `delta_tail`.
     pub delta_head: Bytes,
+    /// The bytes after the assignment in the delta entry.
     pub delta_tail: Bytes,
     /// The delta protocol's version of this content.
     pub delta_version: String,
+    /// Endpoints in the assignment.
     pub endpoints: usize,
     /// When the source got the change that produced this version.
     pub changed_at: Instant,
@@ -182,10 +185,12 @@ impl Table {
         self.get(name_hash(name)).filter(|r| r.name == name)
     }
 
+    /// How many resources are served.
     pub fn len(&self) -> usize {
         self.read().len()
     }
 
+    /// No resource is served.
     pub fn is_empty(&self) -> bool {
         self.read().is_empty()
     }
@@ -222,15 +227,19 @@ pub struct Snapshot {
     pub version: String,
     /// False until the first full list: streams answer nothing before.
     pub ready: bool,
+    /// The resources served, each at its newest version.
     pub table: Arc<Table>,
     /// This snapshot's number, and the one it follows: `changed` lists the
     /// resources (by [`name_hash`]) that changed or appeared in between.
     pub seq: u64,
+    /// The number of the snapshot this one follows.
     pub after: u64,
+    /// The resources that changed or appeared since that one.
     pub changed: Arc<[u64]>,
 }
 
 impl Snapshot {
+    /// The snapshot before the first: not ready, nothing in it.
     pub fn empty() -> Snapshot {
         Snapshot {
             version: String::new(),
@@ -280,6 +289,8 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher of `clusters` (the `--cluster` specs), reading endpoints of `family`, writing
+    /// `output`.
     pub fn new(clusters: Vec<ClusterSpec>, family: IpFamily, output: Output) -> Publisher {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -347,14 +358,17 @@ impl Publisher {
         );
     }
 
+    /// The index of every slice applied.
     pub fn index(&self) -> &Index {
         &self.index
     }
 
+    /// The `--cluster` specs.
     pub fn clusters(&self) -> &[ClusterSpec] {
         &self.clusters
     }
 
+    /// The first full list is in.
     pub fn is_ready(&self) -> bool {
         self.ready
     }

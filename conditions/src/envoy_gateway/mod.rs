@@ -89,6 +89,7 @@ pub struct Args {
     /// Metrics (/metrics), /healthz and /readyz listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
+    /// How endpoints are written (`--metadata-namespace`, `--flat-output`).
     #[command(flatten)]
     pub output: Output,
     /// Bound on re-reading a Service's slices when the index and Envoy
@@ -133,6 +134,7 @@ pub struct Args {
     /// Connection and metrics-port limits (`limits`).
     #[command(flatten)]
     pub limits: crate::limits::ServeLimits,
+    /// TLS on the gRPC listener.
     #[command(flatten)]
     pub tls: crate::net::tls::TlsArgs,
 }

@@ -41,6 +41,7 @@ pub const EG_RESOURCES_KEY: &str = "resources";
 /// The backend a locality was built from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalityBackend {
+    /// The Service the locality's metadata names.
     pub service: ServiceKey,
     /// The backendRef's port (the Service port number), when EG wrote it.
     pub section_name: Option<String>,

@@ -66,6 +66,7 @@ use crate::telemetry::ratelog::PerKey;
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]
 pub struct Shared {
+    /// Every managed Service's slices, prepared for the hook (`prepared`).
     pub index: RwLock<PreparedIndex>,
     /// Set once the first full list is in.
     pub ready: AtomicBool,
@@ -76,6 +77,7 @@ impl Shared {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The index, for the source's updates and re-reads.
     pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, PreparedIndex> {
         self.index.write().unwrap_or_else(|p| p.into_inner())
     }
@@ -99,13 +101,16 @@ pub fn replace_service(index: &mut PreparedIndex, service: &ServiceKey, slices: 
 /// Reads one Service's slices from the source, now.
 #[tonic::async_trait]
 pub trait Reread: Send + Sync + 'static {
+    /// `service`'s slices as the source has them now, or why they could not be read.
     async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String>;
 }
 
 /// From the Kubernetes API: a list of the Service's slices (a quorum read)
 /// with the `--manage` selector (a Service no longer selected has none).
 pub struct KubeReread {
+    /// The API client.
     pub client: kube::Client,
+    /// The label selector of the managed Services (`--manage`, or its default).
     pub selector: String,
 }
 
@@ -287,10 +292,13 @@ pub const EG_DEFAULT_MAX_MESSAGE_SIZE: usize = 4 << 20;
 /// Knobs of the hook.
 #[derive(Clone, Debug)]
 pub struct HookConfig {
+    /// How the hook writes the endpoints (tiered or flat, the metadata namespace).
     pub output: Output,
+    /// How long a call's re-reads may take (`--reread-timeout-ms`).
     pub reread_timeout: Duration,
     /// Re-read time one translation may spend in all (`reread_budget`).
     pub reread_budget: Duration,
+    /// A Service is re-read at most once this often.
     pub reread_min_interval: Duration,
     /// Calls answered at once; more get EG's bytes back at once.
     pub max_calls: usize,
@@ -383,6 +391,8 @@ fn mark(map: &Mutex<HashMap<ServiceKey, Instant>>, services: &BTreeSet<ServiceKe
 }
 
 impl HookService {
+    /// The hook over `shared`, re-reading Services in doubt through `reread` (none: never), its
+    /// metrics registered by the caller.
     pub fn new(
         shared: Arc<Shared>,
         config: HookConfig,

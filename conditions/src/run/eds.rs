@@ -18,14 +18,18 @@ use crate::xds::metrics::MetricsCallbacks;
 use crate::xds::Names;
 use crate::xds::XdsServer;
 
+/// `--ip-family`: the address family served per Service port.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Family {
     /// IPv4 when a Service port has IPv4 slices, else IPv6.
     Auto,
+    /// IPv4 endpoints only.
     Ipv4,
+    /// IPv6 endpoints only.
     Ipv6,
 }
 
+/// Mode `eds`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// gRPC listen address for Envoy's xDS streams.
@@ -49,15 +53,19 @@ pub struct Args {
     /// Metrics (/metrics), /healthz and /readyz listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
+    /// How endpoints are written (`--metadata-namespace`, `--flat-output`).
     #[command(flatten)]
     pub output: Output,
     /// Address family served per Service port.
     #[arg(long, value_enum, default_value_t = Family::Auto)]
     pub ip_family: Family,
+    /// The limits of both listeners.
     #[command(flatten)]
     pub limits: ServeLimits,
+    /// The xDS streams' limits.
     #[command(flatten)]
     pub xds: XdsLimits,
+    /// TLS on the gRPC listener.
     #[command(flatten)]
     pub tls: crate::net::tls::TlsArgs,
 }

@@ -170,7 +170,9 @@ async fn until_source_ends(
 /// listener (`--listen`), the admin listener (`--metrics-listen`) and its
 /// server, the gRPC connections' bookkeeping.
 pub struct Plumbing {
+    /// The companion's metrics, shared (the mode's own registered before).
     pub metrics: Arc<Metrics>,
+    /// The gRPC listener's connections (for the per-connection stream limit).
     pub connections: Arc<Connections>,
     tls: Option<Arc<TlsServer>>,
     grpc: TcpListener,
@@ -238,7 +240,9 @@ pub enum Slices {
     Files(PathBuf, Option<source::kube::Keep>),
     /// The Kubernetes API, the slices this selects.
     Kube {
+        /// The API client.
         client: kube::Client,
+        /// Which slices to watch.
         selection: source::kube::Selection,
     },
 }

@@ -147,6 +147,7 @@ fn counts(path: &Path) -> bool {
 }
 
 impl Directory {
+    /// The directory `dir`, nothing read yet; its errors count in `metrics`.
     pub fn new(dir: &Path, metrics: SourceMetrics) -> Directory {
         Directory {
             dir: dir.to_path_buf(),

@@ -52,6 +52,7 @@ pub struct ExpBackoff {
 }
 
 impl ExpBackoff {
+    /// A back-off from `min`, doubling up to `max`.
     pub fn new(min: Duration, max: Duration) -> ExpBackoff {
         ExpBackoff {
             min,
@@ -88,6 +89,7 @@ impl Backoff for ExpBackoff {
 pub struct Selection {
     /// `Some(ns)` when every cluster's Service is in `ns`.
     pub namespace: Option<String>,
+    /// The label selector the watch asks the API server for (empty: every slice).
     pub label_selector: String,
     /// Slices kept from what the watch returns (`None`: all of them): for a
     /// choice the API server cannot make with one selector.
@@ -98,7 +100,9 @@ pub struct Selection {
 /// those `manage` selects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keep {
+    /// Service names whose slices are kept (the `--cluster` Services').
     pub services: BTreeSet<String>,
+    /// `--manage`: slices whose labels it selects are kept.
     pub manage: LabelSelector,
 }
 
@@ -140,6 +144,8 @@ pub fn selection_for(clusters: &[ClusterSpec], manage: Option<&str>) -> Result<S
     })
 }
 
+/// The slices of the `--cluster` Services: by name (`kubernetes.io/service-name in (...)`), in
+/// their namespace when they share one.
 pub fn selection(clusters: &[ClusterSpec]) -> Selection {
     let namespaces: BTreeSet<&str> = clusters
         .iter()

@@ -14,6 +14,7 @@ pub trait Callbacks: Send + Sync + 'static {
     fn limit_hit(&self, limit: &'static str);
     /// A stream refused with RESOURCE_EXHAUSTED by a limit.
     fn stream_refused(&self, limit: &'static str);
+    /// A stream opened (before it names its node).
     fn stream_opened(&self);
     /// A stream's first request named its node.
     fn stream_identified(&self, node: &str, peer: &str);
