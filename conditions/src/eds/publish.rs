@@ -196,6 +196,7 @@ impl Table {
     }
 
     /// Every resource name (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.read().values().map(|r| r.name.clone()).collect();
         v.sort();
@@ -203,6 +204,7 @@ impl Table {
     }
 
     /// Every resource (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn all(&self) -> Vec<Arc<Resource>> {
         self.read().values().cloned().collect()
     }

@@ -325,11 +325,6 @@ impl Verdicts {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// The most it remembers.
-    pub fn max(&self) -> usize {
-        self.max
-    }
 }
 
 /// `PostTranslateModifyRequest` as the server takes it: every resource as
