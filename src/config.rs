@@ -12,7 +12,10 @@ use std::fmt;
 /// A configuration error that names the offending key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The key as the configuration spells it; empty for the document as a
+    /// whole (not an object, not JSON).
     pub key: String,
+    /// What is wrong with its value.
     pub reason: String,
 }
 
@@ -30,6 +33,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// A `ConfigError` for `key`.
 pub fn err(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         key: key.into(),
@@ -37,10 +41,12 @@ pub fn err(key: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `value` read as a `T`; a type mismatch names `key`.
 pub fn typed<T: DeserializeOwned>(key: &str, value: Value) -> Result<T, ConfigError> {
     serde_json::from_value(value).map_err(|e| err(key, e.to_string()))
 }
 
+/// `value` as a string with something besides spaces in it.
 pub fn non_empty(key: &str, value: Value) -> Result<String, ConfigError> {
     let s: String = typed(key, value)?;
     if s.trim().is_empty() {
@@ -49,6 +55,7 @@ pub fn non_empty(key: &str, value: Value) -> Result<String, ConfigError> {
     Ok(s)
 }
 
+/// `value` as an integer within `min..=max`.
 pub fn bounded_u64(key: &str, value: Value, min: u64, max: u64) -> Result<u64, ConfigError> {
     let n: u64 = typed(key, value)?;
     if n < min || n > max {
@@ -118,6 +125,8 @@ pub fn json_object(raw: &[u8]) -> Result<Option<Map<String, Value>>, ConfigError
     }
 }
 
+/// `local_zone_min_share` when not given: the local zone is preferred
+/// while it holds at least this share of the tier's weight.
 pub const DEFAULT_LOCAL_ZONE_MIN_SHARE: f64 = 0.2;
 
 /// The keys that decide which hosts a request may go to, in every form.

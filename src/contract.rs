@@ -26,12 +26,19 @@ pub const DEFAULT_NAMESPACE: &str = "k8s.endpointslice";
 
 /// The keys of the namespace.
 pub mod key {
+    /// `ready` (boolean): the EndpointSlice's `conditions.ready`, nil rule applied.
     pub const READY: &str = "ready";
+    /// `serving` (boolean): `conditions.serving`, nil rule applied.
     pub const SERVING: &str = "serving";
+    /// `terminating` (boolean): `conditions.terminating`, nil rule applied.
     pub const TERMINATING: &str = "terminating";
+    /// `zone` (string): the endpoint's `zone`, when set.
     pub const ZONE: &str = "zone";
+    /// `node_name` (string): the endpoint's `nodeName`, when set.
     pub const NODE_NAME: &str = "node_name";
+    /// `hints_zones` (string): the zones of `hints.forZones`, comma-separated.
     pub const HINTS_ZONES: &str = "hints_zones";
+    /// `hints_nodes` (string): the nodes of `hints.forNodes`, comma-separated.
     pub const HINTS_NODES: &str = "hints_nodes";
     /// Every key, in the order the companion writes them.
     pub const ALL: [&str; 7] = [
@@ -49,8 +56,11 @@ pub mod key {
 /// them: each may be absent (nil, or in metadata of the wrong type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct MetaFlags {
+    /// `conditions.ready`, if present.
     pub ready: Option<bool>,
+    /// `conditions.serving`, if present.
     pub serving: Option<bool>,
+    /// `conditions.terminating`, if present.
     pub terminating: Option<bool>,
 }
 
@@ -76,8 +86,11 @@ impl MetaFlags {
 /// writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SliceConditions {
+    /// The pod passes its readiness probe and is not terminating.
     pub ready: bool,
+    /// The pod passes its readiness probe, terminating or not.
     pub serving: bool,
+    /// The pod is shutting down.
     pub terminating: bool,
 }
 
@@ -90,6 +103,7 @@ impl SliceConditions {
         }
     }
 
+    /// The host's tier (`Conditions::tier`).
     pub fn tier(self) -> Tier {
         self.host().tier()
     }
@@ -123,19 +137,24 @@ impl SliceConditions {
 /// The effective conditions of one host, as a shell plans with them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conditions {
+    /// The host may take requests.
     pub serving: bool,
+    /// The host is shutting down (requests to it drain).
     pub terminating: bool,
 }
 
 impl Conditions {
+    /// Serving, not terminating: the ready tier.
     pub const READY: Conditions = Conditions {
         serving: true,
         terminating: false,
     };
+    /// Serving and terminating: the fallback tier.
     pub const SERVING_TERMINATING: Conditions = Conditions {
         serving: true,
         terminating: true,
     };
+    /// Not serving: no tier serves from it.
     pub const NOT_SERVING: Conditions = Conditions {
         serving: false,
         terminating: false,
@@ -164,6 +183,8 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// The tier of its code (`Tier as u8`), as the wasm filter's shared plans
+    /// store it; `None` for any other byte.
     pub fn from_code(code: u8) -> Option<Tier> {
         match code {
             1 => Some(Tier::Ready),
@@ -173,6 +194,7 @@ impl Tier {
         }
     }
 
+    /// The tier's name in logs, metrics and the status page.
     pub fn name(self) -> &'static str {
         match self {
             Tier::Ready => "ready",
@@ -196,15 +218,25 @@ impl Tier {
 /// An EDS health status name (absent or unrecognised means UNKNOWN).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EdsHealth {
+    /// No status, or one Envoy does not name.
     Unknown,
+    /// `HEALTHY`.
     Healthy,
+    /// `UNHEALTHY`: Envoy does not route to the host.
     Unhealthy,
+    /// `DRAINING`: the host is going away (what Envoy Gateway writes outside
+    /// the ready tier).
     Draining,
+    /// `TIMEOUT`: the host's health check timed out; Envoy takes it as
+    /// unhealthy.
     Timeout,
+    /// `DEGRADED`: routed to only when too few hosts are healthy.
     Degraded,
 }
 
 impl EdsHealth {
+    /// The status of an EDS health name (`HEALTHY`, ...); anything else is
+    /// `Unknown`.
     pub fn from_name(name: Option<&str>) -> EdsHealth {
         match name {
             Some("HEALTHY") => EdsHealth::Healthy,
@@ -234,14 +266,18 @@ impl EdsHealth {
 /// A metadata value as written (both shells read booleans and strings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetadataValue<'a> {
+    /// A boolean (`ready`, `serving`, `terminating`).
     Bool(bool),
+    /// A string (`zone`, `node_name`, the hint lists).
     Str(&'a str),
 }
 
 /// An endpoint's topology strings as written; `None` is left out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TopologyFields<'a> {
+    /// The `zone` key's value.
     pub zone: Option<&'a str>,
+    /// The `node_name` key's value.
     pub node_name: Option<&'a str>,
     /// Comma-separated zone names.
     pub hints_zones: Option<&'a str>,

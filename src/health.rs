@@ -17,6 +17,7 @@ pub struct Health {
 }
 
 impl Health {
+    /// Nothing known: no EDS status, a coarse UNKNOWN, not failing.
     pub const UNKNOWN: Health = Health {
         eds: None,
         coarse: EdsHealth::Unknown,

@@ -5,12 +5,19 @@
 /// Fractional part of the golden ratio in 64-bit fixed point.
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// Picks among a tier's hosts by index, in proportion to their weights.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Picker {
-    RoundRobin { len: u64 },
+    /// Equal weights: the pick is `sequence % len`.
+    RoundRobin {
+        /// How many hosts.
+        len: u64,
+    },
+    /// Unequal weights: Vose's alias table.
     Alias(AliasTable),
 }
 
+/// Vose's alias table over the hosts' weights: one column per host, a coin per pick.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AliasTable {
     /// Per column: keep the column when the coin is below this (2^64 scale);

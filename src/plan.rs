@@ -49,6 +49,8 @@ pub enum Topology {
 }
 
 impl Topology {
+    /// The hint of its code (`Topology as u8`), as the wasm filter's shared plans store it; `None`
+    /// for any other byte.
     pub fn from_code(code: u8) -> Option<Topology> {
         match code {
             0 => Some(Topology::None),
@@ -58,6 +60,7 @@ impl Topology {
         }
     }
 
+    /// The hint's name in logs.
     pub fn name(self) -> &'static str {
         match self {
             Topology::None => "none",
@@ -67,24 +70,33 @@ impl Topology {
     }
 }
 
+/// A host new requests may go to, and its weight among the plan's hosts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedHost {
+    /// `IP:PORT`, as the cluster lists it (`HostRecord::address`).
     pub address: String,
+    /// Its share of the cluster's new requests, relative to the other planned hosts' weights.
     pub weight: u32,
 }
 
 /// The hosts new requests of one cluster may go to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterPlan {
+    /// The cluster's name (`ClusterHosts::name`).
     pub cluster: String,
+    /// The tier the hosts come from (KEP-1669: the best non-empty one).
     pub tier: Tier,
     /// The hint that chose the hosts (`None` outside the ready tier).
     pub topology: Topology,
+    /// The hosts, each address once (its listings' weights summed), by
+    /// address; empty for `Tier::NoServing`.
     pub hosts: Vec<PlannedHost>,
 }
 
+/// Whether and how the local zone is preferred (`local_zone`, `local_zone_min_share`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ZonePreference {
+    /// This Envoy's zone.
     pub local_zone: String,
     /// The local zone is used alone when it holds at least this share of the tier's weight.
     pub min_share: f64,
@@ -172,8 +184,10 @@ pub fn topology_mode(
     }
 }
 
-/// `plan_cluster_at` without a local node (no node hints can match).
-pub fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> ClusterPlan {
+/// `plan_cluster_at` without a local node (no node hints can match): the
+/// tests' shorthand.
+#[cfg(test)]
+fn plan_cluster(cluster: &ClusterHosts, zone: Option<&ZonePreference>) -> ClusterPlan {
     plan_cluster_at(cluster, zone, None)
 }
 
@@ -197,7 +211,9 @@ pub fn sort_by_name<T>(items: &mut Vec<T>, name: impl Fn(&T) -> &str) {
 /// its own per-host data (the native module) maps back without addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Weights {
+    /// The tier the hosts come from.
     pub tier: Tier,
+    /// The hint that chose them (`None` outside the ready tier).
     pub topology: Topology,
     /// (index into the hosts, weight), priority by priority in the hosts'
     /// order; a host listed twice is here twice (`plan_cluster_at` merges

@@ -6,8 +6,11 @@
 /// an empty string (or an absent key) is no hint.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct TopologyMeta {
+    /// The `node_name` key: the endpoint's Kubernetes node.
     pub node_name: String,
+    /// The `hints_zones` key: the zones the endpoint is hinted for.
     pub hints_zones: String,
+    /// The `hints_nodes` key: the nodes the endpoint is hinted for.
     pub hints_nodes: String,
 }
 

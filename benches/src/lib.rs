@@ -53,12 +53,16 @@ pub fn wrk_seconds(text: &str) -> Option<f64> {
 /// Where the processes run: the measured one on core 0 to itself, the rest
 /// (load generators, backends) on core 1, when `taskset` and two cores exist.
 pub struct Pinning {
+    /// The command prefix of the measured process (`taskset -c 0`), empty without pinning.
     pub measured: Vec<String>,
+    /// The command prefix of the other processes (`taskset -c 1`), empty without pinning.
     pub others: Vec<String>,
+    /// How the figures' header describes the pinning.
     pub said: &'static str,
 }
 
 impl Pinning {
+    /// Pinning when `taskset` and two cores exist (`measured_what` then describes it), else none.
     pub fn detect(measured_what: &'static str) -> Pinning {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let taskset = std::process::Command::new("taskset")
@@ -110,6 +114,7 @@ pub enum Fmt {
 }
 
 impl Fmt {
+    /// `v` printed this way.
     pub fn show(self, v: f64) -> String {
         match self {
             Fmt::Ratio => format!("{v:.3}"),

@@ -35,6 +35,8 @@ use serving_picker_xds_load::probe::{self, free_port, metric};
 struct Counting;
 static HELD: AtomicIsize = AtomicIsize::new(0);
 
+// A global allocator is an unsafe trait: it counts, then hands each call to the system's.
+#[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         HELD.fetch_add(l.size() as isize, Ordering::Relaxed);

@@ -150,26 +150,42 @@ impl Default for HttpLimits {
 /// The limits of both listeners, for a mode's arguments (`#[command(flatten)]`).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ServeLimits {
+    /// The gRPC listener's connections.
     #[command(flatten)]
     pub grpc: GrpcLimits,
+    /// The metrics port's connections.
     #[command(flatten)]
     pub http: HttpLimits,
 }
 
 /// Label values of `limit_hits_total` and `limit`: the flag of each limit.
 pub mod names {
+    /// `--max-connections`: gRPC connections open at once.
     pub const MAX_CONNECTIONS: &str = "max-connections";
+    /// `--max-pending-handshakes`: gRPC connections waiting for their TLS handshake.
     pub const MAX_PENDING_HANDSHAKES: &str = "max-pending-handshakes";
+    /// `--handshake-timeout`: the time a TLS handshake may take.
     pub const HANDSHAKE_TIMEOUT: &str = "handshake-timeout";
+    /// `--max-streams-per-connection`: gRPC streams on one connection.
     pub const MAX_STREAMS_PER_CONNECTION: &str = "max-streams-per-connection";
+    /// `--max-streams`: xDS streams over all connections.
     pub const MAX_STREAMS: &str = "max-streams";
+    /// `--max-resource-names`: resource names in one xDS request.
     pub const MAX_RESOURCE_NAMES: &str = "max-resource-names";
+    /// `--max-subscriptions`: resource names subscribed over all xDS streams.
     pub const MAX_SUBSCRIPTIONS: &str = "max-subscriptions";
+    /// `--max-request-bytes`: the largest xDS request message.
     pub const MAX_REQUEST_BYTES: &str = "max-request-bytes";
+    /// `--request-buffer-bytes`: request bytes held beyond each message's first 64 KiB, over all
+    /// streams.
     pub const REQUEST_BUFFER_BYTES: &str = "request-buffer-bytes";
+    /// `--max-response-bytes`: the largest xDS response message.
     pub const MAX_RESPONSE_BYTES: &str = "max-response-bytes";
+    /// `--send-timeout`: how long a due response may wait for its stream.
     pub const SEND_TIMEOUT: &str = "send-timeout";
+    /// `--metrics-max-connections`: connections open on the metrics port.
     pub const METRICS_MAX_CONNECTIONS: &str = "metrics-max-connections";
+    /// `--metrics-header-timeout`: the time a metrics request's headers may take.
     pub const METRICS_HEADER_TIMEOUT: &str = "metrics-header-timeout";
 }
 

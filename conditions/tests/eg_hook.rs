@@ -27,8 +27,8 @@ use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, BackendRef, EgEndpoint,
 };
 use serving_picker_conditions::model::slice::{ServiceKey, Slice};
+use serving_picker_conditions::source::metrics::SourceMetrics;
 use serving_picker_conditions::source::{Change, Update};
-use serving_picker_conditions::telemetry::metrics::Metrics;
 
 type Cond = (bool, bool, bool);
 const READY: Cond = (true, true, false);
@@ -373,7 +373,10 @@ fn eg_ahead_of_the_index_re_reads_the_service() {
     // A serving+terminating and B ready, and EG translated from it.
     let dir = temp_dir("reread");
     write_slice(&dir, "web", &[("10.0.0.1", READY)]);
-    let reread: Arc<dyn Reread> = Arc::new(FilesReread::new(dir.clone(), Arc::new(Metrics::new())));
+    let reread: Arc<dyn Reread> = Arc::new(FilesReread::new(
+        dir.clone(),
+        SourceMetrics::register(&mut Default::default()),
+    ));
     let mut s = server(true, Some(reread), Duration::from_millis(500));
     s.full_list(vec![slice("web", &[("10.0.0.1", READY)])]);
     let now = [("10.0.0.1", SERVING_TERMINATING), ("10.0.0.2", READY)];

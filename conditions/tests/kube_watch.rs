@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use serving_picker_conditions::eds::metrics::PublishMetrics;
 use serving_picker_conditions::eds::publish::{self, Publisher, Snapshot};
+use serving_picker_conditions::run::Telemetry;
 use serving_picker_conditions::source::kube::{run, ExpBackoff};
 use serving_picker_conditions::source::{Change, Update};
 use serving_picker_conditions::telemetry::metrics::Metrics;
@@ -312,11 +314,12 @@ async fn start_source(api: &FakeApi) -> (mpsc::Receiver<Update>, Arc<Metrics>) {
     let config = kube::Config::new(url.parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
     let (tx, rx) = mpsc::channel(64);
-    let metrics = Arc::new(Metrics::new());
+    let Telemetry {
+        metrics, source, ..
+    } = Telemetry::new();
     let clusters = vec!["backend=e2e/web:http".parse().unwrap()];
-    let m = metrics.clone();
-    tokio::spawn(async move { run(client, &clusters, tx, m, fast_backoff()).await });
-    (rx, metrics)
+    tokio::spawn(async move { run(client, &clusters, tx, source, fast_backoff()).await });
+    (rx, Arc::new(metrics))
 }
 
 async fn next(rx: &mut mpsc::Receiver<Update>) -> Change {
@@ -503,7 +506,13 @@ async fn a_slow_list_is_not_served_before_it_is_complete() {
         Default::default(),
     );
     let (snap_tx, mut snap_rx) = watch::channel(Arc::new(Snapshot::empty()));
-    tokio::spawn(publish::run(publisher, rx, snap_tx, metrics.clone()));
+    tokio::spawn(publish::run(
+        publisher,
+        rx,
+        snap_tx,
+        metrics.clone(),
+        PublishMetrics::register(&mut Default::default()),
+    ));
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!snap_rx.borrow().ready);
     assert!(!metrics.is_ready());
@@ -523,11 +532,12 @@ fn start_source_at(url: &str, backoff: ExpBackoff) -> Arc<Metrics> {
     let (tx, mut rx) = mpsc::channel(64);
     // Nothing ever arrives; the receiver only has to stay open.
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let metrics = Arc::new(Metrics::new());
+    let Telemetry {
+        metrics, source, ..
+    } = Telemetry::new();
     let clusters = vec!["backend=e2e/web:http".parse().unwrap()];
-    let m = metrics.clone();
-    tokio::spawn(async move { run(client, &clusters, tx, m, backoff).await });
-    metrics
+    tokio::spawn(async move { run(client, &clusters, tx, source, backoff).await });
+    Arc::new(metrics)
 }
 
 fn watch_errors(metrics: &Metrics) -> u64 {

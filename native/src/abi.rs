@@ -12,6 +12,9 @@
 //! (`nm -D --defined-only envoy`, tests/e2e/native/abi.rs) and its behaviour
 //! against the real Envoys (the e2e tests, `make test-compat`).
 
+// The module's raw pointers into Envoy live here and only here.
+#![allow(unsafe_code)]
+
 use std::ffi::{c_void, CStr};
 use std::os::raw::{c_char, c_int};
 use std::sync::Arc;
@@ -20,11 +23,14 @@ use std::sync::Arc;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EnvoyBuffer {
+    /// The first byte; may be null when `length` is 0.
     pub ptr: *const u8,
+    /// How many bytes.
     pub length: usize,
 }
 
 impl EnvoyBuffer {
+    /// No bytes (a null pointer, length 0).
     pub const EMPTY: EnvoyBuffer = EnvoyBuffer {
         ptr: std::ptr::null(),
         length: 0,
@@ -48,11 +54,14 @@ impl EnvoyBuffer {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ModuleBuffer {
+    /// The first byte, borrowed from the module for the callback's duration.
     pub ptr: *const u8,
+    /// How many bytes.
     pub length: usize,
 }
 
 impl ModuleBuffer {
+    /// `s`'s bytes, borrowed: `s` must outlive the callback it is passed to.
     pub fn of(s: &str) -> ModuleBuffer {
         ModuleBuffer {
             ptr: s.as_ptr(),
@@ -71,6 +80,7 @@ pub const NO_MODULE: ModulePtr = std::ptr::null();
 /// `envoy_dynamic_module_type_abi_version_module_ptr`: a NUL-terminated
 /// string, or null to refuse the load.
 pub type AbiVersionPtr = *const c_char;
+/// The answer "refused" to the ABI-version hook: Envoy does not load the module.
 pub const NO_ABI_VERSION: AbiVersionPtr = std::ptr::null();
 /// A `uint32_t*` out-parameter of a hook.
 pub type OutU32 = *mut u32;
@@ -150,14 +160,21 @@ pub unsafe fn out_slot<'a>(ptr: OutU32) -> Option<&'a mut u32> {
 }
 
 // `envoy_dynamic_module_type_log_level`.
+/// The debug level of Envoy's `dynamic_modules` logger.
 pub const LOG_DEBUG: c_int = 1;
+/// Its info level.
 pub const LOG_INFO: c_int = 2;
+/// Its warn level.
 pub const LOG_WARN: c_int = 3;
+/// Its error level.
 pub const LOG_ERROR: c_int = 4;
 
 // `envoy_dynamic_module_type_host_health` as Envoy 1.38 to 1.40 return it.
+/// Envoy does not offer the host (failed checks, ejection, EDS unhealthy or draining).
 pub const HEALTH_UNHEALTHY: c_int = 0;
+/// Envoy offers the host only when too few are healthy.
 pub const HEALTH_DEGRADED: c_int = 1;
+/// Envoy offers the host.
 pub const HEALTH_HEALTHY: c_int = 2;
 
 // The callbacks, named as Envoy exports them. The symbol test
@@ -322,10 +339,12 @@ fn utf8(bytes: &[u8]) -> Option<&str> {
 pub struct Lb(*mut c_void);
 
 impl Lb {
+    /// The load balancer behind `ptr`; `None` for null.
     pub fn new(ptr: *mut c_void) -> Option<Lb> {
         (!ptr.is_null()).then_some(Lb(ptr))
     }
 
+    /// The cluster's name (copied).
     pub fn cluster_name(&self) -> String {
         let mut out = EnvoyBuffer::EMPTY;
         // SAFETY: non-null lb pointer from Envoy, `out` is a valid buffer slot;
@@ -336,16 +355,19 @@ impl Lb {
         }
     }
 
+    /// How many priorities the cluster's host set has.
     pub fn priority_count(&self) -> usize {
         // SAFETY: non-null lb pointer from Envoy.
         unsafe { envoy_dynamic_module_callback_lb_get_priority_set_size(self.0) }
     }
 
+    /// How many hosts priority `priority` has.
     pub fn host_count(&self, priority: u32) -> usize {
         // SAFETY: non-null lb pointer; Envoy checks the priority.
         unsafe { envoy_dynamic_module_callback_lb_get_hosts_count(self.0, priority) }
     }
 
+    /// How many of them Envoy counts healthy.
     pub fn healthy_count(&self, priority: u32) -> usize {
         // SAFETY: as above.
         unsafe { envoy_dynamic_module_callback_lb_get_healthy_hosts_count(self.0, priority) }
@@ -366,6 +388,8 @@ impl Lb {
         }
     }
 
+    /// Address of host `index` of priority `priority`, borrowed from Envoy's host (alive for the
+    /// hook call).
     pub fn address(&self, priority: u32, index: usize) -> Option<&str> {
         let mut out = EnvoyBuffer::EMPTY;
         // SAFETY: as for `healthy_address`.
@@ -376,16 +400,19 @@ impl Lb {
         }
     }
 
+    /// The host's load-balancing weight (0 out of range).
     pub fn weight(&self, priority: u32, index: usize) -> u32 {
         // SAFETY: Envoy bounds-checks (0 when out of range).
         unsafe { envoy_dynamic_module_callback_lb_get_host_weight(self.0, priority, index) }
     }
 
+    /// The host's health as Envoy sees it (`HEALTH_*`; unhealthy out of range).
     pub fn health(&self, priority: u32, index: usize) -> c_int {
         // SAFETY: Envoy bounds-checks (Unhealthy when out of range).
         unsafe { envoy_dynamic_module_callback_lb_get_host_health(self.0, priority, index) }
     }
 
+    /// The zone of the host's locality; `None` when it has no locality or the zone is not UTF-8.
     pub fn locality_zone(&self, priority: u32, index: usize) -> Option<&str> {
         let (mut region, mut zone, mut sub_zone) =
             (EnvoyBuffer::EMPTY, EnvoyBuffer::EMPTY, EnvoyBuffer::EMPTY);
@@ -449,6 +476,7 @@ impl Lb {
 pub struct Context(*mut c_void);
 
 impl Context {
+    /// The request context behind `ptr`; `None` for null.
     pub fn new(ptr: *mut c_void) -> Option<Context> {
         (!ptr.is_null()).then_some(Context(ptr))
     }
@@ -485,6 +513,7 @@ unsafe impl Send for ConfigHandle {}
 unsafe impl Sync for ConfigHandle {}
 
 impl ConfigHandle {
+    /// The configuration object behind `ptr`; `None` for null.
     pub fn new(ptr: *mut c_void) -> Option<ConfigHandle> {
         (!ptr.is_null()).then_some(ConfigHandle(ptr))
     }
@@ -521,6 +550,7 @@ impl ConfigHandle {
         (rc == 0).then_some(id)
     }
 
+    /// Adds `by` to counter `id`.
     pub fn increment_counter(&self, id: usize, by: u64) {
         // SAFETY: an id this config defined, no labels.
         unsafe {
@@ -534,6 +564,7 @@ impl ConfigHandle {
         }
     }
 
+    /// Sets gauge `id` to `value`.
     pub fn set_gauge(&self, id: usize, value: u64) {
         // SAFETY: as above.
         unsafe {
@@ -547,6 +578,7 @@ impl ConfigHandle {
         }
     }
 
+    /// Moves gauge `id` by `delta`, up or down.
     pub fn add_gauge(&self, id: usize, delta: i64) {
         // SAFETY: as above.
         unsafe {

@@ -29,8 +29,11 @@ pub const WASM_ONLY_KEYS: [&str; 13] = [
     "retry_alternates",
 ];
 
+/// The policy's configuration, parsed from `lb_policy_config`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct NativeConfig {
+    /// The keys shared with the wasm filter (`metadata_namespace`, `local_zone`, `local_node`,
+    /// `local_zone_min_share`).
     pub selection: SelectionConfig,
 }
 

@@ -9,6 +9,7 @@ use crate::table::{HostHealth, HostSource, Slot};
 
 /// The policy as Envoy runs it.
 pub type EnvoyPolicy = PolicyConfig<Envoy>;
+/// One load balancer of the policy as Envoy runs it (a worker's, for one cluster).
 pub type EnvoyLbInstance = LbInstance<Envoy>;
 
 fn level(level: Level) -> c_int {
@@ -33,6 +34,7 @@ pub struct Envoy {
 }
 
 impl Envoy {
+    /// Envoy's side of the configuration behind `config`.
     pub fn new(config: ConfigHandle) -> Envoy {
         Envoy { config }
     }
@@ -107,7 +109,9 @@ impl HostSource for EnvoyHosts {
 
 /// One request's `LoadBalancerContext`, with the load balancer it asks.
 pub struct EnvoyRequest {
+    /// The cluster's load balancer.
     pub lb: Lb,
+    /// The request's context (its retry state and host predicates).
     pub context: Context,
 }
 

@@ -40,6 +40,7 @@ pub struct EnvoyRelease {
     /// How many `envoy_dynamic_module_callback_*` symbols it exports, and
     /// their FNV-1a hash (`fingerprint`); the lists are native/abi/*.callbacks.
     pub callbacks: usize,
+    /// Their FNV-1a hash, as `fingerprint` computes it.
     pub callbacks_fnv: u64,
 }
 
@@ -69,6 +70,7 @@ pub const KNOWN: [EnvoyRelease; 3] = [
 /// The newest tested release: the ABI version answered to any other Envoy.
 pub const NEWEST: &EnvoyRelease = &KNOWN[KNOWN.len() - 1];
 
+/// The prefix of every callback Envoy exports to dynamic modules.
 pub const CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_";
 /// Every callback of the load-balancing policy for modules starts so.
 pub const LB_CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_lb_";
@@ -146,13 +148,17 @@ pub fn fingerprint<'a>(names: impl IntoIterator<Item = &'a str>) -> (usize, u64)
 /// What the running Envoy is, by its exported callbacks.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Seen {
+    /// A release this module knows.
     Release(&'static EnvoyRelease),
     /// Not a tested release (a later one, or another build): how many
     /// callbacks it exports, whether any is the load-balancing policy's, and
     /// which of the module's imports it lacks.
     Unknown {
+        /// How many callbacks it exports.
         callbacks: usize,
+        /// Whether one of them is a load-balancing policy callback.
         lb_policy: bool,
+        /// The module's imports it does not export (the module would not load).
         missing: Vec<&'static str>,
     },
     /// The executable's symbols could not be read.
@@ -205,8 +211,10 @@ pub enum Verdict {
         /// Whether the Envoy is a tested release (else: a warning line and
         /// the gauge).
         tested: bool,
+        /// The line to log.
         message: String,
     },
+    /// Refuse, and the line that says why.
     Refuse(String),
 }
 

@@ -3,6 +3,9 @@
 //! profile unwinds; a panic across `extern "C"` would abort Envoy) and hands
 //! over to `policy` through the `envoy_host` adapter.
 
+// Envoy finds the hooks by their unmangled names (`#[no_mangle]`).
+#![allow(unsafe_code)]
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 

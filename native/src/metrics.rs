@@ -16,7 +16,9 @@ pub enum Metric {
     PickTerminatingFallback,
     /// Picks by topology mode: no hint in play, node hints, zone hints.
     PickTopologyNone,
+    /// Picks among the hosts hinted for this node.
     PickTopologyNode,
+    /// Picks among the hosts hinted for this zone.
     PickTopologyZone,
     /// Requests with no serving host: `choose_host` said no (503 UH).
     RejectNoServing,
@@ -33,6 +35,7 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// Every metric, in the order their ids are defined.
     pub const ALL: [Metric; 10] = [
         Metric::PickReady,
         Metric::PickTerminatingFallback,
@@ -46,6 +49,7 @@ impl Metric {
         Metric::RebuildMicros,
     ];
 
+    /// Its stable name (Envoy shows it under `dynamicmodulescustom.`).
     pub fn name(self) -> &'static str {
         match self {
             // The ones the wasm form keeps too: named in the core.
@@ -62,10 +66,12 @@ impl Metric {
         }
     }
 
+    /// A gauge (else a counter).
     pub fn is_gauge(self) -> bool {
         matches!(self, Metric::HostsServingNotOffered | Metric::RebuildMicros)
     }
 
+    /// Its place in `ALL` (and in the ids defined on the config).
     pub fn index(self) -> usize {
         self as usize
     }
@@ -82,17 +88,21 @@ pub struct NotOffered {
 /// What changed since the last update.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct NotOfferedChange {
+    /// Hosts that left Envoy's healthy list since the last update.
     pub new: Vec<String>,
+    /// Hosts back in it.
     pub recovered: Vec<String>,
 }
 
 impl NotOfferedChange {
+    /// How the gauge moves: new ones up, recovered ones down.
     pub fn delta(&self) -> i64 {
         self.new.len() as i64 - self.recovered.len() as i64
     }
 }
 
 impl NotOffered {
+    /// Takes the cluster's serving-but-not-offered hosts now; what changed.
     pub fn update(&mut self, now: &[String]) -> NotOfferedChange {
         let now: BTreeSet<String> = now.iter().cloned().collect();
         let change = NotOfferedChange {
@@ -103,10 +113,12 @@ impl NotOffered {
         change
     }
 
+    /// How many are not offered now.
     pub fn len(&self) -> usize {
         self.current.len()
     }
 
+    /// None is.
     pub fn is_empty(&self) -> bool {
         self.current.is_empty()
     }

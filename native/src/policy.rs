@@ -29,15 +29,20 @@ use crate::table::{self, Choice, HostSource, Slot, Table};
 /// Log levels the policy uses (Envoy's `dynamic_modules` logger).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    /// Per-event detail.
     Debug,
+    /// Start-up and changes worth a line.
     Info,
+    /// Something is off; the policy goes on.
     Warn,
+    /// The policy cannot do what it was asked.
     Error,
 }
 
 /// Envoy's side of a policy configuration: its log, the metrics defined on
 /// the configuration (from any thread), and the calling thread's CPU clock.
 pub trait Proxy: Send + Sync {
+    /// Logs `message` at `level`.
     fn log(&self, level: Level, message: &str);
     /// Whether a line at `level` would be printed (skip building it if not).
     fn log_enabled(&self, level: Level) -> bool;
@@ -45,8 +50,11 @@ pub trait Proxy: Send + Sync {
     fn define_counter(&self, name: &str) -> Option<usize>;
     /// Defines an unlabelled gauge (configuration time only); its id.
     fn define_gauge(&self, name: &str) -> Option<usize>;
+    /// Adds `by` to counter `id`.
     fn increment_counter(&self, id: usize, by: u64);
+    /// Sets gauge `id` to `value`.
     fn set_gauge(&self, id: usize, value: u64);
+    /// Moves gauge `id` by `delta`, up or down.
     fn add_gauge(&self, id: usize, delta: i64);
     /// The calling thread's CPU time in microseconds (0 if unavailable).
     fn thread_cpu_micros(&self) -> u64;
@@ -159,6 +167,7 @@ impl<P: Proxy> PolicyConfig<P> {
         })
     }
 
+    /// Envoy's side of this configuration (its log and metrics).
     pub fn proxy(&self) -> &P {
         &self.proxy
     }

@@ -24,29 +24,43 @@ use serving_picker_core::topology::TopologyMeta;
 /// unhealthy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostHealth {
+    /// Not offered for picking.
     Unhealthy,
+    /// Offered, only when too few hosts are healthy.
     Degraded,
+    /// Offered.
     Healthy,
 }
 
 /// What the table reads of a cluster's hosts: Envoy through the ABI in
 /// production, plain vectors in tests and benchmarks.
 pub trait HostSource {
+    /// How many priorities the cluster has.
     fn priority_count(&self) -> usize;
+    /// How many hosts priority `priority` has.
     fn host_count(&self, priority: u32) -> usize;
+    /// How many of them Envoy offers as healthy.
     fn healthy_count(&self, priority: u32) -> usize;
+    /// Address of the `index`th healthy host of the priority.
     fn healthy_address(&self, priority: u32, index: usize) -> Option<&str>;
+    /// Address of host `index` of the priority.
     fn address(&self, priority: u32, index: usize) -> Option<&str>;
+    /// The host's load-balancing weight.
     fn weight(&self, priority: u32, index: usize) -> u32;
+    /// Envoy's coarse health of the host.
     fn health(&self, priority: u32, index: usize) -> HostHealth;
+    /// The zone of the host's locality.
     fn locality_zone(&self, priority: u32, index: usize) -> Option<&str>;
+    /// A bool in the host's filter_metadata[`ns`][`key`]; `None` when absent or not a bool.
     fn metadata_bool(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<bool>;
+    /// A string in the host's filter_metadata[`ns`][`key`]; `None` when absent or not a string.
     fn metadata_str(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<&str>;
 }
 
 /// One pickable host: where Envoy has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
+    /// The priority it is listed at.
     pub priority: u32,
     /// Index into the priority's healthy hosts: `choose_host`'s answer.
     pub healthy_index: u32,
@@ -57,6 +71,7 @@ pub struct Slot {
 /// The per-worker table: the tier and its hosts, ready for O(1) picks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Table {
+    /// The tier new requests are served from.
     pub tier: Tier,
     /// The hint that chose the hosts (counted per pick).
     pub topology: Topology,
@@ -78,6 +93,7 @@ impl Default for Table {
 /// A rebuild's result: the table, and what it found on the way.
 #[derive(Debug)]
 pub struct Built {
+    /// The hosts the table can pick.
     pub table: Table,
     /// Hosts the metadata (or EDS status) calls serving that Envoy does not
     /// offer as healthy (EDS DRAINING/UNHEALTHY/DEGRADED, failed active
@@ -325,12 +341,16 @@ fn table_of(plan: &Weights, offered: &[Option<Slot>], addresses: &[&str]) -> Tab
 /// One request's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
+    /// Send the request to this host.
     Host {
+        /// Where Envoy has it.
         slot: Slot,
+        /// The tier it comes from.
         tier: Tier,
         /// A retry predicate refused the first pick and another host was taken.
         moved: bool,
     },
+    /// No serving host: `choose_host` answers none (a 503).
     NoServing,
 }
 
@@ -340,11 +360,13 @@ impl Table {
         self.slots.len()
     }
 
+    /// The table picks nothing.
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
-    /// Heap bytes held by the table.
+    /// Heap bytes held by the table (the benchmark's figure).
+    #[cfg(any(test, feature = "testing"))]
     pub fn heap_bytes(&self) -> usize {
         let picker = match &self.picker {
             Some(Picker::Alias(_)) => self.slots.len() * (8 + 4),

@@ -10,20 +10,27 @@ use std::sync::{Mutex, MutexGuard};
 use crate::policy::{Level, Proxy, Request};
 use crate::table::{HostHealth, HostSource, Slot};
 
+/// One host as Envoy would list it.
 #[derive(Clone, Debug)]
 pub struct FakeHost {
+    /// `IP:PORT`.
     pub address: String,
+    /// Its load-balancing weight.
     pub weight: u32,
+    /// Envoy's coarse health of it.
     pub health: HostHealth,
     /// In the priority's healthy list (Envoy would route to it).
     pub offered: bool,
+    /// The zone of its locality.
     pub locality_zone: Option<String>,
     /// (namespace, key, value)
     pub bools: Vec<(String, String, bool)>,
+    /// String metadata: (namespace, key, value).
     pub strings: Vec<(String, String, String)>,
 }
 
 impl FakeHost {
+    /// A healthy, offered host of weight 1, no locality, no metadata.
     pub fn new(address: &str) -> FakeHost {
         FakeHost {
             address: address.into(),
@@ -48,6 +55,7 @@ impl FakeHost {
         self
     }
 
+    /// With this weight.
     pub fn weight(mut self, w: u32) -> FakeHost {
         self.weight = w;
         self
@@ -61,6 +69,7 @@ impl FakeHost {
         self
     }
 
+    /// In this zone's locality.
     pub fn zone(mut self, z: &str) -> FakeHost {
         self.locality_zone = Some(z.into());
         self
@@ -70,6 +79,7 @@ impl FakeHost {
 /// Hosts per priority.
 #[derive(Clone, Debug, Default)]
 pub struct FakeCluster {
+    /// Each priority's hosts, in the order Envoy lists them.
     pub priorities: Vec<Vec<FakeHost>>,
 }
 
@@ -143,6 +153,7 @@ pub struct Indexed<'a> {
 }
 
 impl<'a> Indexed<'a> {
+    /// Indexes `cluster`'s healthy lists.
     pub fn new(cluster: &'a FakeCluster) -> Indexed<'a> {
         let healthy = cluster
             .priorities
@@ -274,6 +285,7 @@ impl RecordingProxy {
         }
     }
 
+    /// What was logged and counted so far.
     pub fn recorded(&self) -> MutexGuard<'_, Recorded> {
         self.recorded.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -344,7 +356,9 @@ impl Proxy for RecordingProxy {
 /// (by index into their priority's hosts).
 #[derive(Debug, Default)]
 pub struct FakeRequest {
+    /// The route's `host_selection_retry_max_attempts`.
     pub retry_count: u32,
+    /// Host indexes the retry predicate refuses.
     pub refused_host_indexes: Vec<u32>,
 }
 

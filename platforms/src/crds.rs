@@ -7,8 +7,11 @@ use serde_json::Value;
 
 /// One platform release: its CRDs by (group, kind).
 pub struct Release {
+    /// The platform (`envoy-gateway`, `istio`, ...): the folder under `crds/`.
     pub platform: String,
+    /// The release tag the CRDs were copied at.
     pub tag: String,
+    /// Each CustomResourceDefinition, as copied, by (group, kind).
     pub crds: BTreeMap<(String, String), Value>,
 }
 

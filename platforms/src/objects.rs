@@ -12,7 +12,10 @@ use serde_json::Value;
 
 /// An object and where it comes from.
 pub struct Shipped {
+    /// Where it comes from (a file under `deploy/` or `examples/`, a built kustomization, a
+    /// rendered release), named in messages.
     pub source: String,
+    /// The object as parsed.
     pub object: Value,
 }
 
@@ -25,6 +28,7 @@ impl Shipped {
         (group.to_string(), version.to_string(), kind.to_string())
     }
 
+    /// `Kind namespace/name`, for messages.
     pub fn name(&self) -> String {
         let (_, _, kind) = self.gvk();
         let meta = &self.object["metadata"];

@@ -30,6 +30,7 @@ pub struct RulesSeen {
 }
 
 impl Rules {
+    /// No rule compiled yet.
     pub fn new() -> Rules {
         Rules::default()
     }

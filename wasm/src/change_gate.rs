@@ -17,6 +17,7 @@ pub enum Verdict {
     Fetch(Reason),
 }
 
+/// Why the full refresh is done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
     /// Nothing recorded yet.
@@ -32,7 +33,9 @@ pub enum Reason {
 /// The verdict, and why the gate could not judge (to be logged once).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Decision {
+    /// Skip the refresh, or fetch it and why.
     pub verdict: Verdict,
+    /// Why the stats could not be judged, when they could not.
     pub problem: Option<String>,
 }
 
@@ -42,6 +45,8 @@ struct Reading {
     full_at_ms: u64,
 }
 
+/// Remembers the stats read before the last successful full refresh, and decides each poll against
+/// them.
 #[derive(Default)]
 pub struct ChangeGate {
     /// The periodic full refresh comes no sooner than this either (see
@@ -55,6 +60,7 @@ pub struct ChangeGate {
 }
 
 impl ChangeGate {
+    /// The gate is on: `admin_stats_path` is set (empty turns it off).
     pub fn enabled(config: &PluginConfig) -> bool {
         !config.admin_stats_path.is_empty()
     }

@@ -6,6 +6,7 @@ use serving_picker_core::plan::{ClusterPlan, PlannedHost, Topology};
 
 const MAGIC: &[u8; 4] = b"SPK1";
 
+/// A snapshot that does not decode, and the part that failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeError(pub &'static str);
 
@@ -41,6 +42,8 @@ fn header(out: &mut Vec<u8>, clusters: usize) {
     out.extend_from_slice(&(clusters as u32).to_le_bytes());
 }
 
+/// The snapshot of `plans`: `SPK1`, the cluster count, then each plan's section (name, tier and
+/// hint, hosts with their weights).
 pub fn encode(plans: &[ClusterPlan]) -> Vec<u8> {
     let hosts: usize = plans.iter().map(|p| p.hosts.len()).sum();
     let mut out = Vec::with_capacity(16 + plans.len() * 32 + hosts * 28);
@@ -129,7 +132,9 @@ impl<'a> Reader<'a> {
 /// bytes mean an equal plan, so a worker keeps that cluster's route as it is.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Section<'a> {
+    /// The cluster's name.
     pub cluster: &'a str,
+    /// Its section's bytes (name included).
     pub bytes: &'a [u8],
 }
 
@@ -190,6 +195,7 @@ pub fn decode_section(section: &[u8]) -> Result<ClusterPlan, DecodeError> {
     })
 }
 
+/// Every plan of a snapshot; an error if any section does not decode.
 pub fn decode(bytes: &[u8]) -> Result<Vec<ClusterPlan>, DecodeError> {
     sections(bytes)?
         .iter()

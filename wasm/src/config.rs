@@ -26,9 +26,12 @@ pub enum BeforeFirstSnapshot {
     Passthrough,
 }
 
+/// The filter's configuration (`docs/configuration.md` lists every key).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PluginConfig {
+    /// `admin_cluster`: the cluster that reaches Envoy's own admin listener; never managed itself.
     pub admin_cluster: String,
+    /// `admin_path`: the config dump's path (endpoints and their metadata).
     pub admin_path: String,
     /// Live health (`/clusters?format=json`); empty disables the merge.
     pub admin_health_path: String,
@@ -38,12 +41,18 @@ pub struct PluginConfig {
     pub full_refresh_interval_ms: u64,
     /// When the stats pin a change to a few clusters, fetch only theirs.
     pub partial_refresh: bool,
+    /// `admin_timeout_ms`: the timeout of each admin call.
     pub admin_timeout_ms: u64,
+    /// `max_admin_body_bytes`: larger admin answers are refused and the last good snapshot stays.
     pub max_admin_body_bytes: usize,
     /// `metadata_namespace`, `local_zone`, `local_zone_min_share`.
     pub selection: SelectionConfig,
+    /// `override_header`: the header the filter sets, the cluster's `override_host_sources`; the
+    /// client's own is always removed.
     pub override_header: String,
+    /// `refresh_interval_ms`: how often the leader polls (the change gate's stats).
     pub refresh_interval_ms: u64,
+    /// `on_no_serving`: what a request gets when its cluster has no serving host.
     pub on_no_serving: OnNoServing,
     /// `None` means every cluster.
     pub clusters: Option<Vec<String>>,
@@ -56,8 +65,10 @@ pub struct PluginConfig {
     pub max_snapshot_age_ms: u64,
 }
 
+/// `admin_path` when not given: the endpoint configs only.
 pub const DEFAULT_ADMIN_PATH: &str =
     "/config_dump?include_eds&mask=static_endpoint_configs,dynamic_endpoint_configs";
+/// `admin_health_path` when not given.
 pub const DEFAULT_HEALTH_PATH: &str = "/clusters?format=json";
 /// `/stats?filter=` with `STATS_FILTER`, percent-encoded (a test checks that
 /// they agree). Envoy decodes the query and matches the regex with RE2.
@@ -73,7 +84,9 @@ pub const STATS_FILTER: &str = concat!(
     r"|outlier_detection\.ejections_(active|enforced_total))$",
     r"|^cluster_manager\.(cluster_added|cluster_modified|cluster_removed|active_clusters|warming_clusters)$",
 );
+/// `full_refresh_interval_ms` when not given.
 pub const DEFAULT_FULL_REFRESH_INTERVAL_MS: u64 = 10_000;
+/// The shortest `refresh_interval_ms` taken.
 pub const MIN_REFRESH_INTERVAL_MS: u64 = 100;
 
 impl Default for PluginConfig {

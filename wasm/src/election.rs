@@ -10,11 +10,14 @@
 /// The lease as stored: `"<holder id> <renewed at, ms since epoch>"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
+    /// The root context holding it (its id; 0 is nobody).
     pub holder: u32,
+    /// When the holder last renewed it, in ms since the epoch.
     pub renewed_ms: u64,
 }
 
 impl Lease {
+    /// The lease as stored; `None` when it does not read as one.
     pub fn parse(bytes: &[u8]) -> Option<Lease> {
         let text = std::str::from_utf8(bytes).ok()?;
         let (holder, renewed) = text.split_once(' ')?;
@@ -24,6 +27,7 @@ impl Lease {
         })
     }
 
+    /// The lease as stored.
     pub fn encode(&self) -> String {
         format!("{} {}", self.holder, self.renewed_ms)
     }
@@ -35,6 +39,7 @@ pub const RELEASED: Lease = Lease {
     renewed_ms: 0,
 };
 
+/// What a root context does with the lease at a tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseAction {
     /// Ours: renew it and poll.

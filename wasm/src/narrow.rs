@@ -25,7 +25,10 @@ pub enum Scope {
 /// What is known of the clusters: how many, and the name the config dump
 /// lists a cluster under (its EDS service name, if any), by its stats name.
 pub struct KnownClusters<'k> {
+    /// How many clusters there are.
     pub count: usize,
+    /// The name the config dump lists a cluster under, by its stats name; `None` for a cluster it
+    /// does not know.
     pub listed_as: &'k dyn Fn(&str) -> Option<String>,
 }
 
@@ -34,6 +37,7 @@ pub struct KnownClusters<'k> {
 /// much either way), and at most this many clusters (a rolling update moves a
 /// few at a time).
 const MAX_SHARE_DIVISOR: usize = 2;
+/// At most this many clusters in a narrowed dump.
 pub const MAX_NARROWED: usize = 64;
 /// Longest `name_regex` query value sent (percent-encoded), well inside
 /// Envoy's request header limits.

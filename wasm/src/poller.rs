@@ -42,9 +42,12 @@ pub fn stale(confirmed_ms: Option<u64>, now_ms: u64, max_age_ms: u64, has_table:
     has_table && confirmed_ms.is_some_and(|at| now_ms.saturating_sub(at) > max_age_ms)
 }
 
+/// One root context's poller: its part in the lease, the refresh it leads, what it published and
+/// the snapshot its worker holds.
 pub struct Poller {
     /// This context's id in the lease (random: unique across VMs; never 0).
     pub id: u32,
+    /// The refresh this context runs while it leads.
     pub refresher: Refresher,
     seen_version: Option<Vec<u8>>,
     published: Option<Vec<u8>>,
@@ -56,6 +59,7 @@ pub struct Poller {
 }
 
 impl Poller {
+    /// A poller with the lease id `id` (0 is taken as 1: 0 is nobody's).
     pub fn new(id: u32) -> Poller {
         Poller {
             id: id.max(1),
@@ -77,6 +81,7 @@ impl Poller {
         self.last_poll_ms = 0;
     }
 
+    /// This context holds the lease (it polls the admin API).
     pub fn leader(&self) -> bool {
         self.leader
     }

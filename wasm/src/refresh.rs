@@ -31,15 +31,16 @@ pub trait AdminApi {
     fn now_us(&self) -> u64;
 }
 
+/// The admin call a refresh waits for, by its token.
 enum Pending {
-    Stats {
-        token: u32,
-    },
+    /// The change gate's stats.
+    Stats { token: u32 },
     /// The config dump, narrowed to these clusters or (`None`) whole.
     Dump {
         token: u32,
         only: Option<Vec<String>>,
     },
+    /// `/clusters`, the dump it completes and the work so far.
     Health {
         token: u32,
         dump: EndpointsDump,
@@ -47,9 +48,30 @@ enum Pending {
     },
 }
 
+impl Pending {
+    fn token(&self) -> u32 {
+        match self {
+            Pending::Stats { token }
+            | Pending::Dump { token, .. }
+            | Pending::Health { token, .. } => *token,
+        }
+    }
+}
+
+/// A finished admin call as the host reports it: its headers (0: the call
+/// failed), its body's size, and the clocks (milliseconds, VM microseconds).
+#[derive(Clone, Copy)]
+struct Answer {
+    num_headers: usize,
+    body_size: usize,
+    now_ms: u64,
+    clock_us: u64,
+}
+
 /// What one refresh cost, for the debug log and gauges.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Work {
+    /// Bytes of the admin answers read (the dump, and `/clusters` when read).
     pub admin_bytes: usize,
     /// VM time of the refresh's earlier callbacks (the dump's, when
     /// `/clusters` followed); the caller adds the last one's.
@@ -67,9 +89,13 @@ pub struct Work {
 /// What a tick's poll did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Start {
+    /// The first admin call of a refresh is under way.
     Started,
+    /// A call of the refresh under way has not answered yet.
     Busy,
+    /// No poll due yet, or a full refresh is too soon after the last one.
     NotDue,
+    /// The admin call could not start.
     Failed,
 }
 
@@ -90,6 +116,7 @@ pub enum Outcome {
     Failed,
 }
 
+/// The leader's refresh: the call under way, the change gate, and what the last refreshes read.
 #[derive(Default)]
 pub struct Refresher {
     /// The call under way and when its step started (the poll for the
@@ -288,8 +315,10 @@ impl Refresher {
         }
     }
 
-    /// `num_headers` is 0 when the call failed (reset, timeout, cut mid-body):
-    /// then there is no header map to read, and reading it would trap.
+    /// An admin call finished: the refresh's next step, by the call it
+    /// answers (the stats, the dump, the live health). `num_headers` is 0
+    /// when the call failed (reset, timeout, cut mid-body): then there is no
+    /// header map to read, and reading it would trap.
     #[allow(clippy::too_many_arguments)]
     pub fn on_response(
         &mut self,
@@ -301,138 +330,191 @@ impl Refresher {
         now_ms: u64,
         clock_us: u64,
     ) -> Outcome {
-        let matches = match &self.pending {
-            Some((Pending::Stats { token: t }, _))
-            | Some((Pending::Dump { token: t, .. }, _))
-            | Some((Pending::Health { token: t, .. }, _)) => *t == token,
-            None => false,
-        };
-        if !matches {
+        if !matches!(&self.pending, Some((p, _)) if p.token() == token) {
             return Outcome::Nothing;
         }
         let Some((pending, started)) = self.pending.take() else {
             return Outcome::Nothing;
         };
+        let answer = Answer {
+            num_headers,
+            body_size,
+            now_ms,
+            clock_us,
+        };
         match pending {
-            Pending::Stats { .. } => {
-                let mut stats = read_body(admin, "stats", config, num_headers, body_size);
-                let managed = self.known_live.as_ref().map(|live| {
-                    live.clusters
-                        .keys()
-                        .map(String::as_str)
-                        .filter(|name| config.manages(name))
-                });
-                // (An empty answer is the gate's own, clearer, complaint.)
-                if let (Ok(body), Some(managed)) = (&stats, managed) {
-                    if let Some(name) = hidden_cluster(body, managed).filter(|_| !body.is_empty()) {
-                        stats = Err(format!(
-                            "the stats answer has no cluster.{name}.membership_total (a stats_matcher, \
-                             e.g. Istio's, or admin_stats_path hides the clusters' stats): every poll is a full refresh"
-                        ));
-                    }
-                }
-                let decision = self.gate.decide(config, now_ms, stats);
-                self.note_gate_problem(decision.problem);
-                match decision.verdict {
-                    Verdict::Skip => Outcome::Skipped,
-                    Verdict::Fetch(reason) => {
-                        // A DNS cluster's resolutions leave nothing for
-                        // `/clusters` to explain (`narrow::hosts_moved`).
-                        self.stats_moved = reason == Reason::StatsMoved && self.gate.hosts_moved();
-                        let narrowed = self.narrowing(config, reason);
-                        if narrowed.is_none() && !self.full_allowed(now_ms) {
-                            // Too soon for the whole dump: the next poll asks again.
-                            log::debug!(
-                                "full refresh ({reason:?}) deferred: the last one was slow"
-                            );
-                            self.gate.refresh_failed();
-                            return Outcome::Nothing;
-                        }
-                        log::debug!(
-                            "refresh ({reason:?}){}",
-                            narrowed.as_ref().map_or(String::new(), |(_, c)| format!(
-                                " of {} clusters",
-                                c.len()
-                            ))
-                        );
-                        if self.start_dump(admin, config, now_ms, narrowed) {
-                            Outcome::Nothing
-                        } else {
-                            Outcome::Failed
-                        }
-                    }
-                }
+            Pending::Stats { .. } => self.on_stats(admin, config, answer),
+            Pending::Dump { only, .. } => self.on_dump(admin, config, answer, only, started),
+            Pending::Health { dump, work, .. } => {
+                self.on_health(admin, config, answer, dump, work, started)
             }
-            Pending::Dump { only, .. } => {
-                let narrowed_to = only.as_ref().map(Vec::len);
-                let (dump, dump_changed) =
-                    match self.read_dump(admin, config, num_headers, body_size, only) {
-                        Ok(Some(read)) => read,
-                        // The narrowed answer did not fit: ask for everything.
-                        Ok(None) => {
-                            return if self.start_dump(admin, config, now_ms, None) {
-                                Outcome::Nothing
-                            } else {
-                                Outcome::Failed
-                            };
-                        }
-                        Err(why) => return self.fail(why),
-                    };
+        }
+    }
+
+    /// The change gate's stats: skip, or ask for the dump (narrowed when the
+    /// move is pinned to a few clusters; a full one only when its share of
+    /// Envoy's main thread allows).
+    fn on_stats(
+        &mut self,
+        admin: &mut impl AdminApi,
+        config: &PluginConfig,
+        answer: Answer,
+    ) -> Outcome {
+        let stats = self.read_stats(admin, config, answer);
+        let decision = self.gate.decide(config, answer.now_ms, stats);
+        self.note_gate_problem(decision.problem);
+        let reason = match decision.verdict {
+            Verdict::Skip => return Outcome::Skipped,
+            Verdict::Fetch(reason) => reason,
+        };
+        // A DNS cluster's resolutions leave nothing for `/clusters` to
+        // explain (`narrow::hosts_moved`).
+        self.stats_moved = reason == Reason::StatsMoved && self.gate.hosts_moved();
+        let narrowed = self.narrowing(config, reason);
+        if narrowed.is_none() && !self.full_allowed(answer.now_ms) {
+            // Too soon for the whole dump: the next poll asks again.
+            log::debug!("full refresh ({reason:?}) deferred: the last one was slow");
+            self.gate.refresh_failed();
+            return Outcome::Nothing;
+        }
+        log::debug!(
+            "refresh ({reason:?}){}",
+            narrowed
+                .as_ref()
+                .map_or(String::new(), |(_, c)| format!(" of {} clusters", c.len()))
+        );
+        self.ask_dump(admin, config, answer.now_ms, narrowed)
+    }
+
+    /// The stats answer, or why the gate cannot judge it: one without a
+    /// managed cluster's membership counter is hidden by a stats matcher.
+    fn read_stats(
+        &self,
+        admin: &impl AdminApi,
+        config: &PluginConfig,
+        answer: Answer,
+    ) -> Result<Vec<u8>, String> {
+        let stats = read_body(admin, "stats", config, answer.num_headers, answer.body_size)?;
+        let managed = self.known_live.as_ref().map(|live| {
+            live.clusters
+                .keys()
+                .map(String::as_str)
+                .filter(|name| config.manages(name))
+        });
+        // (An empty answer is the gate's own, clearer, complaint.)
+        if let Some(managed) = managed {
+            if let Some(name) = hidden_cluster(&stats, managed).filter(|_| !stats.is_empty()) {
+                return Err(format!(
+                    "the stats answer has no cluster.{name}.membership_total (a stats_matcher, \
+                     e.g. Istio's, or admin_stats_path hides the clusters' stats): every poll is a full refresh"
+                ));
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Asks for the dump (`start_dump`): the refresh goes on, or failed.
+    fn ask_dump(
+        &mut self,
+        admin: &mut impl AdminApi,
+        config: &PluginConfig,
+        now_ms: u64,
+        only: Option<(String, Vec<String>)>,
+    ) -> Outcome {
+        if self.start_dump(admin, config, now_ms, only) {
+            Outcome::Nothing
+        } else {
+            Outcome::Failed
+        }
+    }
+
+    /// The dump (whole, or narrowed to `only`): the refresh ends with the
+    /// health it implies, or asks `/clusters` for the live health.
+    fn on_dump(
+        &mut self,
+        admin: &mut impl AdminApi,
+        config: &PluginConfig,
+        answer: Answer,
+        only: Option<Vec<String>>,
+        started: u64,
+    ) -> Outcome {
+        let narrowed_to = only.as_ref().map(Vec::len);
+        let (dump, dump_changed) =
+            match self.read_dump(admin, config, answer.num_headers, answer.body_size, only) {
+                Ok(Some(read)) => read,
+                // The narrowed answer did not fit: ask for everything.
+                Ok(None) => return self.ask_dump(admin, config, answer.now_ms, None),
+                Err(why) => return self.fail(why),
+            };
+        let work = Work {
+            admin_bytes: answer.body_size,
+            dump_changed,
+            narrowed_to,
+            ..Work::default()
+        };
+        if let Some(implied) = self.implied_health(&dump, dump_changed) {
+            if narrowed_to.is_none() {
+                self.since_live += 1;
+            }
+            return self.finish(dump, Some(implied), work, started, answer.now_ms, config);
+        }
+        match self.dispatch(admin, config, &config.admin_health_path) {
+            Some(token) => {
                 let work = Work {
-                    admin_bytes: body_size,
-                    earlier_busy_us: 0,
-                    dump_changed,
-                    narrowed_to,
-                    live_read: false,
-                    took_ms: 0,
+                    earlier_busy_us: admin.now_us().saturating_sub(answer.clock_us),
+                    ..work
                 };
-                // `/clusters` is the larger answer (per-host stats): skip it while
-                // the dump settles every host's health (its coarse verdict shows
-                // failed checks and ejections too), but not for long.
-                // Stats that moved while the endpoints did not point at what
-                // only `/clusters` shows (a host kept pending removal).
-                let known = self.known_live.as_ref();
-                let unexplained = self.stats_moved && !dump_changed;
-                if self.since_live < MAX_REFRESHES_WITHOUT_LIVE
-                    && !unexplained
-                    && !needs_live_health(&dump, known)
-                {
-                    if let Some(known) = known {
-                        let implied = implied_live_health(&dump, known);
-                        if narrowed_to.is_none() {
-                            self.since_live += 1;
-                        }
-                        return self.finish(dump, Some(implied), work, started, now_ms, config);
-                    }
-                }
-                match self.dispatch(admin, config, &config.admin_health_path) {
-                    Some(token) => {
-                        let work = Work {
-                            earlier_busy_us: admin.now_us().saturating_sub(clock_us),
-                            ..work
-                        };
-                        self.pending = Some((Pending::Health { token, dump, work }, started));
-                        Outcome::Nothing
-                    }
-                    None => Outcome::Failed,
-                }
+                self.pending = Some((Pending::Health { token, dump, work }, started));
+                Outcome::Nothing
             }
-            Pending::Health { dump, mut work, .. } => {
-                let body = match read_body(admin, "live health", config, num_headers, body_size) {
-                    Ok(body) => body,
-                    Err(why) => return self.fail(why),
-                };
-                work.admin_bytes += body.len();
-                work.live_read = true;
-                match parse_clusters(&body) {
-                    Ok(live) => {
-                        self.known_live = Some(live.clone());
-                        self.since_live = 0;
-                        self.finish(dump, Some(live), work, started, now_ms, config)
-                    }
-                    Err(e) => self.fail(e.to_string()),
-                }
+            None => Outcome::Failed,
+        }
+    }
+
+    /// The live health `dump` implies, when `/clusters` may be skipped.
+    /// `/clusters` is the larger answer (per-host stats): skip it while the
+    /// dump settles every host's health (its coarse verdict shows failed
+    /// checks and ejections too), but not for long. Stats that moved while
+    /// the endpoints did not point at what only `/clusters` shows (a host
+    /// kept pending removal).
+    fn implied_health(&self, dump: &EndpointsDump, dump_changed: bool) -> Option<LiveHealth> {
+        let known = self.known_live.as_ref()?;
+        let unexplained = self.stats_moved && !dump_changed;
+        (self.since_live < MAX_REFRESHES_WITHOUT_LIVE
+            && !unexplained
+            && !needs_live_health(dump, Some(known)))
+        .then(|| implied_live_health(dump, known))
+    }
+
+    /// `/clusters`: the live health; the refresh ends with it.
+    fn on_health(
+        &mut self,
+        admin: &mut impl AdminApi,
+        config: &PluginConfig,
+        answer: Answer,
+        dump: EndpointsDump,
+        mut work: Work,
+        started: u64,
+    ) -> Outcome {
+        let body = match read_body(
+            admin,
+            "live health",
+            config,
+            answer.num_headers,
+            answer.body_size,
+        ) {
+            Ok(body) => body,
+            Err(why) => return self.fail(why),
+        };
+        work.admin_bytes += body.len();
+        work.live_read = true;
+        match parse_clusters(&body) {
+            Ok(live) => {
+                self.known_live = Some(live.clone());
+                self.since_live = 0;
+                self.finish(dump, Some(live), work, started, answer.now_ms, config)
             }
+            Err(e) => self.fail(e.to_string()),
         }
     }
 

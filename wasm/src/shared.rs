@@ -9,16 +9,23 @@ use crate::election::{lease_action, Lease, LeaseAction, RELEASED};
 pub enum SetError {
     /// Another VM wrote the key since this one read it.
     CasMismatch,
+    /// Any other failure, as the host reported it.
     Other(String),
 }
 
 /// proxy-wasm's shared data: values with a compare-and-swap token. A key
 /// never written reads as `(None, None)`.
 pub trait SharedData {
+    /// The value of `key` and its compare-and-swap token.
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), String>;
+    /// Writes `value` to `key`; with `cas`, only if nobody wrote it since
+    /// that token was read.
     fn set(&self, key: &str, value: Option<&[u8]>, cas: Option<u32>) -> Result<(), SetError>;
 }
 
+/// One configuration's shared-data keys over `data`: the lease, the idle
+/// heartbeat, the published version and snapshot, and when a refresh last
+/// confirmed it.
 pub struct SharedKeys<S> {
     data: S,
     lease: String,
@@ -29,6 +36,8 @@ pub struct SharedKeys<S> {
 }
 
 impl<S: SharedData> SharedKeys<S> {
+    /// The keys of the configuration whose `fingerprint` this is
+    /// (`config::fingerprint`): filters configured otherwise keep their own.
     pub fn for_config(data: S, fingerprint: u64) -> SharedKeys<S> {
         let prefix = format!("serving_picker.{fingerprint:016x}");
         SharedKeys {
@@ -105,10 +114,12 @@ impl<S: SharedData> SharedKeys<S> {
         }
     }
 
+    /// The version of the published snapshot (`<id>.<seq>`), if any.
     pub fn version(&self) -> Option<Vec<u8>> {
         self.data.get(&self.version).ok().and_then(|(v, _)| v)
     }
 
+    /// The published snapshot (`codec`), if any.
     pub fn snapshot(&self) -> Option<Vec<u8>> {
         self.data.get(&self.snapshot).ok().and_then(|(v, _)| v)
     }

@@ -53,6 +53,7 @@ pub enum Verdict {
 pub struct Tally(Cell<u64>);
 
 impl Tally {
+    /// Counts one more.
     #[inline]
     pub fn inc(&self) {
         self.0.set(self.0.get() + 1);
@@ -63,6 +64,7 @@ impl Tally {
         self.0.replace(0)
     }
 
+    /// The count since the last take, left as it is.
     pub fn get(&self) -> u64 {
         self.0.get()
     }
@@ -72,19 +74,34 @@ impl Tally {
 /// `COUNTER_NAMES`, which the glue defines in the host.
 #[derive(Default, Debug)]
 pub struct RequestCounts {
+    /// `pick.ready`: requests given a serving, not terminating host.
     pub pick_ready: Tally,
+    /// `pick.terminating_fallback`: requests given a serving and terminating host (nothing ready).
     pub pick_terminating_fallback: Tally,
     /// Picks by topology mode, indexed by `Topology` (none, node, zone).
     pub pick_topology: [Tally; 3],
+    /// `reject.no_serving`: the no-serving 503.
     pub reject_no_serving: Tally,
+    /// `reject.no_snapshot`: the no-snapshot-yet 503.
     pub reject_no_snapshot: Tally,
+    /// `hold.no_snapshot`: requests held for the first snapshot.
     pub held_no_snapshot: Tally,
+    /// `passthrough.no_serving`: no serving host, left to Envoy's load balancer.
     pub passthrough_no_serving: Tally,
+    /// `passthrough.unknown_cluster`: a cluster the snapshot does not know, left to Envoy's load
+    /// balancer.
     pub passthrough_unknown_cluster: Tally,
+    /// `passthrough.unmanaged_cluster`: a cluster outside the `clusters` allow-list.
     pub passthrough_unmanaged: Tally,
+    /// `override_header.stripped`: client override values removed on the paths that do not set the
+    /// header.
     pub override_header_stripped: Tally,
+    /// `passthrough.no_snapshot`: no snapshot yet, left to Envoy's load balancer.
     pub passthrough_no_snapshot: Tally,
+    /// `passthrough.config_invalid`: left to Envoy's load balancer, the configuration does not
+    /// parse.
     pub passthrough_config_invalid: Tally,
+    /// `passthrough.stale_snapshot`: left to Envoy's load balancer, the snapshot is set aside.
     pub passthrough_stale_snapshot: Tally,
 }
 
@@ -111,6 +128,7 @@ pub const COUNTER_NAMES: [&str; 15] = {
 };
 
 impl RequestCounts {
+    /// Every counter, in the order of `COUNTER_NAMES`.
     pub fn all(&self) -> [&Tally; 15] {
         [
             &self.pick_ready,
@@ -164,6 +182,7 @@ impl Held {
         first
     }
 
+    /// No request is held.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
@@ -183,14 +202,20 @@ impl Held {
 /// whether they all pass through, and the clusters already logged as
 /// unknown since the last snapshot change.
 pub struct Steering {
+    /// The configuration every request of the worker reads.
     pub config: std::rc::Rc<PluginConfig>,
+    /// The request path's counters, handed to the host at each tick.
     pub counts: RequestCounts,
+    /// The worker's routing table, built from the snapshot it took; `None` before the first.
     pub table: RefCell<Option<RoutingTable>>,
+    /// Whether every request passes through, and why.
     pub bypass: Cell<Bypass>,
+    /// Clusters logged as unknown since the snapshot last changed (each is logged once).
     pub logged_unknown: RefCell<HashSet<String, FxBuildHasher>>,
 }
 
 impl Steering {
+    /// A worker's state before its first snapshot: steering on, nothing counted.
     pub fn new(config: std::rc::Rc<PluginConfig>) -> Steering {
         Steering {
             config,

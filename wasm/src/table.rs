@@ -52,7 +52,9 @@ impl Route {
 /// What an update did: routes kept as they were, routes built anew.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Rebuild {
+    /// Clusters whose section was unchanged: their route (and pick sequence) kept.
     pub kept: usize,
+    /// Clusters whose route was built from a new or changed section.
     pub built: usize,
 }
 
@@ -62,8 +64,11 @@ pub enum Decision<'a> {
     /// Override to `host` (`IP:PORT`, then the retry alternates), chosen
     /// from `tier` by `topology`.
     Pick {
+        /// The header value: the picked host, then the retry alternates.
         host: &'a str,
+        /// The tier the host comes from.
         tier: Tier,
+        /// The hint that chose the tier's hosts.
         topology: Topology,
     },
     /// The cluster is known and nothing in it is serving.
@@ -72,6 +77,8 @@ pub enum Decision<'a> {
     Unknown,
 }
 
+/// A worker's routes, one per cluster of the snapshot it took: each with its picker, its header
+/// values and its pick sequence.
 #[derive(Default)]
 pub struct RoutingTable {
     routes: Routes,
@@ -81,6 +88,7 @@ pub struct RoutingTable {
 }
 
 impl RoutingTable {
+    /// An empty table; each header value names `alternates` retry hosts after the pick.
     pub fn new(alternates: usize) -> RoutingTable {
         RoutingTable {
             routes: Routes::default(),
@@ -132,6 +140,7 @@ impl RoutingTable {
         Ok(rebuild)
     }
 
+    /// What a request to `cluster` gets; a pick advances the cluster's sequence.
     pub fn decide(&self, cluster: &str) -> Decision<'_> {
         let Some(route) = self.routes.get(cluster) else {
             return Decision::Unknown;
@@ -151,10 +160,12 @@ impl RoutingTable {
         }
     }
 
+    /// Clusters in the table.
     pub fn cluster_count(&self) -> usize {
         self.routes.len()
     }
 
+    /// Hosts over every cluster's plan.
     pub fn host_count(&self) -> usize {
         self.routes.values().map(|r| r.values.len()).sum()
     }

@@ -77,7 +77,8 @@ impl Output {
         !self.flat
     }
 
-    /// The flat output (tests and benchmarks that compare both).
+    /// The flat output (the tests that compare both).
+    #[cfg(test)]
     pub fn flat() -> Output {
         Output {
             flat: true,
@@ -85,7 +86,9 @@ impl Output {
         }
     }
 
-    /// The tiered output if `tiered`, else the flat one.
+    /// The tiered output if `tiered`, else the flat one (the tests that run
+    /// both).
+    #[cfg(any(test, feature = "testing"))]
     pub fn with_tiers(tiered: bool) -> Output {
         Output {
             flat: !tiered,
@@ -249,6 +252,7 @@ fn group_of(ep: &Endpoint, out: &Output) -> Option<GroupKey> {
 }
 
 impl Encoder {
+    /// No endpoint yet.
     pub fn new() -> Encoder {
         Encoder::default()
     }
@@ -283,6 +287,7 @@ impl Encoder {
         self.groups.values().map(|g| g.lbs.len()).sum()
     }
 
+    /// No endpoint.
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }

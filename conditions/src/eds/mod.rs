@@ -3,6 +3,7 @@
 //!
 //! - `assignment`: endpoints -> a ClusterLoadAssignment (conditions
 //!   metadata, the tiers as priorities).
+//! - `metrics`: the index's and the publisher's metrics.
 //! - `publish`: applies the source's updates to the index and publishes
 //!   snapshots (never half built).
 //! - `response_bytes`: a DiscoveryResponse's (and a delta response's)
@@ -11,5 +12,6 @@
 //! The xDS protocol of a stream is the xDS server's (`xds`).
 
 pub mod assignment;
+pub mod metrics;
 pub mod publish;
 pub mod response_bytes;

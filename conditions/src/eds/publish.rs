@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 
 use crate::eds::assignment::{Encoder, Output, CLA_TYPE_URL};
+use crate::eds::metrics::PublishMetrics;
 use crate::eds::response_bytes::{delta_entry_parts, resource_entry};
 use crate::model::cluster::{template_name, ClusterSpec};
 use crate::model::endpoint::Endpoint;
@@ -60,6 +60,7 @@ fn content_version(value: &[u8]) -> String {
 /// One EDS resource as published.
 #[derive(Debug)]
 pub struct Resource {
+    /// The resource name (the `--cluster` name, or a managed port's template name).
     pub name: String,
     /// [`name_hash`] of the name.
     pub hash: u64,
@@ -75,9 +76,11 @@ pub struct Resource {
     /// The delta protocol's entry (a `Resource` of a
     /// DeltaDiscoveryResponse) is `delta_head`, the assignment, `delta_tail`.
     pub delta_head: Bytes,
+    /// The bytes after the assignment in the delta entry.
     pub delta_tail: Bytes,
     /// The delta protocol's version of this content.
     pub delta_version: String,
+    /// Endpoints in the assignment.
     pub endpoints: usize,
     /// When the source got the change that produced this version.
     pub changed_at: Instant,
@@ -149,9 +152,11 @@ impl Resource {
         self.delta_head.len() + self.value().len() + self.delta_tail.len()
     }
 
-    /// As an `Any` (a copy).
-    pub fn to_any(&self) -> Any {
-        Any {
+    /// As an `Any` (a copy), for the benchmarks that build responses the
+    /// way a control plane without shared bytes would.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn to_any(&self) -> envoy_types::pb::google::protobuf::Any {
+        envoy_types::pb::google::protobuf::Any {
             type_url: CLA_TYPE_URL.to_string(),
             value: self.value().to_vec(),
         }
@@ -180,15 +185,18 @@ impl Table {
         self.get(name_hash(name)).filter(|r| r.name == name)
     }
 
+    /// How many resources are served.
     pub fn len(&self) -> usize {
         self.read().len()
     }
 
+    /// No resource is served.
     pub fn is_empty(&self) -> bool {
         self.read().is_empty()
     }
 
     /// Every resource name (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.read().values().map(|r| r.name.clone()).collect();
         v.sort();
@@ -196,6 +204,7 @@ impl Table {
     }
 
     /// Every resource (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn all(&self) -> Vec<Arc<Resource>> {
         self.read().values().cloned().collect()
     }
@@ -220,15 +229,19 @@ pub struct Snapshot {
     pub version: String,
     /// False until the first full list: streams answer nothing before.
     pub ready: bool,
+    /// The resources served, each at its newest version.
     pub table: Arc<Table>,
     /// This snapshot's number, and the one it follows: `changed` lists the
     /// resources (by [`name_hash`]) that changed or appeared in between.
     pub seq: u64,
+    /// The number of the snapshot this one follows.
     pub after: u64,
+    /// The resources that changed or appeared since that one.
     pub changed: Arc<[u64]>,
 }
 
 impl Snapshot {
+    /// The snapshot before the first: not ready, nothing in it.
     pub fn empty() -> Snapshot {
         Snapshot {
             version: String::new(),
@@ -278,6 +291,8 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher of `clusters` (the `--cluster` specs), reading endpoints of `family`, writing
+    /// `output`.
     pub fn new(clusters: Vec<ClusterSpec>, family: IpFamily, output: Output) -> Publisher {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -345,14 +360,17 @@ impl Publisher {
         );
     }
 
+    /// The index of every slice applied.
     pub fn index(&self) -> &Index {
         &self.index
     }
 
+    /// The `--cluster` specs.
     pub fn clusters(&self) -> &[ClusterSpec] {
         &self.clusters
     }
 
+    /// The first full list is in.
     pub fn is_ready(&self) -> bool {
         self.ready
     }
@@ -659,12 +677,14 @@ impl PortSource for SharedPublisher {
 
 /// Runs the publisher: takes every update waiting at once, publishes the
 /// result; forgets old template tombstones now and then. Ends when every
-/// source has gone.
+/// source has gone. Reports in `counts` (the index, the snapshots) and
+/// `metrics` (readiness, the status page).
 pub async fn run(
     publisher: Publisher,
     mut updates: mpsc::Receiver<Update>,
     snapshots: watch::Sender<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
+    counts: PublishMetrics,
 ) {
     let shared = Arc::new(SharedPublisher(Mutex::new(publisher)));
     metrics.status().set_source(shared.clone());
@@ -692,12 +712,13 @@ pub async fn run(
         let started = Instant::now();
         let mut publisher = shared.lock();
         let snapshot = publisher.apply(batch);
-        metrics.applied(
+        counts.applied(
             n,
             publisher.index(),
             publisher.is_ready(),
             started.elapsed(),
         );
+        metrics.set_ready(publisher.is_ready());
         if let Some(s) = snapshot {
             tracing::debug!(
                 version = %s.version,
@@ -719,7 +740,7 @@ pub async fn run(
                     "first full list in: snapshot published"
                 );
             }
-            metrics.published();
+            counts.published();
             for h in s.changed.iter() {
                 if let Some(r) = s.table.get(*h) {
                     let serving = publisher.serving_of(&r.name);

@@ -171,8 +171,11 @@ pub fn delta_message_len(
 /// `entries_len` bytes: the head (gRPC header, version_info) and the tail
 /// (type_url, nonce), and the message length (without the gRPC header).
 pub struct Frame {
+    /// The gRPC header and the fields before the entries.
     pub head: Bytes,
+    /// The fields after the entries.
     pub tail: Bytes,
+    /// The message's length, without the gRPC header.
     pub message_len: usize,
 }
 

@@ -13,7 +13,9 @@ use prost::encoding::{key_len, WireType};
 /// One field of an encoded message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field<'a> {
+    /// The field number.
     pub number: u32,
+    /// Its wire type.
     pub wire_type: WireType,
     /// The whole field, key included (what a copy writes).
     pub raw: &'a [u8],

@@ -67,19 +67,26 @@ use crate::model::slice::ServiceKey;
 pub enum Doubt {
     /// EG has it, the index does not.
     Unknown {
+        /// The Service whose locality lists it.
         service: ServiceKey,
+        /// Its address and port as EG wrote them.
         addr: SocketAddr,
     },
     /// EG's health says otherwise than the index's conditions.
     Disagrees {
+        /// The Service whose locality lists it.
         service: ServiceKey,
+        /// Its address and port as EG wrote them.
         addr: SocketAddr,
+        /// EG sent it `DRAINING`.
         eg_draining: bool,
+        /// Its conditions in the index.
         ours: SliceConditions,
     },
 }
 
 impl Doubt {
+    /// The Service the endpoint belongs to (what a re-read reads).
     pub fn service(&self) -> &ServiceKey {
         match self {
             Doubt::Unknown { service, .. } | Doubt::Disagrees { service, .. } => service,
@@ -111,6 +118,7 @@ pub struct Answer {
 /// The hook's result for one assignment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Modified {
+    /// What the hook did.
     pub answer: Answer,
     /// The encoded assignment to send; `None` when nothing is managed (EG's
     /// bytes go back untouched).

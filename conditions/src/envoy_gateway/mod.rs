@@ -58,6 +58,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use crate::eds::assignment::Output;
+use crate::eds::metrics::PublishMetrics;
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
 use crate::model::index::{Index, IpFamily};
@@ -88,6 +89,7 @@ pub struct Args {
     /// Metrics (/metrics), /healthz and /readyz listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
+    /// How endpoints are written (`--metadata-namespace`, `--flat-output`).
     #[command(flatten)]
     pub output: Output,
     /// Bound on re-reading a Service's slices when the index and Envoy
@@ -132,6 +134,7 @@ pub struct Args {
     /// Connection and metrics-port limits (`limits`).
     #[command(flatten)]
     pub limits: crate::limits::ServeLimits,
+    /// TLS on the gRPC listener.
     #[command(flatten)]
     pub tls: crate::net::tls::TlsArgs,
 }
@@ -193,6 +196,7 @@ pub async fn consume(
     shared: Arc<Shared>,
     mut updates: mpsc::Receiver<Update>,
     metrics: Arc<Metrics>,
+    counts: PublishMetrics,
     tiered: bool,
 ) {
     metrics.status().set_source(Arc::new(IndexPorts {
@@ -208,7 +212,8 @@ pub async fn consume(
         let was_ready = shared.ready.load(Ordering::SeqCst);
         let (ready, changed) = apply_updates_changed(&shared, batch);
         let index = shared.index.read().unwrap_or_else(|p| p.into_inner());
-        metrics.applied(n, &index, ready, started.elapsed());
+        counts.applied(n, &index, ready, started.elapsed());
+        metrics.set_ready(ready);
         for service in &changed {
             let ports = service_ports_of(&index, service);
             let now: BTreeSet<String> = ports.iter().map(|(c, _)| c.name.clone()).collect();
@@ -262,8 +267,10 @@ fn service_ports_of(index: &Index, service: &ServiceKey) -> Vec<(ClusterSpec, Ve
 
 /// Every managed Service port, named `namespace/service:port` (the hook
 /// learns EG's cluster names only when EG calls), with its endpoints as
-/// the hook writes their conditions: the status page's rows in this mode.
-pub fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
+/// the hook writes their conditions: the status page's rows in this mode,
+/// all at once (the page reads them port by port: `IndexPorts`).
+#[cfg(test)]
+fn service_ports(index: &Index) -> Vec<(ClusterSpec, Vec<Endpoint>)> {
     let mut out = Vec::new();
     for service in index.services() {
         out.extend(service_ports_of(index, service));

@@ -26,10 +26,9 @@
 //! clusters between routes, `XDSNameSchemeV2` renames). A locality without
 //! the metadata, of another kind (`Backend`, `ServiceImport`), or naming
 //! several different Services, is not ours: it is left as EG sent it. The
-//! region is parsed only for logs.
+//! region is never read.
 
 use envoy_types::pb::envoy::config::core::v3::Metadata;
-use envoy_types::pb::envoy::config::endpoint::v3::LocalityLbEndpoints;
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 
 use crate::model::slice::ServiceKey;
@@ -42,6 +41,7 @@ pub const EG_RESOURCES_KEY: &str = "resources";
 /// The backend a locality was built from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalityBackend {
+    /// The Service the locality's metadata names.
     pub service: ServiceKey,
     /// The backendRef's port (the Service port number), when EG wrote it.
     pub section_name: Option<String>,
@@ -71,11 +71,6 @@ fn resources(metadata: Option<&Metadata>) -> Option<&[Value]> {
         Kind::ListValue(list) => Some(&list.values),
         _ => None,
     }
-}
-
-/// The Service a locality's endpoints belong to.
-pub fn locality_backend(l: &LocalityLbEndpoints) -> Result<LocalityBackend, NotAService> {
-    metadata_backend(l.metadata.as_ref())
 }
 
 /// The Service a locality's metadata names.
@@ -115,19 +110,22 @@ pub fn metadata_backend(metadata: Option<&Metadata>) -> Result<LocalityBackend, 
 }
 
 /// A route backend's place, parsed from an EG locality region or cluster
-/// name (`<kind>/<ns>/<route>/rule/<i>[/backend/<j>]`), for logs only.
+/// name (`<kind>/<ns>/<route>/rule/<i>[/backend/<j>]`): EG's naming, as the
+/// tests know it; the hook never reads it (identity is the metadata's).
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RouteBackend {
-    pub route_kind: String,
-    pub namespace: String,
-    pub route: String,
-    pub rule: usize,
-    pub backend: Option<usize>,
+struct RouteBackend {
+    route_kind: String,
+    namespace: String,
+    route: String,
+    rule: usize,
+    backend: Option<usize>,
 }
 
 /// Parses EG's route destination naming (`irRouteDestinationName`,
 /// `irDestinationSettingName`).
-pub fn parse_route_name(name: &str) -> Option<RouteBackend> {
+#[cfg(test)]
+fn parse_route_name(name: &str) -> Option<RouteBackend> {
     let parts: Vec<&str> = name.split('/').collect();
     let (kind, ns, route, rule_kw, rule) = match parts.as_slice() {
         [k, n, r, kw, i] | [k, n, r, kw, i, _, _] => (*k, *n, *r, *kw, *i),
@@ -155,6 +153,13 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::envoy_gateway::testing::{resource_metadata, ResourceRef};
+    use envoy_types::pb::envoy::config::endpoint::v3::LocalityLbEndpoints;
+
+    /// The Service a locality's endpoints belong to (the hook reads the
+    /// metadata of the localities it walks itself).
+    fn locality_backend(l: &LocalityLbEndpoints) -> Result<LocalityBackend, NotAService> {
+        metadata_backend(l.metadata.as_ref())
+    }
 
     fn locality(refs: &[ResourceRef]) -> LocalityLbEndpoints {
         LocalityLbEndpoints {

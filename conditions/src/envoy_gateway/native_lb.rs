@@ -168,6 +168,7 @@ pub enum ClusterOutcome {
 }
 
 impl ClusterOutcome {
+    /// Every outcome, in the order the metric's label values are created.
     pub const ALL: [ClusterOutcome; 6] = [
         ClusterOutcome::Set,
         ClusterOutcome::NotEligible,
@@ -177,6 +178,7 @@ impl ClusterOutcome {
         ClusterOutcome::Undecodable,
     ];
 
+    /// The `outcome` label value of `eg_native_lb_clusters_total`.
     pub fn name(self) -> &'static str {
         match self {
             ClusterOutcome::Set => "set",
@@ -279,6 +281,7 @@ pub struct Verdicts {
 }
 
 impl Verdicts {
+    /// At most `max` verdicts, each fresh for `ttl` (a stale one may be dropped for a new cluster).
     pub fn new(max: usize, ttl: Duration) -> Verdicts {
         Verdicts {
             map: Mutex::new(HashMap::new()),
@@ -313,16 +316,14 @@ impl Verdicts {
         (now.saturating_duration_since(*at) < self.ttl).then_some(*eligible)
     }
 
+    /// How many verdicts are remembered, fresh or not.
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// None is.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    pub fn max(&self) -> usize {
-        self.max
     }
 }
 
@@ -438,10 +439,12 @@ impl NativeLbMetrics {
         }
     }
 
+    /// One call with `result` (`eg_translate_calls_total`).
     pub fn call(&self, result: &'static str) {
         self.calls.get_or_create(&vec![("result", result)]).inc();
     }
 
+    /// `n` clusters of a call with `outcome`.
     pub fn cluster(&self, outcome: ClusterOutcome, n: u64) {
         if n > 0 {
             self.clusters

@@ -22,6 +22,7 @@ use crate::source::Change;
 /// What the hook writes for one endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Annotation {
+    /// The endpoint's conditions, copies merged.
     pub conditions: SliceConditions,
     /// The conditions metadata (`assignment::conditions_struct`), encoded.
     pub metadata: Box<[u8]>,
@@ -37,14 +38,17 @@ pub struct ServiceEndpoints {
 }
 
 impl ServiceEndpoints {
+    /// What the hook writes for `addr`, if the Service has it.
     pub fn get(&self, addr: &SocketAddr) -> Option<&Annotation> {
         self.by_addr.get(addr)
     }
 
+    /// How many addresses.
     pub fn len(&self) -> usize {
         self.by_addr.len()
     }
 
+    /// No address.
     pub fn is_empty(&self) -> bool {
         self.by_addr.is_empty()
     }
@@ -163,6 +167,7 @@ impl Deref for PreparedIndex {
 }
 
 impl PreparedIndex {
+    /// No Service.
     pub fn new() -> PreparedIndex {
         PreparedIndex::default()
     }

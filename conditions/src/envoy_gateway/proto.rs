@@ -30,9 +30,10 @@ use tonic::codegen::http;
 
 /// The gRPC service name.
 pub const SERVICE_NAME: &str = "envoygateway.extension.EnvoyGatewayExtension";
-/// The rpcs implemented.
+/// The PostEndpointsModify rpc's path.
 pub const POST_ENDPOINTS_MODIFY_PATH: &str =
     "/envoygateway.extension.EnvoyGatewayExtension/PostEndpointsModify";
+/// The PostTranslateModify rpc's path.
 pub const POST_TRANSLATE_MODIFY_PATH: &str =
     "/envoygateway.extension.EnvoyGatewayExtension/PostTranslateModify";
 
@@ -43,8 +44,10 @@ pub struct PostEndpointsExtensionContext {}
 /// `PostEndpointsModifyRequest`, typed.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct PostEndpointsModifyRequest {
+    /// The assignment EG built for one cluster.
     #[prost(message, optional, tag = "1")]
     pub load_assignment: Option<ClusterLoadAssignment>,
+    /// The context EG sends with it (empty).
     #[prost(message, optional, tag = "2")]
     pub post_endpoints_context: Option<PostEndpointsExtensionContext>,
 }
@@ -52,6 +55,7 @@ pub struct PostEndpointsModifyRequest {
 /// `PostEndpointsModifyResponse`, typed.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct PostEndpointsModifyResponse {
+    /// The assignment to use instead (EG's own when the hook leaves it alone).
     #[prost(message, optional, tag = "1")]
     pub load_assignment: Option<ClusterLoadAssignment>,
 }
@@ -60,6 +64,7 @@ pub struct PostEndpointsModifyResponse {
 /// for serving-picker; kept as bytes, never read).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct PostTranslateExtensionContext {
+    /// The extension's own resources, each encoded (none for serving-picker).
     #[prost(bytes = "vec", repeated, tag = "1")]
     pub extension_resources: Vec<Vec<u8>>,
 }
@@ -67,14 +72,20 @@ pub struct PostTranslateExtensionContext {
 /// `PostTranslateModifyRequest`, typed.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct PostTranslateModifyRequest {
+    /// The context EG sends (the extension's resources).
     #[prost(message, optional, tag = "1")]
     pub post_translate_context: Option<PostTranslateExtensionContext>,
+    /// The clusters EG sends (its `translation` settings choose the kinds).
     #[prost(message, repeated, tag = "2")]
     pub clusters: Vec<Cluster>,
+    /// The Secrets EG sends (every one by default; the shipped values send
+    /// none).
     #[prost(message, repeated, tag = "3")]
     pub secrets: Vec<Secret>,
+    /// The listeners EG sends.
     #[prost(message, repeated, tag = "4")]
     pub listeners: Vec<Listener>,
+    /// The route configurations EG sends.
     #[prost(message, repeated, tag = "5")]
     pub routes: Vec<RouteConfiguration>,
 }
@@ -82,12 +93,17 @@ pub struct PostTranslateModifyRequest {
 /// `PostTranslateModifyResponse`, typed.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct PostTranslateModifyResponse {
+    /// The final list of clusters: the request's, in order, each as sent or
+    /// with the policy set.
     #[prost(message, repeated, tag = "1")]
     pub clusters: Vec<Cluster>,
+    /// The Secrets, as sent.
     #[prost(message, repeated, tag = "2")]
     pub secrets: Vec<Secret>,
+    /// The listeners, as sent.
     #[prost(message, repeated, tag = "3")]
     pub listeners: Vec<Listener>,
+    /// The route configurations, as sent.
     #[prost(message, repeated, tag = "4")]
     pub routes: Vec<RouteConfiguration>,
 }
@@ -121,8 +137,10 @@ impl prost::Message for Wire {
     }
 }
 
-/// The generated messages and server (`conditions/build.rs`).
+/// The generated messages and server (`conditions/build.rs`); EG's proto
+/// documents them.
 #[allow(
+    missing_docs,
     clippy::all,
     clippy::pedantic,
     clippy::unwrap_used,
@@ -156,6 +174,7 @@ impl EnvoyGatewayExtensionClient {
         Ok(Self::new(channel))
     }
 
+    /// A client over `channel`, taking answers of any size.
     pub fn new(channel: tonic::transport::Channel) -> Self {
         EnvoyGatewayExtensionClient {
             inner: tonic::client::Grpc::new(channel).max_decoding_message_size(usize::MAX),

@@ -39,6 +39,7 @@ pub struct RereadBudget {
 }
 
 impl RereadBudget {
+    /// `budget` of re-read time per translation.
     pub fn new(budget: Duration) -> RereadBudget {
         RereadBudget {
             budget,

@@ -57,14 +57,16 @@ use super::proto::{
 use super::reread_budget::RereadBudget;
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
+use crate::source::metrics::SourceMetrics;
 use crate::source::Change;
 use crate::telemetry::metric_group;
-use crate::telemetry::metrics::{unix_now, Labels, Metrics};
+use crate::telemetry::metrics::{unix_now, Labels};
 use crate::telemetry::ratelog::PerKey;
 
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]
 pub struct Shared {
+    /// Every managed Service's slices, prepared for the hook (`prepared`).
     pub index: RwLock<PreparedIndex>,
     /// Set once the first full list is in.
     pub ready: AtomicBool,
@@ -75,6 +77,7 @@ impl Shared {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The index, for the source's updates and re-reads.
     pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, PreparedIndex> {
         self.index.write().unwrap_or_else(|p| p.into_inner())
     }
@@ -98,13 +101,16 @@ pub fn replace_service(index: &mut PreparedIndex, service: &ServiceKey, slices: 
 /// Reads one Service's slices from the source, now.
 #[tonic::async_trait]
 pub trait Reread: Send + Sync + 'static {
+    /// `service`'s slices as the source has them now, or why they could not be read.
     async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String>;
 }
 
 /// From the Kubernetes API: a list of the Service's slices (a quorum read)
 /// with the `--manage` selector (a Service no longer selected has none).
 pub struct KubeReread {
+    /// The API client.
     pub client: kube::Client,
+    /// The label selector of the managed Services (`--manage`, or its default).
     pub selector: String,
 }
 
@@ -143,7 +149,9 @@ pub struct FilesReread {
 }
 
 impl FilesReread {
-    pub fn new(dir: PathBuf, metrics: Arc<Metrics>) -> FilesReread {
+    /// Scans `dir` once now; its errors count in `metrics` as the
+    /// watcher's do.
+    pub fn new(dir: PathBuf, metrics: SourceMetrics) -> FilesReread {
         let mut d = crate::source::files::Directory::new(&dir, metrics);
         if let Err(e) = d.scan() {
             tracing::warn!(dir = %dir.display(), error = %e, "slice directory: first scan for re-reads failed");
@@ -284,10 +292,13 @@ pub const EG_DEFAULT_MAX_MESSAGE_SIZE: usize = 4 << 20;
 /// Knobs of the hook.
 #[derive(Clone, Debug)]
 pub struct HookConfig {
+    /// How the hook writes the endpoints (tiered or flat, the metadata namespace).
     pub output: Output,
+    /// How long a call's re-reads may take (`--reread-timeout-ms`).
     pub reread_timeout: Duration,
     /// Re-read time one translation may spend in all (`reread_budget`).
     pub reread_budget: Duration,
+    /// A Service is re-read at most once this often.
     pub reread_min_interval: Duration,
     /// Calls answered at once; more get EG's bytes back at once.
     pub max_calls: usize,
@@ -380,6 +391,8 @@ fn mark(map: &Mutex<HashMap<ServiceKey, Instant>>, services: &BTreeSet<ServiceKe
 }
 
 impl HookService {
+    /// The hook over `shared`, re-reading Services in doubt through `reread` (none: never), its
+    /// metrics registered by the caller.
     pub fn new(
         shared: Arc<Shared>,
         config: HookConfig,
@@ -515,7 +528,9 @@ impl HookService {
         done
     }
 
-    /// One call: EG's request -> the answer.
+    /// One call: EG's request -> the answer: EG's assignment edited from
+    /// the index, or sent back as it came when the hook cannot do better;
+    /// each call counted by its result.
     pub async fn answer(
         &self,
         req: RawPostEndpointsModifyRequest,
@@ -523,96 +538,130 @@ impl HookService {
         let started = Instant::now();
         self.budget.on_call(started);
         let _arrival = Arrival::new(&self.outstanding, &self.metrics);
-        let echo = |bytes: Option<Bytes>| RawPostEndpointsModifyResponse {
-            load_assignment: bytes,
-        };
         let Some(raw) = req.load_assignment else {
             self.metrics.call("undecodable");
-            return echo(None);
+            return RawPostEndpointsModifyResponse {
+                load_assignment: None,
+            };
         };
-        if !self.shared.ready.load(Ordering::SeqCst) {
-            self.metrics.call("not_ready");
-            self.verdict(&raw, None);
-            return echo(Some(raw));
-        }
-        let _admitted = match self.admit(raw.len()) {
-            Ok(a) => a,
-            Err(limit) => {
-                self.metrics.call(limit);
-                tracing::debug!(
-                    limit,
-                    bytes = raw.len(),
-                    "hook call over a limit: Envoy Gateway's assignment sent back"
-                );
+        let answer = match self.edit(&raw, started).await {
+            Ok(modified) => {
+                self.metrics.call("managed");
+                self.verdict(&raw, Some(&modified.answer));
+                modified.assignment.map_or(raw, Bytes::from)
+            }
+            Err(result) => {
+                self.metrics.call(result);
                 self.verdict(&raw, None);
-                return echo(Some(raw));
+                raw
             }
         };
-        let attempted = recent(&self.attempted, started, self.config.reread_min_interval);
-        let mut trusted = BTreeSet::new();
-        let Some(mut modified) = self.modify(&raw, &trusted) else {
-            self.metrics.call("undecodable");
+        RawPostEndpointsModifyResponse {
+            load_assignment: Some(answer),
+        }
+    }
+
+    /// EG's assignment `raw` edited from the index, the Services in doubt
+    /// re-read first; its endpoints counted and the call timed. `Err`: the
+    /// result with which EG's own assignment goes back (not ready, over a
+    /// limit, undecodable, unmanaged, too big).
+    async fn edit(&self, raw: &[u8], started: Instant) -> Result<Modified, &'static str> {
+        if !self.shared.ready.load(Ordering::SeqCst) {
+            return Err("not_ready");
+        }
+        // Held until the answer is built, re-reads included.
+        let _admitted = self.admit(raw.len()).inspect_err(|limit| {
+            tracing::debug!(
+                limit,
+                bytes = raw.len(),
+                "hook call over a limit: Envoy Gateway's assignment sent back"
+            );
+        })?;
+        let Some(mut modified) = self.modify(raw, &BTreeSet::new()) else {
             tracing::warn!(
                 "a ClusterLoadAssignment from Envoy Gateway does not decode: sent back untouched"
             );
-            self.verdict(&raw, None);
-            return echo(Some(raw));
+            return Err("undecodable");
         };
         if !modified.answer.managed {
-            self.verdict(&raw, None);
-            self.metrics.call("unmanaged");
             self.metrics
                 .seconds
                 .observe(started.elapsed().as_secs_f64());
-            return echo(Some(raw));
+            return Err("unmanaged");
         }
-        let doubtful: BTreeSet<ServiceKey> = modified
-            .answer
+        if let Some(again) = self.settle_doubts(raw, &modified.answer, started).await {
+            modified = again;
+        }
+        if self.too_big(raw, &modified) {
+            return Err("answer_too_big");
+        }
+        self.count_endpoints(raw, &modified.answer);
+        self.metrics
+            .seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(modified)
+    }
+
+    /// Re-reads the Services `answer` doubts (those not tried within
+    /// `--reread-min-interval`) and edits `raw` again, trusting the index
+    /// for them; `None` when nothing was re-read.
+    async fn settle_doubts(
+        &self,
+        raw: &[u8],
+        answer: &hook::Answer,
+        started: Instant,
+    ) -> Option<Modified> {
+        self.reread.as_ref()?;
+        let attempted = recent(&self.attempted, started, self.config.reread_min_interval);
+        let doubtful: BTreeSet<ServiceKey> = answer
             .doubts
             .iter()
             .map(|d| d.service().clone())
             .filter(|s| !attempted.contains(s))
             .collect();
-        if !doubtful.is_empty() && self.reread.is_some() {
-            tracing::debug!(cluster = %hook::cluster_name(&raw), doubts = ?modified.answer.doubts, "index and Envoy Gateway disagree");
-            let reread = self.reread(doubtful).await;
-            if !reread.is_empty() {
-                trusted.extend(reread);
-                if let Some(again) = self.modify(&raw, &trusted) {
-                    modified = again;
-                }
-            }
+        if doubtful.is_empty() {
+            return None;
         }
-        let answer = &modified.answer;
-        if modified
-            .assignment
-            .as_ref()
-            .is_some_and(|a| a.len() > self.config.max_message_size)
-        {
-            self.metrics.call("answer_too_big");
-            let log = self
-                .too_big_log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .allow((), Instant::now());
-            if let Some(quiet) = log {
-                tracing::warn!(
-                    cluster = %hook::cluster_name(&raw),
-                    bytes = modified.assignment.as_ref().map_or(0, Vec::len),
-                    max_message_size = self.config.max_message_size,
-                    not_logged_since_last = quiet,
-                    "the edited assignment is larger than Envoy Gateway accepts (--max-message-size): its own sent back (logged once a minute, counted as answer_too_big)"
-                );
-            }
-            self.verdict(&raw, None);
-            return echo(Some(raw));
+        tracing::debug!(cluster = %hook::cluster_name(raw), doubts = ?answer.doubts, "index and Envoy Gateway disagree");
+        let trusted = self.reread(doubtful).await;
+        if trusted.is_empty() {
+            return None;
         }
+        self.modify(raw, &trusted)
+    }
+
+    /// The edited assignment is larger than EG accepts
+    /// (`--max-message-size`); logged at most once a minute.
+    fn too_big(&self, raw: &[u8], modified: &Modified) -> bool {
+        let bytes = modified.assignment.as_ref().map_or(0, Vec::len);
+        if bytes <= self.config.max_message_size {
+            return false;
+        }
+        let log = self
+            .too_big_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allow((), Instant::now());
+        if let Some(quiet) = log {
+            tracing::warn!(
+                cluster = %hook::cluster_name(raw),
+                bytes,
+                max_message_size = self.config.max_message_size,
+                not_logged_since_last = quiet,
+                "the edited assignment is larger than Envoy Gateway accepts (--max-message-size): its own sent back (logged once a minute, counted as answer_too_big)"
+            );
+        }
+        true
+    }
+
+    /// A managed answer's endpoints by outcome (`eg_hook_endpoints`), and a
+    /// line when some are left as EG sent them.
+    fn count_endpoints(&self, raw: &[u8], answer: &hook::Answer) {
         let disagreed = answer
             .doubts
             .iter()
             .filter(|d| matches!(d, hook::Doubt::Disagrees { .. }))
             .count();
-        self.metrics.call("managed");
         self.metrics.endpoints("annotated", answer.annotated);
         self.metrics
             .endpoints("unknown", answer.doubts.len() - disagreed);
@@ -621,16 +670,11 @@ impl HookService {
         self.metrics.endpoints("dropped", answer.dropped);
         if !answer.doubts.is_empty() {
             tracing::info!(
-                cluster = %hook::cluster_name(&raw),
+                cluster = %hook::cluster_name(raw),
                 doubts = answer.doubts.len(),
                 "endpoints left as Envoy Gateway sent them (the index does not know them, or disagrees without a fresh re-read)"
             );
         }
-        self.metrics
-            .seconds
-            .observe(started.elapsed().as_secs_f64());
-        self.verdict(&raw, Some(answer));
-        echo(Some(modified.assignment.map_or(raw, Bytes::from)))
     }
 
     /// One PostTranslateModify call: EG's resources -> the final lists.

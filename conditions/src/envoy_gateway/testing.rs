@@ -35,9 +35,13 @@ use crate::model::slice::ServiceKey;
 /// One entry of EG's `resources` metadata list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceRef {
+    /// `kind` (`Service`, or another kind the hook leaves alone).
     pub kind: String,
+    /// The object's namespace.
     pub namespace: String,
+    /// The object's name.
     pub name: String,
+    /// `sectionName`: the backendRef's port, the Service port number, when set.
     pub section_name: Option<String>,
 }
 
@@ -95,19 +99,24 @@ pub fn eg_draining(ready: Option<bool>, serving: Option<bool>, terminating: Opti
 /// One endpoint as EG's IR holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EgEndpoint {
+    /// The endpoint's address and the slice port.
     pub addr: SocketAddr,
+    /// EG marks it `DRAINING` (`eg_draining`).
     pub draining: bool,
+    /// The slice endpoint's zone (zone-aware Services only).
     pub zone: Option<String>,
 }
 
 /// One backendRef of a rule: a Service port and the endpoints EG found.
 #[derive(Clone, Debug)]
 pub struct BackendRef {
+    /// The Service the backendRef names.
     pub service: ServiceKey,
     /// The backendRef's port: the Service port number.
     pub port: u16,
     /// `None`: unset (1). `Some(0)`: left out of the assignment.
     pub weight: Option<u32>,
+    /// The Service's endpoints on that port, as EG found them.
     pub endpoints: Vec<EgEndpoint>,
 }
 

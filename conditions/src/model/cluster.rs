@@ -12,6 +12,7 @@ pub struct ClusterSpec {
     /// The EDS resource name: the cluster's name, or its
     /// `eds_cluster_config.service_name` when it has one.
     pub name: String,
+    /// The Service whose slices it is built from.
     pub service: ServiceKey,
     /// The Service port's name; "" for an unnamed port (`SERVICE` or `SERVICE:`).
     pub port_name: String,

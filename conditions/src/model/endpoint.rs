@@ -26,9 +26,13 @@ pub fn conditions_of(ep: &SliceEndpoint) -> SliceConditions {
 /// One endpoint of a Service port, as resolved from its slices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The slice endpoint's first address, at the slice's port number.
     pub addr: SocketAddr,
+    /// Its conditions, nil rules applied.
     pub conditions: SliceConditions,
+    /// `zone`, when set.
     pub zone: Option<Arc<str>>,
+    /// `nodeName`, when set.
     pub node_name: Option<Arc<str>>,
     /// Comma-separated zone hints; `None` without.
     pub hints_zones: Option<Arc<str>>,

@@ -33,7 +33,9 @@ pub enum IpFamily {
     /// IPv4 when the Service has IPv4 slices for the port, else IPv6.
     #[default]
     Auto,
+    /// IPv4 slices only.
     Ipv4,
+    /// IPv6 slices only.
     Ipv6,
 }
 
@@ -60,6 +62,7 @@ pub struct Index {
 }
 
 impl Index {
+    /// No slice.
     pub fn new() -> Index {
         Index::default()
     }
@@ -139,6 +142,7 @@ impl Index {
         Some(old)
     }
 
+    /// How many slices.
     pub fn slice_count(&self) -> usize {
         self.slices.len()
     }
@@ -148,6 +152,7 @@ impl Index {
         self.endpoints
     }
 
+    /// The slice `key`, if known.
     pub fn slice(&self, key: &SliceKey) -> Option<&Slice> {
         self.slices.get(key)
     }

@@ -34,8 +34,11 @@ pub struct PortView {
 /// One merged endpoint that changed (`None`: absent).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointChange {
+    /// The endpoint's address and port.
     pub addr: SocketAddr,
+    /// What it was.
     pub old: Option<Endpoint>,
+    /// What it is now.
     pub new: Option<Endpoint>,
 }
 
@@ -134,6 +137,7 @@ fn differing(old: &[Endpoint], new: &[Endpoint], out: &mut Vec<SocketAddr>) {
 }
 
 impl PortView {
+    /// An empty view of the port named `port_name` ("" unnamed), serving `family`.
     pub fn new(port_name: &str, family: IpFamily) -> PortView {
         PortView::with_number(port_name, None, family)
     }
@@ -255,6 +259,7 @@ impl PortView {
         self.holders.len()
     }
 
+    /// No endpoint.
     pub fn is_empty(&self) -> bool {
         self.holders.is_empty()
     }

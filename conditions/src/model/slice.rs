@@ -14,7 +14,9 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// A slice's identity: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SliceKey {
+    /// `metadata.namespace` (`default` when a file gives none).
     pub namespace: String,
+    /// `metadata.name`.
     pub name: String,
 }
 
@@ -27,7 +29,9 @@ impl fmt::Display for SliceKey {
 /// A Service: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
+    /// The Service's namespace (the slice's).
     pub namespace: String,
+    /// The Service's name (the slice's `kubernetes.io/service-name` label).
     pub name: String,
 }
 
@@ -40,7 +44,9 @@ impl fmt::Display for ServiceKey {
 /// A slice's `addressType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AddressType {
+    /// `IPv4`: addresses are IPv4.
     IPv4,
+    /// `IPv6`: addresses are IPv6.
     IPv6,
     /// FQDN (deprecated) or anything else: never served.
     Other,
@@ -51,6 +57,7 @@ pub enum AddressType {
 pub struct SlicePort {
     /// "" for an unnamed port.
     pub name: String,
+    /// The port number (what the pods listen on).
     pub port: u16,
 }
 
@@ -60,10 +67,15 @@ pub struct SliceEndpoint {
     /// The first address (the API defines no semantics for the others, and
     /// kube-proxy reads only the first).
     pub address: IpAddr,
+    /// `conditions.ready`; `None` when nil.
     pub ready: Option<bool>,
+    /// `conditions.serving`; `None` when nil.
     pub serving: Option<bool>,
+    /// `conditions.terminating`; `None` when nil.
     pub terminating: Option<bool>,
+    /// `zone`, when set.
     pub zone: Option<Arc<str>>,
+    /// `nodeName`, when set.
     pub node_name: Option<Arc<str>>,
     /// `hints.forZones[].name`, comma-separated; `None` without hints.
     pub hints_zones: Option<Arc<str>>,
@@ -80,10 +92,15 @@ pub fn joined<'a>(names: impl Iterator<Item = &'a str>) -> Option<Arc<str>> {
 /// One EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slice {
+    /// Its namespace and name.
     pub key: SliceKey,
+    /// The Service it belongs to (its `kubernetes.io/service-name` label).
     pub service: ServiceKey,
+    /// `addressType`.
     pub address_type: AddressType,
+    /// The ports taken (`Skipped` counts the others).
     pub ports: Vec<SlicePort>,
+    /// The endpoints taken, in the slice's order.
     pub endpoints: Vec<SliceEndpoint>,
 }
 
@@ -97,6 +114,7 @@ impl Slice {
 /// Why an EndpointSlice object is not taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SliceError {
+    /// No `metadata.name`.
     NoName,
     /// No `kubernetes.io/service-name` label: not part of any Service.
     NoServiceLabel(SliceKey),

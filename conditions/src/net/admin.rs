@@ -167,17 +167,16 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::model::index::Index;
 
     #[test]
     fn routes_and_readiness_follow_the_index() {
-        let m = Metrics::new();
+        let m = Metrics::with_registry(Metrics::new_registry(), Default::default());
         assert_eq!(
             route(&m, "/readyz").status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(route(&m, "/healthz").status(), StatusCode::OK);
-        m.applied(1, &Index::new(), true, Duration::from_micros(10));
+        m.set_ready(true);
         assert_eq!(route(&m, "/readyz").status(), StatusCode::OK);
         // /serving is the gRPC server's state, not the index's.
         assert_eq!(

@@ -58,6 +58,7 @@ const UNCOUNTED: u8 = 3;
 /// One accepted connection.
 #[derive(Debug)]
 pub struct Conn {
+    /// The client's address (what the connection is found by).
     pub peer: SocketAddr,
     /// Accepted in this order (the oldest pending one is dropped first).
     seq: u64,
@@ -96,6 +97,7 @@ impl Conn {
         self.write_waker.wake();
     }
 
+    /// `close` was called.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
@@ -116,6 +118,7 @@ pub struct Connections {
 }
 
 impl Connections {
+    /// The bookkeeping of a listener with these limits, each exported as a `limit` gauge.
     pub fn new(limits: &GrpcLimits, metrics: Arc<Metrics>) -> Arc<Connections> {
         metrics.set_limit(names::MAX_CONNECTIONS, limits.max_connections as i64);
         metrics.set_limit(
@@ -295,6 +298,7 @@ pub struct LimitedIo {
 }
 
 impl LimitedIo {
+    /// The connection this socket is.
     pub fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
@@ -326,6 +330,7 @@ impl Ticket {
 
 /// A socket that goes through a handshake before it counts as a connection.
 pub trait Admitted {
+    /// The socket's ticket, for the handshake to report on.
     fn ticket(&self) -> Ticket;
 }
 

@@ -26,7 +26,9 @@ pub struct DirWatch {
 /// reads it every `poll`).
 #[derive(Debug)]
 pub struct NotWatched {
+    /// The directory.
     pub dir: PathBuf,
+    /// Why the watcher refused it.
     pub error: String,
 }
 

@@ -30,10 +30,13 @@ pub enum SecretRole {
 /// A Secret the install needs, and what its certificate must say.
 #[derive(Debug, Clone)]
 pub struct ExpectedSecret {
+    /// The Secret's namespace.
     pub namespace: String,
+    /// The Secret's name.
     pub name: String,
     /// SANs (DNS names or URIs) the certificate must carry.
     pub sans: Vec<String>,
+    /// What it is for, which decides the keys it must hold.
     pub role: SecretRole,
 }
 
@@ -47,12 +50,14 @@ impl ExpectedSecret {
 /// What the install expects to find.
 #[derive(Debug, Clone)]
 pub struct Expect {
+    /// The way in being prepared.
     pub mode: Mode,
     /// The companion's namespace.
     pub namespace: String,
     /// The companion's ServiceAccount (RBAC is checked for it); None when
     /// the way in has no companion.
     pub service_account: Option<String>,
+    /// The Secrets the install needs.
     pub secrets: Vec<ExpectedSecret>,
     /// CRDs (name) that must be in the cluster.
     pub crds: Vec<String>,
@@ -71,12 +76,15 @@ pub struct Expect {
 /// A Deployment as read: where it runs and what it runs.
 #[derive(Debug, Clone, Default)]
 pub struct Workload {
+    /// The Deployment's namespace.
     pub namespace: String,
+    /// The Deployment's name.
     pub name: String,
     /// The first container's image.
     pub image: Option<String>,
     /// Its `app.kubernetes.io/version` label (Helm charts set it).
     pub version_label: Option<String>,
+    /// `spec.replicas`, when set.
     pub replicas: Option<i32>,
     /// The first container's environment (literal values only).
     pub env: BTreeMap<String, String>,
@@ -85,7 +93,9 @@ pub struct Workload {
 /// A GatewayClass as read.
 #[derive(Debug, Clone, Default)]
 pub struct GatewayClassFact {
+    /// `metadata.name`.
     pub name: String,
+    /// `spec.controllerName`.
     pub controller: String,
     /// `spec.parametersRef` when it names an EnvoyProxy: (namespace, name).
     pub envoy_proxy: Option<(String, String)>,
@@ -94,7 +104,9 @@ pub struct GatewayClassFact {
 /// An EnvoyProxy as read.
 #[derive(Debug, Clone, Default)]
 pub struct EnvoyProxyFact {
+    /// Its namespace.
     pub namespace: String,
+    /// Its name.
     pub name: String,
     /// The Envoy image it sets, if any.
     pub image: Option<String>,
@@ -106,6 +118,7 @@ pub struct EnvoyProxyFact {
 /// An Envoy Gateway other than the dedicated one, as found.
 #[derive(Debug, Clone)]
 pub struct OtherEg {
+    /// Its controller Deployment.
     pub workload: Workload,
     /// Its EnvoyGateway document, or why it could not be read.
     pub config: Result<Value, String>,
@@ -148,7 +161,9 @@ pub struct Facts {
     pub rbac: Vec<(String, Result<bool, String>)>,
     /// CRD name -> present (with the version label or annotation it carries).
     pub crds: BTreeMap<String, Option<String>>,
+    /// Envoy Gateway's side (mode envoy-gateway).
     pub eg: EgFacts,
+    /// Istio's side (mode istio).
     pub istio: IstioFacts,
     /// `namespace/name` -> the Secret's data, or None when absent.
     pub secrets: BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,

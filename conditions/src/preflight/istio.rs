@@ -8,6 +8,7 @@ use super::versions;
 /// istiod's flag that sets up the cookie sessions the Service label names.
 const SESSION_FILTER_FLAG: &str = "PILOT_ENABLE_PERSISTENT_SESSION_FILTER";
 
+/// The findings on Istio's side: istiod found, its release, its session setting.
 pub fn judge(istio: &IstioFacts) -> Vec<Finding> {
     let istiods = match &istio.istiods {
         Some(Ok(found)) if !found.is_empty() => found,

@@ -10,6 +10,7 @@ pub type Minor = (u32, u32);
 /// upstream says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Supported {
+    /// The platform release (`major.minor`).
     pub release: Minor,
     /// Oldest Kubernetes 1.x minor supported.
     pub oldest: u32,
@@ -38,6 +39,7 @@ pub const CERT_MANAGER: [Supported; 3] = [
         newest: Some(36),
     },
 ];
+/// Where `CERT_MANAGER` comes from, named in the findings.
 pub const CERT_MANAGER_SOURCE: &str = "cert-manager.io supported releases";
 
 /// Envoy Gateway's compatibility matrix
@@ -54,6 +56,7 @@ pub const ENVOY_GATEWAY: [Supported; 2] = [
         newest: Some(36),
     },
 ];
+/// Where `ENVOY_GATEWAY` comes from, named in the findings.
 pub const ENVOY_GATEWAY_SOURCE: &str = "Envoy Gateway's compatibility matrix";
 
 /// Istio's supported releases (istio/istio.io
@@ -83,6 +86,7 @@ pub const ISTIO: [Supported; 4] = [
         newest: None,
     },
 ];
+/// Where `ISTIO` comes from, named in the findings.
 pub const ISTIO_SOURCE: &str = "Istio's supported releases";
 
 /// The Envoy minor each Envoy Gateway release runs when nothing overrides
@@ -168,6 +172,7 @@ pub enum NativeFit {
     Refused,
 }
 
+/// How the native module takes Envoy minor `envoy`.
 pub fn native_fit(envoy: Minor) -> NativeFit {
     if NATIVE_TESTED.contains(&envoy) {
         NativeFit::Tested

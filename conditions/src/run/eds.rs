@@ -13,19 +13,23 @@ use crate::eds::publish::{self, Publisher, Snapshot};
 use crate::limits::{ServeLimits, XdsLimits};
 use crate::model::cluster::{check_unique, ClusterSpec};
 use crate::model::index::IpFamily;
-use crate::run::{self, Plumbing, Slices};
-use crate::telemetry::metrics::Metrics;
+use crate::run::{self, Plumbing, Slices, Telemetry};
+use crate::xds::metrics::MetricsCallbacks;
 use crate::xds::Names;
 use crate::xds::XdsServer;
 
+/// `--ip-family`: the address family served per Service port.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Family {
     /// IPv4 when a Service port has IPv4 slices, else IPv6.
     Auto,
+    /// IPv4 endpoints only.
     Ipv4,
+    /// IPv6 endpoints only.
     Ipv6,
 }
 
+/// Mode `eds`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// gRPC listen address for Envoy's xDS streams.
@@ -49,15 +53,19 @@ pub struct Args {
     /// Metrics (/metrics), /healthz and /readyz listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
+    /// How endpoints are written (`--metadata-namespace`, `--flat-output`).
     #[command(flatten)]
     pub output: Output,
     /// Address family served per Service port.
     #[arg(long, value_enum, default_value_t = Family::Auto)]
     pub ip_family: Family,
+    /// The limits of both listeners.
     #[command(flatten)]
     pub limits: ServeLimits,
+    /// The xDS streams' limits.
     #[command(flatten)]
     pub xds: XdsLimits,
+    /// TLS on the gRPC listener.
     #[command(flatten)]
     pub tls: crate::net::tls::TlsArgs,
 }
@@ -85,12 +93,18 @@ pub async fn run(
         Family::Ipv6 => IpFamily::Ipv6,
     };
     let output = args.output.clone();
+    let Telemetry {
+        metrics,
+        source: source_metrics,
+        publish: publish_metrics,
+        xds: xds_metrics,
+    } = Telemetry::new();
     let plumbing = Plumbing::start(
         args.listen,
         args.metrics_listen,
         &args.tls,
         &args.limits,
-        Metrics::new(),
+        metrics,
     )
     .await?;
     let metrics = plumbing.metrics.clone();
@@ -113,6 +127,7 @@ pub async fn run(
         updates_rx,
         snap_tx,
         metrics.clone(),
+        publish_metrics,
     ));
     let slices = match args.slices_dir.clone() {
         Some(dir) => {
@@ -138,13 +153,13 @@ pub async fn run(
             selection,
         },
     };
-    let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
+    let source_task = run::spawn_source(slices, updates_tx, source_metrics);
 
     let xds = XdsServer::new(
         snap_rx,
         Names::new(args.clusters.iter().map(|c| c.name.clone())).managing(args.manage.is_some()),
         args.xds.clone(),
-        metrics,
+        Arc::new(MetricsCallbacks::new(xds_metrics, metrics)),
         Some(plumbing.connections.clone()),
     );
     tokio::spawn(xds.clone().run_fanout());

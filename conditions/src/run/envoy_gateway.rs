@@ -12,9 +12,8 @@ use crate::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared,
 };
 use crate::envoy_gateway::{consume, proto, Args, DEFAULT_MANAGE_SELECTOR};
-use crate::run::{self, Plumbing, Slices};
+use crate::run::{self, Plumbing, Slices, Telemetry};
 use crate::source::kube::Selection;
-use crate::telemetry::metrics::Metrics;
 
 /// Runs the mode until `shutdown`.
 pub async fn run(
@@ -26,7 +25,14 @@ pub async fn run(
         .manage
         .clone()
         .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
-    let mut metrics = Metrics::new();
+    // The xDS group is registered (at zero) so that both modes export the
+    // same names; this mode has no xDS server.
+    let Telemetry {
+        mut metrics,
+        source: source_metrics,
+        publish: publish_metrics,
+        xds: _,
+    } = Telemetry::new();
     let hook_metrics = HookMetrics::register(metrics.registry_mut());
     let native_lb_metrics = NativeLbMetrics::register(metrics.registry_mut());
     let plumbing = Plumbing::start(
@@ -54,12 +60,13 @@ pub async fn run(
         shared.clone(),
         updates_rx,
         metrics.clone(),
+        publish_metrics,
         args.output.tiered(),
     ));
     let (slices, reread): (Slices, Arc<dyn Reread>) = match args.slices_dir.clone() {
         Some(dir) => (
             Slices::Files(dir.clone(), None),
-            Arc::new(FilesReread::new(dir, metrics.clone())),
+            Arc::new(FilesReread::new(dir, source_metrics.clone())),
         ),
         None => {
             let client = run::kube_client().await?;
@@ -77,7 +84,7 @@ pub async fn run(
             )
         }
     };
-    let source_task = run::spawn_source(slices, updates_tx, metrics.clone());
+    let source_task = run::spawn_source(slices, updates_tx, source_metrics);
 
     let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics)
         .with_native_lb_metrics(native_lb_metrics);

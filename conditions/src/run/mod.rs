@@ -25,12 +25,55 @@ use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tower_layer::{Identity, Stack};
 
+use crate::eds::metrics::PublishMetrics;
 use crate::limits::{GrpcLimits, ServeLimits};
 use crate::net::admin;
 use crate::net::listener::{self, Connections};
 use crate::net::tls::{self, TlsArgs, TlsServer};
+use crate::source::metrics::SourceMetrics;
 use crate::source::{self, Update};
 use crate::telemetry::metrics::Metrics;
+use crate::xds::metrics::XdsMetrics;
+
+/// Every metric of the companion, registered in the order `/metrics` lists
+/// them: the source's, the publisher's and the xDS server's groups, then
+/// the plumbing's ([`Metrics`]: connections, limits, the admin port, the
+/// status page); a mode adds its own after these. Both modes register all
+/// of them, so both export the same names (mode `envoy-gateway`'s xDS
+/// group stays at zero).
+pub struct Telemetry {
+    /// The registry, readiness and the plumbing's metrics.
+    pub metrics: Metrics,
+    /// The EndpointSlice source's (`source::metrics`).
+    pub source: SourceMetrics,
+    /// The index's and the publisher's (`eds::metrics`).
+    pub publish: PublishMetrics,
+    /// The xDS server's (`xds::metrics`).
+    pub xds: XdsMetrics,
+}
+
+impl Telemetry {
+    /// Registers every group, in order.
+    pub fn new() -> Telemetry {
+        let mut registry = Metrics::new_registry();
+        let source = SourceMetrics::register(&mut registry);
+        let publish = PublishMetrics::register(&mut registry);
+        let xds = XdsMetrics::register(&mut registry);
+        let metrics = Metrics::with_registry(registry, xds.refused.clone());
+        Telemetry {
+            metrics,
+            source,
+            publish,
+            xds,
+        }
+    }
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry::new()
+    }
+}
 
 /// Raises the open-file limit to its hard limit (a soft limit of 1024 is
 /// common and below what `--max-connections` allows); warns when it stays
@@ -127,7 +170,9 @@ async fn until_source_ends(
 /// listener (`--listen`), the admin listener (`--metrics-listen`) and its
 /// server, the gRPC connections' bookkeeping.
 pub struct Plumbing {
+    /// The companion's metrics, shared (the mode's own registered before).
     pub metrics: Arc<Metrics>,
+    /// The gRPC listener's connections (for the per-connection stream limit).
     pub connections: Arc<Connections>,
     tls: Option<Arc<TlsServer>>,
     grpc: TcpListener,
@@ -195,7 +240,9 @@ pub enum Slices {
     Files(PathBuf, Option<source::kube::Keep>),
     /// The Kubernetes API, the slices this selects.
     Kube {
+        /// The API client.
         client: kube::Client,
+        /// Which slices to watch.
         selection: source::kube::Selection,
     },
 }
@@ -204,7 +251,7 @@ pub enum Slices {
 pub fn spawn_source(
     slices: Slices,
     updates: mpsc::Sender<Update>,
-    metrics: Arc<Metrics>,
+    metrics: SourceMetrics,
 ) -> JoinHandle<anyhow::Result<()>> {
     match slices {
         Slices::Files(dir, select) => {
@@ -230,4 +277,68 @@ pub fn source_name(slices_dir: Option<&PathBuf>) -> String {
     slices_dir
         .map(|d| d.display().to_string())
         .unwrap_or_else(|| "kubernetes".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::index::Index;
+    use crate::xds::metrics::MetricsCallbacks;
+    use crate::xds::Callbacks;
+
+    #[test]
+    fn renders_the_counters() {
+        let Telemetry {
+            metrics,
+            source,
+            publish,
+            xds,
+        } = Telemetry::new();
+        let metrics = Arc::new(metrics);
+        source.watch_event("apply");
+        MetricsCallbacks::new(xds, metrics.clone()).nacked("node", "1", "bad");
+        publish.applied(1, &Index::new(), true, Duration::from_micros(10));
+        metrics.set_ready(true);
+        assert!(metrics.is_ready());
+        let text = metrics.render();
+        assert!(
+            text.contains("serving_picker_conditions_watch_events_total{kind=\"apply\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("serving_picker_conditions_xds_nacks_total 1"),
+            "{text}"
+        );
+        assert!(text.contains("serving_picker_conditions_ready 1"), "{text}");
+    }
+
+    /// The groups in the order `/metrics` has always listed them: the
+    /// source's, the publisher's, the xDS server's, then the plumbing's.
+    #[test]
+    fn registers_every_group_in_order() {
+        let text = Telemetry::new().metrics.render();
+        let at = |name: &str| {
+            text.find(&format!("# HELP serving_picker_conditions_{name} "))
+                .unwrap_or_else(|| panic!("{name} missing: {text}"))
+        };
+        // Families with no series yet are not rendered: the plain metrics.
+        let order = [
+            "source_last_success_timestamp_seconds",
+            "source_last_change_timestamp_seconds",
+            "index_slices",
+            "snapshot_build_seconds",
+            "xds_streams",
+            "xds_oldest_unsent_response_seconds",
+            "programming_duration_seconds",
+            "grpc_connections",
+            "grpc_pending_handshakes",
+            "metrics_connections",
+        ];
+        for pair in order.windows(2) {
+            assert!(at(pair[0]) < at(pair[1]), "{} after {}", pair[0], pair[1]);
+        }
+    }
 }

@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -25,8 +24,8 @@ use tokio::sync::mpsc;
 use crate::model::slice::{Slice, SliceKey};
 use crate::net::watch::DirWatch;
 use crate::source::kube::Keep;
+use crate::source::metrics::SourceMetrics;
 use crate::source::{Change, Update};
-use crate::telemetry::metrics::Metrics;
 
 const RESCAN_EVERY: Duration = Duration::from_secs(2);
 /// Events that come together (a rename is several) are read as one.
@@ -126,7 +125,7 @@ struct FileState {
 pub struct Directory {
     dir: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
-    metrics: Arc<Metrics>,
+    metrics: SourceMetrics,
     /// `--manage` in mode `eds`: only the slices kept.
     select: Option<Keep>,
     /// The files holding each slice (a slice in several files: the last
@@ -148,7 +147,8 @@ fn counts(path: &Path) -> bool {
 }
 
 impl Directory {
-    pub fn new(dir: &Path, metrics: Arc<Metrics>) -> Directory {
+    /// The directory `dir`, nothing read yet; its errors count in `metrics`.
+    pub fn new(dir: &Path, metrics: SourceMetrics) -> Directory {
         Directory {
             dir: dir.to_path_buf(),
             files: BTreeMap::new(),
@@ -230,7 +230,7 @@ impl Directory {
                     changed.push((path, before.map(|f| keys(&f)).unwrap_or_default()));
                 }
                 Err(e) => {
-                    self.metrics.source_error("file");
+                    self.metrics.error("file");
                     let kept = self.files.get(&path).map(|f| f.slices.len());
                     tracing::error!(
                         file = %path.display(),
@@ -345,15 +345,15 @@ impl Directory {
 pub async fn run(
     dir: PathBuf,
     updates: mpsc::Sender<Update>,
-    metrics: Arc<Metrics>,
+    metrics: SourceMetrics,
     select: Option<Keep>,
 ) -> anyhow::Result<()> {
     let mut directory = Directory::new(&dir, metrics.clone()).selecting(select);
-    metrics.source_started("file");
+    metrics.started("file");
     let first = directory
         .full_list()
         .map_err(|e| anyhow::anyhow!("--slices-dir {}: {e}", dir.display()))?;
-    metrics.source_progress(false);
+    metrics.progress(false);
     metrics.watch_event("files_reload");
     if updates.send(first).await.is_err() {
         return Ok(());
@@ -370,9 +370,9 @@ pub async fn run(
     loop {
         changes.next().await;
         match directory.changes() {
-            Ok(list) if list.is_empty() => metrics.source_progress(false),
+            Ok(list) if list.is_empty() => metrics.progress(false),
             Ok(list) => {
-                metrics.source_progress(true);
+                metrics.progress(true);
                 metrics.watch_event("files_reload");
                 for u in list {
                     if updates.send(u).await.is_err() {
@@ -381,7 +381,7 @@ pub async fn run(
                 }
             }
             Err(e) => {
-                metrics.source_error("file");
+                metrics.error("file");
                 tracing::error!(dir = %dir.display(), error = %e, "cannot read the slice directory: last good state kept");
             }
         }
@@ -456,7 +456,7 @@ endpoints:
         let dir = std::env::temp_dir().join(format!("spc-files-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut d = Directory::new(&dir, Arc::new(Metrics::new()));
+        let mut d = Directory::new(&dir, SourceMetrics::register(&mut Default::default()));
         assert!(!d.scan().unwrap());
         std::fs::write(dir.join("web.yaml"), ONE).unwrap();
         std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
@@ -498,7 +498,7 @@ endpoints:
         );
         std::fs::write(dir.join("a.yaml"), &managed).unwrap();
         std::fs::write(dir.join("b.yaml"), ONE.replace("web-1", "web-2")).unwrap();
-        let mut d = Directory::new(&dir, Arc::new(Metrics::new()));
+        let mut d = Directory::new(&dir, SourceMetrics::register(&mut Default::default()));
         assert_eq!(kinds(&[d.full_list().unwrap()]), ["replace 2"]);
         assert!(d.changes().unwrap().is_empty(), "nothing changed");
         // One file changes: only its slice goes, with its trigger time.
@@ -516,10 +516,11 @@ endpoints:
         std::fs::remove_file(dir.join("b.yaml")).unwrap();
         assert_eq!(kinds(&d.changes().unwrap()), ["delete web-2"]);
         // With a selector, unselected slices are not there at all.
-        let mut sel = Directory::new(&dir, Arc::new(Metrics::new())).selecting(Some(Keep {
-            services: Default::default(),
-            manage: "serving-picker.io/conditions=true".parse().unwrap(),
-        }));
+        let mut sel = Directory::new(&dir, SourceMetrics::register(&mut Default::default()))
+            .selecting(Some(Keep {
+                services: Default::default(),
+                manage: "serving-picker.io/conditions=true".parse().unwrap(),
+            }));
         std::fs::write(dir.join("b.yaml"), ONE.replace("web-1", "web-2")).unwrap();
         match sel.full_list().unwrap().change {
             Change::Replace(all) => {

@@ -23,7 +23,6 @@
 //! share one (a Role suffices), else cluster-wide.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -37,8 +36,8 @@ use tokio::sync::mpsc;
 use crate::model::cluster::ClusterSpec;
 use crate::model::selector::LabelSelector;
 use crate::model::slice::{SliceKey, SERVICE_NAME_LABEL};
+use crate::source::metrics::SourceMetrics;
 use crate::source::{Change, Update};
-use crate::telemetry::metrics::Metrics;
 
 /// How long the source must make progress without an error before the
 /// back-off starts over from its minimum.
@@ -53,6 +52,7 @@ pub struct ExpBackoff {
 }
 
 impl ExpBackoff {
+    /// A back-off from `min`, doubling up to `max`.
     pub fn new(min: Duration, max: Duration) -> ExpBackoff {
         ExpBackoff {
             min,
@@ -89,6 +89,7 @@ impl Backoff for ExpBackoff {
 pub struct Selection {
     /// `Some(ns)` when every cluster's Service is in `ns`.
     pub namespace: Option<String>,
+    /// The label selector the watch asks the API server for (empty: every slice).
     pub label_selector: String,
     /// Slices kept from what the watch returns (`None`: all of them): for a
     /// choice the API server cannot make with one selector.
@@ -99,7 +100,9 @@ pub struct Selection {
 /// those `manage` selects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keep {
+    /// Service names whose slices are kept (the `--cluster` Services').
     pub services: BTreeSet<String>,
+    /// `--manage`: slices whose labels it selects are kept.
     pub manage: LabelSelector,
 }
 
@@ -141,6 +144,8 @@ pub fn selection_for(clusters: &[ClusterSpec], manage: Option<&str>) -> Result<S
     })
 }
 
+/// The slices of the `--cluster` Services: by name (`kubernetes.io/service-name in (...)`), in
+/// their namespace when they share one.
 pub fn selection(clusters: &[ClusterSpec]) -> Selection {
     let namespaces: BTreeSet<&str> = clusters
         .iter()
@@ -176,7 +181,7 @@ pub async fn run<B: Backoff + 'static>(
     client: Client,
     clusters: &[ClusterSpec],
     updates: mpsc::Sender<Update>,
-    metrics: Arc<Metrics>,
+    metrics: SourceMetrics,
     backoff: B,
 ) {
     run_selection(client, selection(clusters), updates, metrics, backoff).await
@@ -188,7 +193,7 @@ pub async fn run_selection<B: Backoff + 'static>(
     client: Client,
     sel: Selection,
     updates: mpsc::Sender<Update>,
-    metrics: Arc<Metrics>,
+    metrics: SourceMetrics,
     mut backoff: B,
 ) {
     let api: Api<EndpointSlice> = match &sel.namespace {
@@ -212,7 +217,7 @@ pub async fn run_selection<B: Backoff + 'static>(
     let mut healthy_since: Option<Instant> = None;
     let keep = sel.keep.clone();
     let keeps = |obj: &EndpointSlice| keep.as_ref().is_none_or(|k| k.keeps(obj));
-    metrics.source_started("watch");
+    metrics.started("watch");
     while let Some(item) = stream.next().await {
         let mut trigger = None;
         if matches!(
@@ -220,7 +225,7 @@ pub async fn run_selection<B: Backoff + 'static>(
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
         ) {
             healthy_since.get_or_insert_with(Instant::now);
-            metrics.source_progress(!matches!(item, Ok(Event::InitDone)));
+            metrics.progress(!matches!(item, Ok(Event::InitDone)));
         }
         let change = match item {
             Ok(Event::Init) => {
@@ -264,7 +269,7 @@ pub async fn run_selection<B: Backoff + 'static>(
                 key_of(&obj).map(Change::Delete)
             }
             Err(e) => {
-                metrics.source_error("watch");
+                metrics.error("watch");
                 if healthy_since
                     .take()
                     .is_some_and(|t| t.elapsed() >= RESET_AFTER_HEALTHY)

@@ -1,10 +1,11 @@
 //! Where EndpointSlices come from: the Kubernetes API (`kube`) or a
 //! directory of files (`files`). Both send [`Update`]s: a full list
 //! (`Change::Replace`) first, and whenever they had to start over, then
-//! single changes.
+//! single changes, and report in `metrics`.
 
 pub mod files;
 pub mod kube;
+pub mod metrics;
 
 use std::collections::BTreeMap;
 use std::time::{Instant, SystemTime};
@@ -17,7 +18,9 @@ use crate::model::slice::{Slice, SliceKey};
 /// A change from a source.
 #[derive(Clone, Debug)]
 pub enum Change {
+    /// A slice added or changed: the index holds it as given.
     Apply(Slice),
+    /// A slice gone.
     Delete(SliceKey),
     /// Every slice there is (a full list): the index becomes exactly this,
     /// and is complete from then on.
@@ -27,7 +30,9 @@ pub enum Change {
 /// A change and when the source got it (for the lag figures).
 #[derive(Clone, Debug)]
 pub struct Update {
+    /// What changed.
     pub change: Change,
+    /// When the source got it (monotonic: the lag figures start here).
     pub received: Instant,
     /// The same moment on the wall clock (programming latency starts here
     /// when the slice names no trigger time).
@@ -38,6 +43,7 @@ pub struct Update {
 }
 
 impl Update {
+    /// `change`, got now, with no trigger time.
     pub fn now(change: Change) -> Update {
         Update {
             change,

@@ -1,10 +1,13 @@
 //! One way to declare metrics: a group is a struct whose fields are its
 //! metrics, each with its name and help (and its value, when not the
 //! default), registered in the order written by the generated
-//! `register(&mut Registry)`. The companion's own groups (`metrics`), TLS
-//! (`net::tls`), the status page (`status`) and the Envoy Gateway hook
-//! (`envoy_gateway::service`) all use it, each owner registering its group
-//! before the registry is shared.
+//! `register(&mut Registry)`; a field's help is its doc. Each group lives
+//! with its owner, which records in it: the source (`source::metrics`),
+//! the publisher (`eds::metrics`), the xDS server (`xds::metrics`), the
+//! plumbing (`telemetry::metrics`), TLS (`net::tls`), the status page
+//! (`status`) and the Envoy Gateway hook (`envoy_gateway::service`,
+//! `envoy_gateway::native_lb`); `run::Telemetry` registers the first four
+//! in `/metrics` order, a mode its own before the registry is shared.
 
 /// `metric_group! { /// doc  pub struct Name { field: Type = ("name", "help" [, value]), ... } }`
 macro_rules! metric_group {
@@ -16,7 +19,7 @@ macro_rules! metric_group {
     ) => {
         $(#[$meta])*
         $vis struct $name {
-            $( $(#[$fmeta])* pub $field: $ty, )*
+            $( $(#[$fmeta])* #[doc = $help] pub $field: $ty, )*
         }
 
         impl $name {

@@ -76,6 +76,7 @@ pub struct PerKey<K> {
 }
 
 impl<K: Hash + Eq> PerKey<K> {
+    /// Each key logs at most once per `interval`; at most `cap` keys remembered.
     pub fn new(interval: Duration, cap: usize) -> PerKey<K> {
         PerKey {
             interval,

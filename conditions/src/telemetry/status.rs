@@ -218,7 +218,10 @@ impl Board {
         })
     }
 
-    /// The assignment of every cluster, as published in snapshot `version`.
+    /// The assignment of every cluster, as published in snapshot `version`,
+    /// all at once (the companion sets a source the page reads when asked:
+    /// `set_source`).
+    #[cfg(test)]
     pub fn set_services<'a>(
         &self,
         version: &str,
@@ -284,6 +287,7 @@ impl Board {
         (rows, left_out)
     }
 
+    #[cfg(test)]
     fn keep_rows(&self, version: &str, priorities: bool, rows: Vec<PortRow>, left_out: usize) {
         let mut services = lock(&self.services);
         // A port that is gone leaves no series behind (its last value

@@ -1,10 +1,9 @@
 //! What the xDS server reports, as go-control-plane's `Callbacks`: the
 //! server knows only this trait; the companion answers it with its metrics
-//! and status page ([`Metrics`]), a test with whatever it records.
+//! and status page (`xds::metrics::MetricsCallbacks`), a test with whatever
+//! it records.
 
 use std::time::Duration;
-
-use crate::telemetry::metrics::Metrics;
 
 /// The xDS server's events. Called on the request and response paths: an
 /// implementation records and returns, it never blocks.
@@ -15,6 +14,7 @@ pub trait Callbacks: Send + Sync + 'static {
     fn limit_hit(&self, limit: &'static str);
     /// A stream refused with RESOURCE_EXHAUSTED by a limit.
     fn stream_refused(&self, limit: &'static str);
+    /// A stream opened (before it names its node).
     fn stream_opened(&self);
     /// A stream's first request named its node.
     fn stream_identified(&self, node: &str, peer: &str);
@@ -46,78 +46,4 @@ pub trait Callbacks: Send + Sync + 'static {
     fn subscribers(&self, cluster: &str, n: i64);
     /// The server cut a stream (`reason`: the limit's flag).
     fn stream_reset(&self, reason: &'static str);
-}
-
-/// The companion's metrics and status page.
-impl Callbacks for Metrics {
-    fn limit_set(&self, limit: &'static str, value: i64) {
-        self.set_limit(limit, value);
-    }
-    fn limit_hit(&self, limit: &'static str) {
-        Metrics::limit_hit(self, limit);
-    }
-    fn stream_refused(&self, limit: &'static str) {
-        self.xds_refused(limit);
-    }
-    fn stream_opened(&self) {
-        Metrics::stream_opened(self);
-    }
-    fn stream_identified(&self, node: &str, peer: &str) {
-        self.status().stream_opened(node, peer);
-    }
-    fn stream_closed(&self, node: &str) {
-        Metrics::stream_closed(self);
-        if !node.is_empty() {
-            self.status().stream_closed(node);
-        }
-    }
-    fn request_received(&self, bytes: usize) {
-        Metrics::request_received(self, bytes);
-    }
-    fn request_buffer_bytes(&self, held: usize) {
-        self.set_request_buffer_bytes(held);
-    }
-    fn unknown_names(&self, n: usize) {
-        Metrics::unknown_names(self, n);
-    }
-    fn response_started(&self, resources: usize, lags: &[Duration]) {
-        self.pushed(resources, lags.iter().copied());
-    }
-    fn response_sent(&self, bytes: usize) {
-        self.sent(bytes);
-    }
-    fn acked(&self, node: &str, version: &str, after: Option<Duration>) {
-        Metrics::acked(self, after);
-        self.status().acked(node, version);
-    }
-    fn nacked(&self, node: &str, version: &str, message: &str) {
-        Metrics::nacked(self);
-        self.status().nacked(node, version, message);
-    }
-    fn programmed(&self, node: &str, triggers: &[std::time::SystemTime]) {
-        let now = std::time::SystemTime::now();
-        let latencies: Vec<Duration> = triggers
-            .iter()
-            .map(|t| now.duration_since(*t).unwrap_or(Duration::ZERO))
-            .collect();
-        for d in &latencies {
-            self.observe_programming(*d);
-        }
-        self.status().programmed(node, &latencies);
-    }
-    fn subscriptions(&self, n: usize) {
-        self.set_subscriptions(n);
-    }
-    fn coalesced(&self) {
-        Metrics::coalesced(self);
-    }
-    fn oldest_unsent(&self, age: Duration) {
-        self.set_oldest_unsent(age);
-    }
-    fn subscribers(&self, cluster: &str, n: i64) {
-        self.set_subscribers(cluster, n);
-    }
-    fn stream_reset(&self, reason: &'static str) {
-        Metrics::stream_reset(self, reason);
-    }
 }

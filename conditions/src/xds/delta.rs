@@ -73,10 +73,12 @@ impl DeltaStream {
         }
     }
 
+    /// The stream's subscriptions.
     pub fn subscriptions(&self) -> &Subscriptions {
         &self.subs
     }
 
+    /// Since when a response has been due and not taken by the transport.
     pub fn due_since(&self) -> Option<Instant> {
         self.due_since
     }

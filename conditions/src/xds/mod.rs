@@ -26,12 +26,14 @@
 //! - `sotw`, `delta`: each protocol's rules, without a network.
 //! - `requests`: requests cut from a stream's bytes.
 //! - `callbacks`: what the server reports (metrics, the status page).
+//! - `metrics`: the xDS metrics, and the callbacks that record in them.
 //! - `server`: the gRPC services, a stream's request task and response body.
 //! - `fanout`: snapshots to streams, the send timeout, the stream gauges.
 
 pub mod callbacks;
 pub mod delta;
 pub mod fanout;
+pub mod metrics;
 pub mod protocol;
 pub mod requests;
 pub mod server;

@@ -72,10 +72,12 @@ impl Names {
         &self.explicit
     }
 
+    /// How many `--cluster` names.
     pub fn len(&self) -> usize {
         self.explicit.len()
     }
 
+    /// No `--cluster` name (with `--manage`, template names are served).
     pub fn is_empty(&self) -> bool {
         self.explicit.is_empty()
     }
@@ -87,13 +89,24 @@ pub enum RequestKind {
     /// The first request of a stream (no nonce).
     Initial,
     /// Accepts the last response.
-    Ack { version: String },
+    Ack {
+        /// The version accepted.
+        version: String,
+    },
     /// Rejects the last response.
-    Nack { version: String, message: String },
+    Nack {
+        /// The version rejected.
+        version: String,
+        /// The message of Envoy's `error_detail`.
+        message: String,
+    },
     /// State of the world: repeats the ACK (or NACK) of the last response,
     /// already received: the client re-added a watch (`sotw`); answered
     /// with every subscribed resource.
-    Repeated { version: String },
+    Repeated {
+        /// The version repeated.
+        version: String,
+    },
     /// Answers an older response (state of the world: ignored; delta: its
     /// subscription changes are taken, nothing is acknowledged).
     Stale,
@@ -104,6 +117,7 @@ pub enum RequestKind {
 /// The result of one request.
 #[derive(Debug)]
 pub struct Handled {
+    /// What the request was.
     pub kind: RequestKind,
     /// Time from the response it ACKs to this ACK.
     pub ack_after: Option<Duration>,
@@ -153,10 +167,17 @@ pub enum SnapshotEffect {
 /// resource entries shared with every other stream (see `response_bytes`).
 #[derive(Debug)]
 pub struct Prepared {
+    /// The response's nonce (its number on the stream).
     pub nonce: u64,
+    /// Its `version_info` (state of the world) or `system_version_info` (delta).
     pub version: String,
+    /// The stream's own bytes before the resource entries (the gRPC header,
+    /// the version).
     pub head: Bytes,
+    /// The resource entries, shared with every stream that sends them.
     pub entries: Vec<Bytes>,
+    /// The stream's own bytes after the entries (the type URL, the nonce; in
+    /// a delta response, the names removed too).
     pub tail: Bytes,
     /// Resources in it.
     pub resources: usize,
@@ -194,6 +215,7 @@ impl Prepared {
 /// What a stream's `take` gives the transport.
 #[derive(Debug, Default)]
 pub struct Taken {
+    /// The response to send, if any is due and fits.
     pub response: Option<Prepared>,
     /// Resources left out because alone they exceed the message size
     /// limit: (name, bytes). Marked sent: not retried until they change.
@@ -282,11 +304,14 @@ pub(crate) fn effect(was_pending: bool, touched: usize, due: bool) -> SnapshotEf
 /// One stream's protocol state, either protocol.
 #[derive(Debug)]
 pub enum StreamState {
+    /// State of the world (`StreamAggregatedResources`, `StreamEndpoints`).
     Sotw(SotwStream),
+    /// Incremental (`DeltaAggregatedResources`, `DeltaEndpoints`).
     Delta(DeltaStream),
 }
 
 impl StreamState {
+    /// A new snapshot was published: what it means for the stream.
     pub fn on_snapshot(&mut self, snap: &Snapshot, now: Instant) -> SnapshotEffect {
         match self {
             StreamState::Sotw(s) => s.on_snapshot(snap, now),
@@ -294,6 +319,7 @@ impl StreamState {
         }
     }
 
+    /// The response the transport takes now, from `snap` (the newest), of at most `max` bytes.
     pub fn take(&mut self, snap: &Snapshot, max: usize, now: Instant) -> Taken {
         match self {
             StreamState::Sotw(s) => s.take(snap, max, now),
@@ -301,6 +327,7 @@ impl StreamState {
         }
     }
 
+    /// Since when a response has been due and not taken by the transport.
     pub fn due_since(&self) -> Option<Instant> {
         match self {
             StreamState::Sotw(s) => s.due_since(),

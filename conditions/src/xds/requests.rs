@@ -18,17 +18,22 @@ use crate::eds::response_bytes::GRPC_HEADER;
 /// names as bytes (the same wire type as strings).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RequestView {
+    /// The version the request acknowledges (empty on the first).
     #[prost(string, tag = "1")]
     pub version_info: String,
     /// The encoded `Node`.
     #[prost(bytes = "bytes", tag = "2")]
     pub node: Bytes,
+    /// The resources asked for (`ClusterLoadAssignment` names), as bytes.
     #[prost(bytes = "bytes", repeated, tag = "3")]
     pub resource_names: Vec<Bytes>,
+    /// The resource type (`type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment`).
     #[prost(string, tag = "4")]
     pub type_url: String,
+    /// The nonce of the response this request answers (empty on the first).
     #[prost(string, tag = "5")]
     pub response_nonce: String,
+    /// Set when Envoy rejects that response (a NACK).
     #[prost(message, optional, tag = "6")]
     pub error_detail: Option<RpcStatus>,
 }
@@ -40,16 +45,22 @@ pub struct DeltaRequestView {
     /// The encoded `Node` (Envoy sends it on the first request).
     #[prost(bytes = "bytes", tag = "1")]
     pub node: Bytes,
+    /// The resource type.
     #[prost(string, tag = "2")]
     pub type_url: String,
+    /// Names subscribed by this request.
     #[prost(bytes = "bytes", repeated, tag = "3")]
     pub resource_names_subscribe: Vec<Bytes>,
+    /// Names unsubscribed by this request.
     #[prost(bytes = "bytes", repeated, tag = "4")]
     pub resource_names_unsubscribe: Vec<Bytes>,
+    /// The versions Envoy holds, by name (on a stream's first request).
     #[prost(map = "string, string", tag = "5")]
     pub initial_resource_versions: HashMap<String, String>,
+    /// The nonce of the response this request answers.
     #[prost(string, tag = "6")]
     pub response_nonce: String,
+    /// Set when Envoy rejects that response (a NACK).
     #[prost(message, optional, tag = "7")]
     pub error_detail: Option<RpcStatus>,
 }

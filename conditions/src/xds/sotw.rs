@@ -96,6 +96,7 @@ impl SotwStream {
         }
     }
 
+    /// The stream's subscriptions.
     pub fn subscriptions(&self) -> &Subscriptions {
         &self.subs
     }

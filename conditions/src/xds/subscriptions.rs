@@ -40,6 +40,7 @@ impl Sub {
 /// A resource chosen for a response.
 #[derive(Debug)]
 pub struct Chosen {
+    /// The resource at its newest version.
     pub resource: Arc<Resource>,
     /// When the change it carries happened (`None`: sent because it was
     /// subscribed, not because it changed).
@@ -71,6 +72,7 @@ impl Subscriptions {
         self.subs.len()
     }
 
+    /// No name subscribed.
     pub fn is_empty(&self) -> bool {
         self.subs.is_empty()
     }
@@ -318,6 +320,7 @@ impl Subscriptions {
 /// Whether one more resource fits in a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fit {
+    /// In this response.
     Yes,
     /// Not in this response; in the next.
     NotNow,

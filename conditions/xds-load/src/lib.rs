@@ -16,6 +16,9 @@
 //! and the resources' bytes, not decoded further (the client's CPU is the
 //! server's competition on a small machine).
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// Test machinery that ships nowhere: each file's `//!` says its job; its
+// items are read beside the tests that call them (CONTRIBUTING.md, lints).
+#![allow(missing_docs)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

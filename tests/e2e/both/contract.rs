@@ -26,7 +26,7 @@ use serving_picker_conditions::model::endpoint::Endpoint;
 use serving_picker_conditions::model::slice::SliceEndpoint;
 use serving_picker_core::config::SelectionConfig;
 use serving_picker_core::contract::{Tier, DEFAULT_NAMESPACE};
-use serving_picker_core::plan::plan_cluster;
+use serving_picker_core::plan::plan_cluster_at;
 use serving_picker_wasm::admin_json::parse_config_dump;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -153,7 +153,7 @@ fn wasm_reads(cla: &ClusterLoadAssignment) -> (Tier, BTreeSet<String>) {
     let [cluster] = dump.clusters.as_slice() else {
         panic!("one cluster: {:?}", dump.clusters);
     };
-    let plan = plan_cluster(cluster, None);
+    let plan = plan_cluster_at(cluster, None, None);
     (
         plan.tier,
         plan.hosts.into_iter().map(|h| h.address).collect(),

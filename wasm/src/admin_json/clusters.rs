@@ -48,23 +48,29 @@ struct HostHealthFlags {
 /// Envoy's live view of one host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveHost {
+    /// Its configured EDS status; a host kept pending removal reads `Draining`.
     pub eds: EdsHealth,
+    /// Failing active health checks, timed out, or ejected by outlier detection.
     pub failing: bool,
 }
 
+/// Envoy's live view of one cluster's hosts.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveCluster {
     /// The config dump lists an EDS cluster under its service name.
     pub eds_service_name: Option<String>,
+    /// Its hosts by `IP:PORT`.
     pub hosts: HashMap<String, LiveHost, FxBuildHasher>,
 }
 
 /// `/clusters?format=json`, per cluster name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveHealth {
+    /// Each cluster by its Envoy name.
     pub clusters: HashMap<String, LiveCluster, FxBuildHasher>,
 }
 
+/// Reads `/clusters?format=json` (hosts without a socket address are skipped).
 pub fn parse_clusters(body: &[u8]) -> Result<LiveHealth, AdminJsonError> {
     let parsed: ClustersJson = serde_json::from_slice(body)
         .map_err(|e| AdminJsonError(format!("/clusters is not the expected JSON: {e}")))?;

@@ -16,6 +16,7 @@ use std::fmt;
 /// Everything a config dump says about endpoints, plus what had to be skipped.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct EndpointsDump {
+    /// Each cluster with endpoints, its hosts as read.
     pub clusters: Vec<ClusterHosts>,
     /// Log lines for ignored values and skipped hosts (never fatal).
     pub notes: Vec<String>,

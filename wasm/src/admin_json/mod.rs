@@ -18,6 +18,7 @@ pub use config_dump::{parse_config_dump, EndpointsDump};
 pub use live::{implied_live_health, join_live_health, needs_live_health, NameIndex};
 pub use serving_picker_core::host::{ClusterHosts, HostRecord};
 
+/// An admin answer that cannot be used, and why (logged as the refresh's failure).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminJsonError(pub String);
 

@@ -4,6 +4,9 @@
 //! proxy-wasm 0.2.1, statuses read as plain integers. The glue's only raw
 //! pointers are here.
 
+// The proxy-wasm ABI's imports take raw pointers; the glue calls them only here.
+#![allow(unsafe_code)]
+
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
 

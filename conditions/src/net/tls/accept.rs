@@ -18,7 +18,9 @@ use super::server::TlsServer;
 
 /// An accepted connection, plaintext or TLS, as tonic serves it.
 pub enum Conn<IO> {
+    /// A plaintext connection (no `--tls-cert`).
     Plain(IO),
+    /// A TLS connection, its handshake done.
     Tls(Box<tokio_rustls::server::TlsStream<IO>>),
 }
 

@@ -50,8 +50,11 @@ pub(super) struct Contents {
 /// file, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {
+    /// The flag that named the file (`--tls-cert`, ...).
     pub flag: &'static str,
+    /// The file.
     pub path: PathBuf,
+    /// What is wrong with it.
     pub why: String,
 }
 
