@@ -274,7 +274,7 @@ fn run() -> Result<Tally, String> {
         &["wasm::identity::each_vm_names_the_filters_version_and_commit"],
     );
 
-    let root = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let root = support::repo_root();
     let artefacts = [
         (
             format!("serving-picker-conditions-{version}-linux-amd64"),
@@ -319,7 +319,7 @@ fn run() -> Result<Tally, String> {
             "SBOM {}: names the artefact from the image (sha256, {identity}, {target}) and exactly the crates cargo builds into it, each Cargo.lock's (checksum), every one its bytes trace",
             artefact.sbom
         );
-        match sbom::check(&root, &sbom_dir, &artefact, version, &revision) {
+        match sbom::check(root, &sbom_dir, &artefact, version, &revision) {
             Ok(summary) => tally.pass(&format!(
                 "{what} ({summary}; {} ms)",
                 started.elapsed().as_millis()
