@@ -39,6 +39,13 @@ export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
+# The build identity the shipped artefacts carry (serving_picker_core::build_info): the commit,
+# `-dirty` when tracked files have changes (scripts/version.sh commit). Only the commands that
+# build the shipped artefacts get it, as SERVING_PICKER_BUILD_COMMIT at compile time ($(BUILD_ID));
+# rustc records it in those crates' dep-info, so a new commit rebuilds them and nothing else.
+# Tests and scripts read the value to expect in SERVING_PICKER_COMMIT.
+export SERVING_PICKER_COMMIT := $(shell scripts/version.sh commit 2>/dev/null)
+BUILD_ID := export SERVING_PICKER_BUILD_COMMIT=$(SERVING_PICKER_COMMIT);
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml envoy-sessions-header.yaml $(wildcard examples/*.yaml)
 # Envoy finds the native module (`dynamic_module_config: {name: serving_picker}`) as
@@ -74,7 +81,7 @@ ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
 # rustup's standard library for each cross target (once; needs the network the first time).
 rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
-	@if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
+	@$(BUILD_ID) if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
 	  if cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
 	    cp $(TARGET)/$(NATIVE_TRIPLE)/release/libserving_picker.so $(NATIVE_SO).tmp && mv $(NATIVE_SO).tmp $(NATIVE_SO) && \
 	    echo "native module linked for glibc $(NATIVE_GLIBC)+ (cargo-zigbuild)"; \
@@ -92,7 +99,7 @@ build-native: venv
 	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
 
 build-wasm: wasm-target wasm-opt
-	cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
+	$(BUILD_ID) cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
 	@[ $(WASM) -nt $(CARGO_WASM) ] && [ $(WASM) -nt Makefile ] || { \
 	  scripts/exports-graph.sh $(KEEP_EXPORTS) >$(TARGET)/keep-exports.json && \
 	  wasm-metadce $(WASM_FEATURES) --graph-file=$(TARGET)/keep-exports.json $(CARGO_WASM) -o $(WASM).dce >/dev/null && \
@@ -308,7 +315,7 @@ REGISTRY ?=
 # aarch64: the companion (static, musl) and the native module (glibc $(NATIVE_GLIBC)+), both
 # cross-linked by zig. The wasm module is the same on every architecture.
 build-cross: venv
-	@$(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
+	@$(BUILD_ID) $(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
 	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
 	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native

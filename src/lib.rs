@@ -11,6 +11,7 @@
 //! the native module with [`plan::plan_weights`] (the same decision by host
 //! index). Requests are picked with [`picker::Picker`].
 
+pub mod build_info;
 pub mod config;
 pub mod contract;
 pub mod counters;

@@ -20,7 +20,7 @@ use serving_picker_conditions::{envoy_gateway, preflight, run};
 #[derive(Parser, Debug)]
 #[command(
     name = "serving-picker-conditions",
-    version,
+    version = build_version(),
     about = "Watches EndpointSlices and gives Envoy each endpoint's exact conditions"
 )]
 struct Cli {
@@ -47,6 +47,13 @@ enum Command {
     /// settings, certificates, labelled Services; prints each fix (exit 1 on
     /// a failed check).
     Preflight(preflight::gather::Args),
+}
+
+/// `0.1.0 (commit …)`: the version and the commit this binary was built from
+/// (`serving_picker_core::build_info`), what `--version` prints after the name.
+fn build_version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| serving_picker_core::build_identity!().to_string())
 }
 
 fn init_logs(format: LogFormat) {
@@ -104,6 +111,7 @@ fn main() -> std::process::ExitCode {
         Command::Preflight(_) => None,
     };
     if let Some(limits) = limits {
+        tracing::info!("serving-picker-conditions {} starting", build_version());
         run::raise_fd_limit(limits);
     }
     // Ok(false): ran, and found the cluster not ready (preflight).

@@ -227,7 +227,7 @@ fn tested_list() -> String {
 }
 
 /// The decision for the Envoy `seen`, in `mode`; `build` names the module
-/// (its version) in the line.
+/// (its version and commit: `build_identity!`) in the line.
 pub fn verdict(seen: &Seen, mode: CheckMode, build: &str) -> Verdict {
     let this = format!("serving_picker {build}");
     let abi = |r: &EnvoyRelease| r.abi_version.to_string_lossy().into_owned();

@@ -45,8 +45,9 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionPtr {
                 CheckMode::Warn
             }
         };
-        let build = env!("CARGO_PKG_VERSION");
-        match envoy_version::verdict(&envoy_version::running_envoy(), mode, build) {
+        // The version and commit (`0.1.0 (commit …)`) open the load line.
+        let build = serving_picker_core::build_identity!().to_string();
+        match envoy_version::verdict(&envoy_version::running_envoy(), mode, &build) {
             Verdict::Load {
                 abi_version,
                 tested,

@@ -6,8 +6,10 @@
 //!
 //! Inputs, from the environment (check-release.sh sets them): WORK (a
 //! scratch directory), AMD64_COMPANION, ARM64_COMPANION, EXTRACTED_WASM,
-//! AMD64_SO, ARM64_SO (the unpacked artefacts), ENVOY_VERSION, QEMU,
-//! ARM64_SYSROOT, TARGET (the cargo target directory), PIP (the venv's pip).
+//! AMD64_SO, ARM64_SO (the unpacked artefacts), SBOM_DIR (their SBOMs, read
+//! back from the registry), REVISION (the commit the images' revision label
+//! names), ENVOY_VERSION, QEMU, ARM64_SYSROOT, TARGET (the cargo target
+//! directory), PIP (the venv's pip).
 //!
 //! The chosen end-to-end tests run from the test binary `make test` built,
 //! found through `cargo test --workspace --test e2e --no-run`: the
@@ -16,10 +18,15 @@
 //! packages' features and rebuild it). The artefacts go in SERVING_PICKER_* and
 //! Envoy in ENVOY_BIN:
 //! - amd64: the companion serves the seed table's rows with the wasm form,
-//!   the native form and plain round robin;
+//!   the native form and plain round robin; the native module's load line
+//!   and the wasm filter's VM line name the release's version and REVISION
+//!   (the companion's `--version` is check-release.sh's);
+//! - the SBOMs: each names the crates Cargo.lock builds into its artefact
+//!   (`sbom.rs` says how that is checked), the artefact's sha256 and REVISION;
 //! - arm64 under qemu-user: the companion feeds Envoy over ADS; the arm64
 //!   Envoy of the same version (PyPI's aarch64 wheel) passes the module's
-//!   ABI checks, loads the arm64 .so and serves the native rows fed by the
+//!   ABI checks, loads the arm64 .so (its load line naming REVISION) and
+//!   serves the native rows fed by the
 //!   arm64 companion. Wrappers leave a mark when they run: proof that a
 //!   test ran the arm64 file.
 //!
@@ -31,6 +38,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
+
+mod sbom;
 
 /// The checks run so far.
 #[derive(Default)]
@@ -211,6 +220,9 @@ fn run() -> Result<Tally, String> {
     let sysroot = env("ARM64_SYSROOT")?;
     let target = env("TARGET")?;
     let pip = env("PIP")?;
+    let sbom_dir = PathBuf::from(env("SBOM_DIR")?);
+    let revision = env("REVISION")?;
+    let version = env!("CARGO_PKG_VERSION");
     let minor = envoy_version
         .rsplit_once('.')
         .map_or(envoy_version.as_str(), |(m, _)| m)
@@ -237,6 +249,84 @@ fn run() -> Result<Tally, String> {
         ],
         &["companion::chain::seed_rows", "--test-threads", "2"],
     );
+
+    // One build identity: the version and the commit the images' revision
+    // label names, in what each artefact says when it loads.
+    let identity = format!("{version} (commit {revision})");
+    run_test(
+        &mut tally,
+        e2e,
+        &format!("amd64 native module (.so from the image): Envoy's load line names {identity}"),
+        &[
+            ("SERVING_PICKER_NATIVE", &amd64_so),
+            ("SERVING_PICKER_COMMIT", &revision),
+        ],
+        &["native::abi::the_load_line_names_the_modules_version_and_commit"],
+    );
+    run_test(
+        &mut tally,
+        e2e,
+        &format!("wasm filter (plugin.wasm from the image): each VM's start line names {identity}"),
+        &[
+            ("SERVING_PICKER_WASM", &wasm),
+            ("SERVING_PICKER_COMMIT", &revision),
+        ],
+        &["wasm::identity::each_vm_names_the_filters_version_and_commit"],
+    );
+
+    let root = support::repo_root();
+    let artefacts = [
+        (
+            format!("serving-picker-conditions-{version}-linux-amd64"),
+            &amd64_companion,
+            "serving-picker-conditions",
+            "x86_64-unknown-linux-musl",
+        ),
+        (
+            format!("serving-picker-conditions-{version}-linux-arm64"),
+            &arm64_companion,
+            "serving-picker-conditions",
+            "aarch64-unknown-linux-musl",
+        ),
+        (
+            format!("libserving_picker-{version}-linux-amd64.so"),
+            &amd64_so,
+            "serving-picker-native",
+            "x86_64-unknown-linux-gnu",
+        ),
+        (
+            format!("libserving_picker-{version}-linux-arm64.so"),
+            &arm64_so,
+            "serving-picker-native",
+            "aarch64-unknown-linux-gnu",
+        ),
+        (
+            format!("serving_picker-{version}.wasm"),
+            &wasm,
+            "serving-picker-wasm",
+            "wasm32-wasip1",
+        ),
+    ];
+    for (released, file, package, target) in artefacts {
+        let artefact = sbom::Artefact {
+            sbom: format!("{released}.cdx.json"),
+            file: PathBuf::from(file),
+            package,
+            target,
+        };
+        let started = Instant::now();
+        let what = format!(
+            "SBOM {}: names the artefact from the image (sha256, {identity}, {target}) and exactly the crates cargo builds into it, each Cargo.lock's (checksum), every one its bytes trace",
+            artefact.sbom
+        );
+        match sbom::check(root, &sbom_dir, &artefact, version, &revision) {
+            Ok(summary) => tally.pass(&format!(
+                "{what} ({summary}; {} ms)",
+                started.elapsed().as_millis()
+            )),
+            Err(problems) => tally.fail(&what, &problems),
+        }
+    }
 
     let bin_dir = work.join("bin");
     std::fs::create_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
@@ -300,13 +390,15 @@ fn run() -> Result<Tally, String> {
     run_test(
         &mut tally,
         e2e,
-        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, it resolves every callback when opened (-z now), and its callbacks are those recorded for {minor} (tests/e2e/native/abi.rs)"),
+        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, it resolves every callback when opened (-z now), its callbacks are those recorded for {minor}, and its load line names {identity} (tests/e2e/native/abi.rs)"),
         &[
             ("SERVING_PICKER_NATIVE", &arm64_so),
             ("ENVOY_BIN", &envoy_arm64_path),
             ("ENVOY_ELF", &arm64_envoy_elf),
+            ("SERVING_PICKER_COMMIT", &revision),
         ],
         &[
+            "native::abi::the_load_line_names_the_modules_version_and_commit",
             "native::abi::every_declared_callback_is_exported_by_envoy",
             "native::abi::every_hook_the_module_exports_is_known_to_envoy",
             "native::abi::the_module_imports_exactly_the_declared_callbacks",

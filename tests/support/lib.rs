@@ -89,6 +89,26 @@ pub fn repo_root() -> &'static std::path::Path {
     support.ancestors().nth(2).unwrap_or(support)
 }
 
+/// The build identity the shipped artefacts must name, `0.1.0 (commit …)`
+/// (`serving_picker_core::build_info`): the workspace version and the commit
+/// in SERVING_PICKER_COMMIT (the Makefile exports the one it builds them with;
+/// test-release passes the images' revision label), else the tree's own
+/// (`scripts/version.sh commit`).
+pub fn expected_build_identity() -> String {
+    let commit = std::env::var("SERVING_PICKER_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| {
+            let out = std::process::Command::new(repo_root().join("scripts/version.sh"))
+                .arg("commit")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "scripts/version.sh commit: {out:?}");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        });
+    format!("{} (commit {commit})", env!("CARGO_PKG_VERSION"))
+}
+
 pub fn set_current_form(form: Form) {
     CURRENT_FORM.with(|f| f.set(form));
 }

@@ -2,7 +2,7 @@
 //! `make test-release` checks the images themselves):
 //!
 //! - one version: Cargo.toml's `[workspace.package]` version is every crate's, the shipped
-//!   companion's `--version`, and the tag of every serving-picker image the manifests
+//!   companion's `--version` (with the commit), and the tag of every serving-picker image the manifests
 //!   (deploy/, examples/) and Containerfiles (packaging/) name;
 //! - examples/ creates only serving-picker's own objects: each is named serving-picker*, or is
 //!   a demo object (labelled app.kubernetes.io/part-of: serving-picker-demo, in the
@@ -141,14 +141,19 @@ fn every_image_reference_is_tagged_with_the_version() {
     }
 }
 
+/// `--version` prints the name, the version and the commit the binary was
+/// built from (`serving-picker-conditions 0.1.0 (commit …)`), the identity
+/// the wasm filter and the native module log when they load.
 #[test]
 fn the_shipped_companion_reports_the_version() {
     let bin = support::companion::companion_bin();
     let out = Command::new(&bin).arg("--version").output().unwrap();
     assert!(out.status.success(), "{} --version: {out:?}", bin.display());
+    let identity = support::expected_build_identity();
+    assert!(identity.starts_with(&format!("{VERSION} (commit ")));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("serving-picker-conditions {VERSION}"),
+        format!("serving-picker-conditions {identity}"),
         "{}",
         bin.display()
     );

@@ -7,7 +7,7 @@
 //! looks up (its name is in the binary, where Envoy's dlsym calls name it),
 //! this Envoy's exported callbacks are the list recorded for its minor
 //! (native/abi/), and the module loads answering this Envoy's own ABI
-//! version. Copies of this Envoy with one exported callback renamed in the
+//! version, its load line naming its version and commit. Copies of this Envoy with one exported callback renamed in the
 //! dynamic string table stand for the Envoys that are not tested releases:
 //! one with another callback set (a later release, another build) loads the
 //! module with a warning and the gauge; one that lacks a callback the module
@@ -292,6 +292,26 @@ fn the_module_loads_into_this_envoy_with_its_own_abi_version() {
         );
         assert!(!out.contains("is deprecated"), "{out}");
     }
+}
+
+/// Envoy's log names the module's build when it loads it: the load line
+/// opens `serving_picker 0.1.0 (commit …)`, the version and the commit it
+/// was built from (`serving_picker_core::build_info`), the identity the wasm
+/// filter and the companion's `--version` carry too.
+#[test]
+fn the_load_line_names_the_modules_version_and_commit() {
+    let so = native_module();
+    let (ok, out) = validate_native(&envoy_bin(), so.parent().unwrap(), &[]);
+    assert!(ok, "the module should load:\n{out}");
+    let want = format!(
+        "serving_picker {} loads into Envoy ",
+        support::expected_build_identity()
+    );
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" loads into ")).collect();
+    assert!(
+        lines.len() == 1 && lines[0].contains(&want),
+        "one load line naming {want:?}:\n{out}"
+    );
 }
 
 /// The .so asks the dynamic linker to resolve every symbol when it is

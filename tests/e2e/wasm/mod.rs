@@ -4,6 +4,7 @@ mod behaviour;
 mod deploy_shapes;
 mod ecds;
 mod faults;
+mod identity;
 mod leader;
 mod narrowed;
 mod retries;

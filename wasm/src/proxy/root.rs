@@ -239,6 +239,16 @@ impl Context for PickerRoot {
 }
 
 impl RootContext for PickerRoot {
+    /// Names the build (version and commit) once per VM, when Envoy starts it.
+    fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
+        super::sync_log_level();
+        log::info!(
+            "wasm filter {} starts in this VM",
+            serving_picker_core::build_identity!()
+        );
+        true
+    }
+
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         super::sync_log_level();
         // No configuration at all reads as empty: every default.
