@@ -205,6 +205,7 @@ pub fn exported_callbacks(executable: &Path) -> Result<BTreeSet<String>, String>
 /// Load, or not, and the line that says why.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// Load, answering Envoy with `abi_version`.
     Load {
         /// The ABI version string to answer Envoy.
         abi_version: &'static CStr,
@@ -293,10 +294,12 @@ pub fn running_envoy() -> Seen {
 /// tested release (what the gauge says).
 static UNTESTED: AtomicBool = AtomicBool::new(false);
 
+/// Records whether the running Envoy is untested (program_init).
 pub fn set_untested(untested: bool) {
     UNTESTED.store(untested, Ordering::Relaxed);
 }
 
+/// Whether the running Envoy is untested (the gauge's value).
 pub fn untested() -> bool {
     UNTESTED.load(Ordering::Relaxed)
 }
