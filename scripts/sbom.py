@@ -55,10 +55,10 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def cargo_tree(package, target):
+def cargo_tree(package, target, edges="normal"):
     """[(depth, name, version, is_path, is_proc_macro, license, repository)], depth-first."""
     out = subprocess.run(
-        ["cargo", "tree", "--locked", "-p", package, "--target", target, "-e", "normal",
+        ["cargo", "tree", "--locked", "-p", package, "--target", target, "-e", edges,
          "--prefix", "depth", "-f", "{p}\t{l}\t{r}"],
         cwd=ROOT, check=True, capture_output=True, text=True).stdout
     rows = []
@@ -101,16 +101,14 @@ def bom(args):
 
     # cargo tree lists a crate's dependencies where it first shows it (later: "(*)"), so every
     # edge is there once; the path from the root to a line is the stack of its ancestors.
-    components, edges, proc_macros = {}, {root_ref: set()}, set()
+    components, edges = {}, {root_ref: set()}
     stack = [root_ref]
-    for depth, name, version, is_path, proc_macro, license_, repository in rows[1:]:
+    for depth, name, version, is_path, _, license_, repository in rows[1:]:
         del stack[depth:]
         r = ref(name, version, is_path)
         edges[stack[-1]].add(r)
         edges.setdefault(r, set())
         stack.append(r)
-        if proc_macro:
-            proc_macros.add(r)
         if r in components:
             continue
         c = {"type": "library", "bom-ref": r, "name": name, "version": version}
@@ -126,12 +124,13 @@ def bom(args):
         if url:
             c["externalReferences"] = [{"type": "vcs", "url": url}]
         components[r] = c
-    # In the artefact: what the root reaches without entering a proc macro.
-    linked, todo = {root_ref}, [root_ref]
-    while todo:
-        for r in edges[todo.pop()] - proc_macros - linked:
-            linked.add(r)
-            todo.append(r)
+    # In the artefact: what the root reaches without entering a proc macro, as cargo resolves it
+    # for the target (`-e no-proc-macro`). The full tree shows a crate that both a proc macro
+    # (built for the host) and the artefact use once, with the host's dependencies: pest, under
+    # pest_derive and jsonpath-rust, needs stacker on linux-gnu only.
+    linked = {root_ref} | {ref(name, version, is_path)
+                           for _, name, version, is_path, *_ in
+                           cargo_tree(args.package, args.target, "normal,no-proc-macro")[1:]}
     for r, c in components.items():
         if r in linked:
             c["scope"] = "required"
