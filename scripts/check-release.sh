@@ -372,13 +372,13 @@ echo "check-release: images and manifests checked ($(elapsed "$T0")); now what t
 # the test binary `make test` built, against the files unpacked above: amd64, and arm64 under
 # qemu-user with the arm64 Envoy of the same version; its doc says which. Its checks count here.
 # Both binaries are the ones `make test` built: cargo builds a package's binaries with its
-# integration tests, so the command that builds the e2e test binary names test-release too, and
-# with the same `--workspace` selection (the same features) nothing is rebuilt (`cargo run` would
-# build it again without the dev-dependencies' features).
+# integration tests, and the command is nextest's own build (`cargo test --workspace --no-run`:
+# every test target, the same features), so nothing is rebuilt (`--test e2e` or `cargo run` would
+# resolve fewer dev-dependency features and build again).
 SBOM_DIR=$SBOMS
 export WORK AMD64_COMPANION ARM64_COMPANION EXTRACTED_WASM AMD64_SO ARM64_SO SBOM_DIR REVISION ENVOY_VERSION QEMU ARM64_SYSROOT TARGET
 export PIP="$ROOT/.venv/bin/pip"
-RELEASE_BIN=$(cargo test --workspace --test e2e --no-run --message-format=json 2>"$WORK/test-release.log" | python3 -c '
+RELEASE_BIN=$(cargo test --workspace --no-run --message-format=json 2>"$WORK/test-release.log" | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)

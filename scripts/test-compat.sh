@@ -6,13 +6,13 @@
 #
 # The work is the end-to-end crate's `test-compat` binary (tests/compat/main.rs: which tests,
 # which Envoy, module and wasm runtime per release, the table); its doc says what each mode runs.
-# The binary is the one the e2e test build of `make unit` and `make integration` makes (cargo
-# builds a package's binaries with its integration tests; the same `--workspace` selection, so the
-# same features and nothing is rebuilt, where `cargo run` would build the package again without
-# its dev-dependencies' features).
+# The binary is the one the test build of `make unit` and `make integration` makes (cargo
+# builds a package's binaries with its integration tests). The command is nextest's own build
+# (`cargo test --workspace --no-run`: every test target, so every dev-dependency's features), so
+# nothing is rebuilt; `--test e2e` or `cargo run` would resolve fewer features and build again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$(cargo test --workspace --test e2e --no-run --message-format=json-render-diagnostics | python3 -c '
+bin=$(cargo test --workspace --no-run --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)

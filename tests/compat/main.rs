@@ -320,6 +320,7 @@ fn main() -> ExitCode {
 fn compat(args: &Args) -> Result<bool, String> {
     // Paths are the repository's, as `make` gives them.
     std::env::set_current_dir(support::repo_root()).map_err(|e| format!("cd: {e}"))?;
+    let e2e = support::test_binary::e2e()?;
     let out = &args.out;
     let pinned = std::fs::read_to_string(".envoy-version")
         .map_err(|e| format!(".envoy-version: {e}"))?
@@ -433,8 +434,7 @@ fn compat(args: &Args) -> Result<bool, String> {
             .try_clone()
             .map_err(|e| format!("{}: {e}", log_path.display()))?;
         // A failing test is a FAIL cell below, not an error here.
-        let _ = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-            .args(["test", "--workspace", "--test", "e2e", "--"])
+        let _ = Command::new(&e2e)
             .args(["--exact", "--test-threads", "2", "--show-output"])
             .args(&tests)
             .env("ENVOY_BIN", &bin)
@@ -517,7 +517,7 @@ fn compat(args: &Args) -> Result<bool, String> {
         }
         table_rows.push(format!("{row} {seconds} s |"));
     }
-    let upgrade = upgrade_run(args, &pinned, &cwd, &minors, &so, &wasm, &work)?;
+    let upgrade = upgrade_run(args, &pinned, &minors, &so, &wasm, &work, &e2e)?;
     if upgrade.starts_with("FAIL") {
         ok = false;
     }
@@ -563,12 +563,14 @@ fn compat(args: &Args) -> Result<bool, String> {
 fn upgrade_run(
     args: &Args,
     pinned: &str,
-    cwd: &Path,
     minors: &[String],
     so: &Path,
     wasm: &Path,
     work: &Path,
+    e2e: &Path,
 ) -> Result<String, String> {
+    // compat() made the repository root the working directory.
+    let cwd = std::env::current_dir().map_err(|e| format!("cwd: {e}"))?;
     let mut chain: Vec<(String, PathBuf)> = Vec::new();
     for minor in minors {
         let newest = args
@@ -605,8 +607,7 @@ fn upgrade_run(
         .try_clone()
         .map_err(|e| format!("{}: {e}", log_path.display()))?;
     let t0 = Instant::now();
-    let _ = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["test", "--workspace", "--test", "e2e", "--"])
+    let _ = Command::new(e2e)
         .args(["--exact", UPGRADE_TEST, "--nocapture"])
         .env(UPGRADE_ENVOYS, envoys.join(" "))
         .env("SERVING_PICKER_NATIVE", so)

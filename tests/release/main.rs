@@ -12,10 +12,8 @@
 //! directory), PIP (the venv's pip).
 //!
 //! The chosen end-to-end tests run from the test binary `make test` built,
-//! found through `cargo test --workspace --test e2e --no-run`: the
-//! selection `make unit` and `make integration` build it with, so the same
-//! features and nothing is rebuilt (a `-p` selection would resolve fewer
-//! packages' features and rebuild it). The artefacts go in SERVING_PICKER_* and
+//! found as `support::test_binary` says: with the command `make unit` and
+//! `make integration` build it with, so nothing is rebuilt. The artefacts go in SERVING_PICKER_* and
 //! Envoy in ENVOY_BIN:
 //! - amd64: the companion serves the seed table's rows with the wasm form,
 //!   the native form and plain round robin; the native module's load line
@@ -70,35 +68,6 @@ fn last_lines(text: &str, n: usize) -> Vec<&str> {
 
 fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set (scripts/check-release.sh sets it)"))
-}
-
-/// The e2e test binary as `make test` built it: cargo names it at once
-/// when nothing changed.
-fn e2e_test_binary() -> Result<PathBuf, String> {
-    let out = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["test", "--workspace", "--test", "e2e"])
-        .args(["--no-run", "--message-format=json"])
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| format!("cargo: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo test --no-run failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|m| {
-            m["reason"] == "compiler-artifact"
-                && m["target"]["name"] == "e2e"
-                && m["target"]["kind"]
-                    .as_array()
-                    .is_some_and(|k| k.iter().any(|k| k == "test"))
-        })
-        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| "cargo named no e2e test binary".to_string())
 }
 
 /// Runs `test_args` of the e2e test binary with `envs`; one check.
@@ -229,7 +198,7 @@ fn run() -> Result<Tally, String> {
         .to_string();
 
     let mut tally = Tally::default();
-    let bin = e2e_test_binary();
+    let bin = support::test_binary::e2e();
     let e2e = match &bin {
         Ok(b) => Some(b.as_path()),
         Err(e) => {

@@ -711,7 +711,27 @@ fn each_fault_fires_the_alert_that_names_it() {
     while get().is_none() && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let t = Target::scrape(&[("job", COMPANION_JOB), ("instance", "no-api")], gap, get);
+    // Two scrapes with a failed list between them: the source retries with
+    // kube's backoff (0.8 s doubling to 30 s), so a fixed gap can fall
+    // between two attempts; scrape again until the error count has grown.
+    let errors = |body: &Option<String>| -> f64 {
+        let Some(text) = body.as_deref() else {
+            return 0.0;
+        };
+        samples(text)
+            .0
+            .iter()
+            .filter(|(series, _)| {
+                series.starts_with("serving_picker_conditions_source_errors_total")
+            })
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let mut t = Target::scrape(&[("job", COMPANION_JOB), ("instance", "no-api")], gap, get);
+    let waited = Instant::now();
+    while errors(&t.second) <= errors(&t.first) && waited.elapsed() < Duration::from_secs(40) {
+        t = Target::scrape(&[("job", COMPANION_JOB), ("instance", "no-api")], gap, get);
+    }
     let _ = child.kill();
     let _ = child.wait();
     check(
