@@ -58,7 +58,6 @@ FUZZ_CASES ?= 20000
 .PHONY: build build-wasm build-native run test check venv envoy wasm-target wasm-opt lint validate monitoring unit integration bench bench-native bench-e2e fuzz soak clean demo-certs test-compat test-compat-quick build-cross stage images release test-release
 
 build: build-wasm build-native
-	@touch $(TARGET)/.build-done
 
 # zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
 # when missing) links both native artefacts, each built once:
@@ -326,6 +325,10 @@ bench-cluster: build envoy
 VERSION ?= $(shell scripts/version.sh)
 CROSS_COMPANION_TRIPLE := aarch64-unknown-linux-musl
 CROSS_NATIVE_TRIPLE := aarch64-unknown-linux-gnu
+# The aarch64 builds' own target directory: they run beside `make test`'s builds (.ci/run) without
+# waiting on cargo's lock on the host directory, at the cost of building the build scripts and
+# proc macros twice.
+CROSS_TARGET := $(TARGET)/cross
 STAGE := $(TARGET)/stage
 DIST ?= dist
 # Where `make release` pushes (<registry>/serving-picker-*:<tag>); empty: archives only.
@@ -336,6 +339,7 @@ REGISTRY ?=
 build-cross: venv
 	@$(BUILD_ID) $(ZIG_SETUP) || { echo "build-cross needs cargo-zigbuild and zig (pip install ziglang cargo-zigbuild)" >&2; exit 1; }; \
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
+	export CARGO_TARGET_DIR=$(CROSS_TARGET) && \
 	cargo zigbuild --profile companion --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
 	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native
 
@@ -345,9 +349,9 @@ stage: build build-cross
 	rm -rf $(STAGE)
 	mkdir -p $(STAGE)/linux-amd64 $(STAGE)/linux-arm64 $(STAGE)/wasm
 	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
-	cp $(TARGET)/$(CROSS_COMPANION_TRIPLE)/companion/serving-picker-conditions $(STAGE)/linux-arm64/
+	cp $(CROSS_TARGET)/$(CROSS_COMPANION_TRIPLE)/companion/serving-picker-conditions $(STAGE)/linux-arm64/
 	cp $(NATIVE_SO) $(STAGE)/linux-amd64/libserving_picker.so
-	cp $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/libserving_picker.so
+	cp $(CROSS_TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/libserving_picker.so
 	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
 	echo "$(NATIVE_MINORS)" >$(STAGE)/envoy-minors
 

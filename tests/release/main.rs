@@ -216,7 +216,7 @@ fn run() -> Result<Tally, String> {
             ("SERVING_PICKER_WASM", &wasm),
             ("SERVING_PICKER_NATIVE", &amd64_so),
         ],
-        &["companion::chain::seed_rows", "--test-threads", "2"],
+        &["companion::chain::seed_rows", "--test-threads", "4"],
     );
 
     // One build identity: the version and the commit the images' revision
