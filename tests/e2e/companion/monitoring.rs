@@ -711,25 +711,24 @@ fn each_fault_fires_the_alert_that_names_it() {
     while get().is_none() && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Two scrapes with a failed list between them: the source retries with
+    // Two scrapes with a failed list between them, its error series in
+    // both (a counter read once is no increase): the source retries with
     // kube's backoff (0.8 s doubling to 30 s), so a fixed gap can fall
-    // between two attempts; scrape again until the error count has grown.
-    let errors = |body: &Option<String>| -> f64 {
-        let Some(text) = body.as_deref() else {
-            return 0.0;
+    // between two attempts, or before the first; scrape again until one
+    // error series has grown between the two.
+    let grew = |t: &Target| -> bool {
+        let (Some(first), Some(second)) = (&t.first, &t.second) else {
+            return false;
         };
-        samples(text)
-            .0
-            .iter()
-            .filter(|(series, _)| {
-                series.starts_with("serving_picker_conditions_source_errors_total")
-            })
-            .map(|(_, v)| v)
-            .sum()
+        let before = samples(first).0;
+        samples(second).0.iter().any(|(series, v2)| {
+            series.starts_with("serving_picker_conditions_source_errors_total")
+                && before.get(series).is_some_and(|v1| v2 > v1)
+        })
     };
     let mut t = Target::scrape(&[("job", COMPANION_JOB), ("instance", "no-api")], gap, get);
     let waited = Instant::now();
-    while errors(&t.second) <= errors(&t.first) && waited.elapsed() < Duration::from_secs(40) {
+    while !grew(&t) && waited.elapsed() < Duration::from_secs(60) {
         t = Target::scrape(&[("job", COMPANION_JOB), ("instance", "no-api")], gap, get);
     }
     let _ = child.kill();
