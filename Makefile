@@ -329,6 +329,11 @@ CROSS_NATIVE_TRIPLE := aarch64-unknown-linux-gnu
 # waiting on cargo's lock on the host directory, at the cost of building the build scripts and
 # proc macros twice.
 CROSS_TARGET := $(TARGET)/cross
+# Where `make build-cross` leaves them (docs/release.md).
+CROSS_COMPANION_BIN := $(TARGET)/$(CROSS_COMPANION_TRIPLE)/release/serving-picker-conditions
+CROSS_NATIVE_SO := $(TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so
+# Copies $(1) to $(2), renamed into place.
+publish = mkdir -p $(dir $(2)) && cp $(1) $(2).tmp && mv $(2).tmp $(2)
 STAGE := $(TARGET)/stage
 DIST ?= dist
 # Where `make release` pushes (<registry>/serving-picker-*:<tag>); empty: archives only.
@@ -341,7 +346,9 @@ build-cross: venv
 	$(call rust-target,$(CROSS_COMPANION_TRIPLE)) && $(call rust-target,$(CROSS_NATIVE_TRIPLE)) && \
 	export CARGO_TARGET_DIR=$(CROSS_TARGET) && \
 	cargo zigbuild --profile companion --target $(CROSS_COMPANION_TRIPLE) -p serving-picker-conditions && \
-	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native
+	cargo zigbuild --release --target $(CROSS_NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native && \
+	$(call publish,$(CROSS_TARGET)/$(CROSS_COMPANION_TRIPLE)/companion/serving-picker-conditions,$(CROSS_COMPANION_BIN)) && \
+	$(call publish,$(CROSS_TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so,$(CROSS_NATIVE_SO))
 
 # What the images and the release are made of, one directory per platform (scripts/images.sh);
 # ENVOY_MINORS (the tested minors) names the native module's per-minor aliases.
@@ -349,9 +356,9 @@ stage: build build-cross
 	rm -rf $(STAGE)
 	mkdir -p $(STAGE)/linux-amd64 $(STAGE)/linux-arm64 $(STAGE)/wasm
 	cp $(CONDITIONS_BIN) $(STAGE)/linux-amd64/serving-picker-conditions
-	cp $(CROSS_TARGET)/$(CROSS_COMPANION_TRIPLE)/companion/serving-picker-conditions $(STAGE)/linux-arm64/
+	cp $(CROSS_COMPANION_BIN) $(STAGE)/linux-arm64/
 	cp $(NATIVE_SO) $(STAGE)/linux-amd64/libserving_picker.so
-	cp $(CROSS_TARGET)/$(CROSS_NATIVE_TRIPLE)/release/libserving_picker.so $(STAGE)/linux-arm64/libserving_picker.so
+	cp $(CROSS_NATIVE_SO) $(STAGE)/linux-arm64/libserving_picker.so
 	cp $(WASM) $(STAGE)/wasm/serving_picker.wasm
 	echo "$(NATIVE_MINORS)" >$(STAGE)/envoy-minors
 
