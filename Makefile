@@ -39,13 +39,26 @@ export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
+# Every build of the workspace but the shipped ones runs through clippy-driver with -D warnings,
+# as `cargo clippy` runs it: one compile both lints the workspace and builds the tests (`cargo
+# clippy`, then `cargo test`, compiled every dependency twice: checked, then built). Cargo keeps
+# the wrapper in its fingerprints, so every dev and test command here (and the scripts and tests
+# that run cargo) shares that one build; a `cargo test` by hand, without it, compiles the
+# workspace's own crates again. Dependencies are rustc's either way (the wrapper is for
+# workspace members only).
+CLIPPY_DRIVER := $(shell rustup which clippy-driver 2>/dev/null)
+export RUSTC_WORKSPACE_WRAPPER := $(CLIPPY_DRIVER)
+export CLIPPY_ARGS := -Dwarnings
+# rustc itself, without the lints: the shipped artefacts ($(BUILD_ID)) and the benchmarks' crates
+# outside the workspace.
+PLAIN_RUSTC := unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS;
 # The build identity the shipped artefacts carry (serving_picker_core::build_info): the commit,
 # `-dirty` when tracked files have changes (scripts/version.sh commit). Only the commands that
 # build the shipped artefacts get it, as SERVING_PICKER_BUILD_COMMIT at compile time ($(BUILD_ID));
 # rustc records it in those crates' dep-info, so a new commit rebuilds them and nothing else.
 # Tests and scripts read the value to expect in SERVING_PICKER_COMMIT.
 export SERVING_PICKER_COMMIT := $(shell scripts/version.sh commit 2>/dev/null)
-BUILD_ID := export SERVING_PICKER_BUILD_COMMIT=$(SERVING_PICKER_COMMIT);
+BUILD_ID := $(PLAIN_RUSTC) export SERVING_PICKER_BUILD_COMMIT=$(SERVING_PICKER_COMMIT);
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml envoy-sessions-header.yaml $(wildcard examples/*.yaml)
 # Envoy finds the native module (`dynamic_module_config: {name: serving_picker}`) as
@@ -190,7 +203,8 @@ monitoring:
 
 lint:
 	cargo fmt --all --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	@[ -x "$(CLIPPY_DRIVER)" ] || { echo "clippy-driver not found: rustup component add clippy" >&2; exit 1; }
+	cargo test --workspace --all-targets --no-run
 	cargo clippy --target wasm32-wasip1 -p serving-picker-wasm --lib -- -D warnings
 
 # cargo-deny over Cargo.lock (deny.toml): licences, bans and sources; no advisories, whose
@@ -280,8 +294,8 @@ clean:
 # The benchmark is benches/e2e/main.rs (serving-picker-benches), with the e2e harness.
 bench-e2e: build envoy
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
-	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
-	cargo build --release --manifest-path benches/latency-client/Cargo.toml
+	$(PLAIN_RUSTC) cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
+	$(PLAIN_RUSTC) cargo build --release --manifest-path benches/latency-client/Cargo.toml
 	cargo run -q -p serving-picker-benches --bin bench-e2e
 
 # The picture on the README: the one-replica rolling update under load through plain Envoy
