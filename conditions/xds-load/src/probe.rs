@@ -3,14 +3,43 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A loopback port free at this moment (0 when none can be had).
+/// Where [`free_port`] takes its ports: below Linux's ephemeral range
+/// (32768-60999), where every outgoing connection of every test running
+/// beside this one takes its local port and could take a port between the
+/// check here and the child's bind; and below the harness's ports for Envoy
+/// (30000-39999, tests/support/ports.rs).
+const PORTS: std::ops::RangeInclusive<u16> = 20000..=29999;
+
+/// The next port [`free_port`] tries in this process.
+static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+
+/// A loopback port free at this moment (0 when none can be had), for a
+/// process this one starts to bind: taken in turn from a start that is
+/// random per process, so that tests running side by side rarely try the
+/// same one.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    let (low, high) = (*PORTS.start(), *PORTS.end());
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut port = next.unwrap_or_else(|| {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::from(d.subsec_nanos()) ^ d.as_secs())
+            .unwrap_or(0)
+            ^ u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        low + (seed.wrapping_mul(6_364_136_223_846_793_005) >> 33) as u16 % (high - low + 1)
+    });
+    for _ in PORTS {
+        let candidate = port;
+        port = if port >= high { low } else { port + 1 };
+        if TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
+            *next = Some(port);
+            return candidate;
+        }
+    }
+    0
 }
 
 /// `GET path` (HTTP/1.1, Connection: close): the whole answer, status
@@ -89,5 +118,12 @@ mod tests {
         assert_eq!(status_mb(std::process::id(), "NoSuchField"), 0.0);
         let (user, system) = cpu_split("self");
         assert!(user >= 0.0 && system >= 0.0);
+    }
+
+    #[test]
+    fn ports_come_in_turn_from_below_the_ephemeral_range() {
+        let (a, b) = (free_port(), free_port());
+        assert!(PORTS.contains(&a) && PORTS.contains(&b), "{a} {b}");
+        assert_ne!(a, b);
     }
 }
