@@ -41,7 +41,7 @@ export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
 # Every build of the workspace but the shipped ones runs through clippy-driver with -D warnings,
 # as `cargo clippy` runs it: one compile both lints the workspace and builds the tests (`cargo
-# clippy`, then `cargo test`, compiled every dependency twice: checked, then built). Cargo keeps
+# clippy`, then `cargo test`, compiles every dependency twice: checked, then built). Cargo keeps
 # the wrapper in its fingerprints, so every dev and test command here (and the scripts and tests
 # that run cargo) shares that one build; a `cargo test` by hand, without it, compiles the
 # workspace's own crates again. Dependencies are rustc's either way (the wrapper is for
