@@ -15,6 +15,7 @@ pub mod build_info;
 pub mod config;
 pub mod contract;
 pub mod counters;
+pub mod drain;
 pub mod health;
 pub mod host;
 pub mod picker;
