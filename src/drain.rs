@@ -317,7 +317,10 @@ mod tests {
         all.sort();
         assert_eq!(all, vec![1, 2]);
         assert!(b.due(u64::MAX, window, |_, _| None).is_empty());
-        assert!(b.due(u64::MAX, |_| None, since).is_empty(), "not configured");
+        assert!(
+            b.due(u64::MAX, |_| None, since).is_empty(),
+            "not configured"
+        );
         let next = b.next_deadline(window, since).unwrap();
         assert!((2_000..11_000).contains(&next));
     }
