@@ -219,6 +219,10 @@ fn a_flood_of_stuck_streams_holds_at_most_one_response_each() {
             "4096",
             "--max-connections",
             "4096",
+            "--max-connections-per-peer",
+            "4096",
+            "--max-streams-per-peer",
+            "4096",
         ],
     );
     let healthy = spawn_subscriber(&rt, c.grpc, "healthy");
@@ -372,6 +376,9 @@ fn the_next_stream_or_connection_over_a_limit_is_refused_with_resource_exhausted
             "5",
             "--max-connections",
             "3",
+            // The third connection stays without a call to the end.
+            "--preface-timeout",
+            "10m",
         ],
     );
     let wait = |r: &Arc<Received>| {

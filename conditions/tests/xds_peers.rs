@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serving_picker_xds_load::probe::{self, free_port};
-use serving_picker_xds_load::{connect_from, subscribe, Connection, Received, Subscription};
+use serving_picker_xds_load::{
+    connect_from, raise_fd_limit, subscribe, Connection, Received, Subscription,
+};
 
 const SERVICE: &str = "big";
 const CLUSTER: &str = "big";
@@ -202,34 +204,23 @@ async fn headers_only(conn: &Connection) -> Result<Held, String> {
     Ok(Box::new((send, resp.into_body())))
 }
 
-/// 8 connections x 32 ADS streams from one address that send HEADERS and
-/// never a request: the peer holds `--max-streams-per-peer` of them (the
-/// rest refused naming the flag), a client on another address is served,
-/// and `--first-request-timeout` ends the held ones.
+/// 16 connections x 128 ADS streams from one address that send HEADERS and
+/// never a request, at the shipped limits (all 2,048 `--max-streams`): the
+/// peer holds `--max-streams-per-peer` (512) of them, the rest refused
+/// naming the flag; a client on another address is served; and
+/// `--first-request-timeout` ends the held ones.
 #[test]
 fn a_flood_of_streams_without_a_request_holds_only_its_peers_share() {
     let rt = runtime();
-    let c = Companion::start(
-        "streams",
-        &[
-            "--max-streams",
-            "256",
-            "--max-streams-per-peer",
-            "64",
-            "--max-streams-per-connection",
-            "32",
-            "--first-request-timeout",
-            "3s",
-        ],
-    );
+    let c = Companion::start("streams", &["--first-request-timeout", "3s"]);
     let mut held: Vec<Held> = Vec::new();
     let mut refused = Vec::new();
     let mut conns = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..16 {
         let conn = rt
             .block_on(Connection::open_from(attacker(), c.grpc, None))
             .unwrap();
-        for _ in 0..32 {
+        for _ in 0..128 {
             match rt.block_on(headers_only(&conn)) {
                 Ok(h) => held.push(h),
                 Err(m) => refused.push(m),
@@ -237,69 +228,70 @@ fn a_flood_of_streams_without_a_request_holds_only_its_peers_share() {
         }
         conns.push(conn);
     }
-    assert_eq!(held.len(), 64, "{refused:?}");
-    assert_eq!(refused.len(), 192);
+    assert_eq!(held.len(), 512, "{:?}", refused.first());
+    assert_eq!(refused.len(), 1536);
     assert!(
         refused.iter().all(|m| m.contains("--max-streams-per-peer")),
         "{:?}",
         refused.first()
     );
-    // Without the peer's share the attacker would hold all 256 streams.
+    // Without the peer's share the attacker would hold all 2,048 streams.
     let (good, _) = spawn_subscriber(&rt, c.grpc, &[CLUSTER]);
     wait_served(&good);
-    assert_eq!(c.peer_hits("max-streams-per-peer"), 192.0);
+    assert_eq!(c.peer_hits("max-streams-per-peer"), 1536.0);
     // The held streams never send a request: ended by the deadline.
     wait_until("the held streams to end", || {
         c.metric("serving_picker_conditions_xds_streams") == 1.0
     });
-    assert_eq!(c.peer_hits("first-request-timeout"), 64.0);
+    assert_eq!(c.peer_hits("first-request-timeout"), 512.0);
     assert!(good.ended().is_none(), "{:?}", good.ended());
     assert_eq!(
         c.metric("serving_picker_conditions_limit{limit=\"max-streams-per-peer\"}"),
-        64.0
+        512.0
     );
     drop(held);
 }
 
-/// 40 connections from one address that send nothing and 40 that send
-/// the HTTP/2 preface and no stream: the peer holds
-/// `--max-connections-per-peer` of them, a client on another address is
-/// served, and `--preface-timeout` closes the held ones.
+/// 1,024 connections from one address that send nothing and 100 that send
+/// the HTTP/2 preface and no stream, at the shipped limits (enough for all
+/// of `--max-connections`): the peer holds `--max-connections-per-peer`
+/// (64) of them, a client on another address is served, and
+/// `--preface-timeout` closes the held ones.
 #[test]
 fn connections_that_never_call_hold_only_their_peers_share_until_the_preface_timeout() {
     let rt = runtime();
-    let c = Companion::start(
-        "conns",
-        &[
-            "--max-connections",
-            "48",
-            "--max-connections-per-peer",
-            "16",
-            "--preface-timeout",
-            "3s",
-        ],
+    assert!(
+        raise_fd_limit() >= 2500,
+        "ulimit -n too low for 1,124 sockets"
     );
+    // Long enough for the sockets to open before the first are closed.
+    let c = Companion::start("conns", &["--preface-timeout", "20s"]);
     let mut silent = Vec::new();
     let mut preface_only = Vec::new();
-    for _ in 0..40 {
+    for i in 0..1024 {
         silent.push(rt.block_on(connect_from(attacker(), c.grpc)).unwrap());
-        if let Ok(conn) = rt.block_on(Connection::open_from(attacker(), c.grpc, None)) {
-            preface_only.push(conn);
+        if i % 10 == 0 {
+            if let Ok(conn) = rt.block_on(Connection::open_from(attacker(), c.grpc, None)) {
+                preface_only.push(conn);
+            }
         }
     }
-    wait_until("the peer's connections to be counted", || {
-        c.metric("serving_picker_conditions_grpc_connections") == 16.0
+    let over = (silent.len() + preface_only.len() - 64) as f64;
+    wait_until("every socket to be accepted", || {
+        c.peer_hits("max-connections-per-peer") == over
     });
-    assert!(c.peer_hits("max-connections-per-peer") >= 60.0);
-    // Without the peer's share the attacker would hold all 48.
+    assert_eq!(c.metric("serving_picker_conditions_grpc_connections"), 64.0);
+    // Without the peer's share the attacker would hold all 1,024.
     let (good, _) = spawn_subscriber(&rt, c.grpc, &[CLUSTER]);
     wait_served(&good);
     wait_until("the silent connections to be closed", || {
         c.metric("serving_picker_conditions_grpc_connections") == 1.0
     });
-    assert_eq!(c.peer_hits("preface-timeout"), 16.0);
+    assert_eq!(c.peer_hits("preface-timeout"), 64.0);
     assert!(good.ended().is_none(), "{:?}", good.ended());
-    assert!(preface_only.iter().all(|p| p.is_closed()));
+    wait_until("the preface-only clients to see their close", || {
+        preface_only.iter().all(|p| p.is_closed())
+    });
     drop(silent);
 }
 
