@@ -98,6 +98,17 @@ impl Companion {
         probe::metric(&self.get("/metrics"), name)
     }
 
+    /// The companion's peak RSS so far, printed, and bounded by the 200 MiB
+    /// an attack must leave it under (the shipped pod limit is 256 MiB).
+    fn peak_rss_within_bounds(&self, attack: &str) {
+        let peak = probe::status_mb(self.child.id(), "VmHWM");
+        eprintln!("{attack}: companion peak RSS {peak:.1} MB (debug build)");
+        assert!(
+            peak > 0.0 && peak < 200.0,
+            "{attack}: peak RSS {peak:.1} MB"
+        );
+    }
+
     /// `peer_limit_hits_total` of `flag` for peers of class `address`.
     fn peer_hits(&self, flag: &str) -> f64 {
         self.metric(&format!(
@@ -244,6 +255,7 @@ fn a_flood_of_streams_without_a_request_holds_only_its_peers_share() {
         c.metric("serving_picker_conditions_xds_streams") == 1.0
     });
     assert_eq!(c.peer_hits("first-request-timeout"), 512.0);
+    c.peak_rss_within_bounds("2,048 streams without a request");
     assert!(good.ended().is_none(), "{:?}", good.ended());
     assert_eq!(
         c.metric("serving_picker_conditions_limit{limit=\"max-streams-per-peer\"}"),
@@ -288,6 +300,7 @@ fn connections_that_never_call_hold_only_their_peers_share_until_the_preface_tim
         c.metric("serving_picker_conditions_grpc_connections") == 1.0
     });
     assert_eq!(c.peer_hits("preface-timeout"), 64.0);
+    c.peak_rss_within_bounds("1,124 connections without a call");
     assert!(good.ended().is_none(), "{:?}", good.ended());
     wait_until("the preface-only clients to see their close", || {
         preface_only.iter().all(|p| p.is_closed())
@@ -352,6 +365,7 @@ fn half_sent_requests_hold_only_their_peers_share_until_the_receive_timeout() {
     // counted) at once: at least those four time out.
     assert!(c.peer_hits("request-receive-timeout") >= 4.0);
     assert!(c.peer_hits("request-buffer-bytes-per-peer") >= 1.0);
+    c.peak_rss_within_bounds("20 half-sent 1 MB requests");
     assert!(good.ended().is_none(), "{:?}", good.ended());
     drop(held);
 }
