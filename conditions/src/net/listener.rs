@@ -364,15 +364,21 @@ impl Connections {
             }
             self.metrics.set_pending_handshakes(pending.len());
         }
-        let share = self
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_insert_with(|| Arc::new(PeerShare::new(key)))
-            .clone();
-        if share.connections.fetch_add(1, Ordering::SeqCst) >= self.per_peer {
-            share.connections.fetch_sub(1, Ordering::SeqCst);
+        // Counted under the lock that forgets a share with its last
+        // connection, so that a share is never counted once forgotten.
+        let (share, over_share) = {
+            let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+            let share = peers
+                .entry(key)
+                .or_insert_with(|| Arc::new(PeerShare::new(key)))
+                .clone();
+            let over = share.connections.load(Ordering::SeqCst) >= self.per_peer;
+            if !over {
+                share.connections.fetch_add(1, Ordering::SeqCst);
+            }
+            (share, over)
+        };
+        if over_share {
             conn.over_peer_share.store(true, Ordering::SeqCst);
             self.metrics
                 .peer_limit_hit(names::MAX_CONNECTIONS_PER_PEER, key.class());
@@ -427,10 +433,14 @@ impl Connections {
     fn spawn_deadlines(&self, conn: &Arc<Conn>) {
         let weak = Arc::downgrade(conn);
         let metrics = self.metrics.clone();
-        let preface_due = conn.accepted + self.preface_timeout;
-        let age_due = conn.accepted + self.max_age;
-        let grace_due = age_due + self.age_grace;
+        // A duration too long to add is no deadline.
+        let preface_due = conn.accepted.checked_add(self.preface_timeout);
+        let age_due = conn.accepted.checked_add(self.max_age);
+        let grace_due = age_due.and_then(|a| a.checked_add(self.age_grace));
         tokio::spawn(async move {
+            let Some(preface_due) = preface_due else {
+                return;
+            };
             tokio::time::sleep_until(preface_due).await;
             let Some(c) = weak.upgrade() else { return };
             if !c.called.load(Ordering::SeqCst) && !c.is_closed() {
@@ -443,6 +453,9 @@ impl Connections {
                 return;
             }
             drop(c);
+            let (Some(age_due), Some(grace_due)) = (age_due, grace_due) else {
+                return;
+            };
             tokio::time::sleep_until(age_due).await;
             let Some(c) = weak.upgrade() else { return };
             if c.is_closed() {

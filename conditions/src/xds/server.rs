@@ -478,10 +478,9 @@ impl RequestReader {
                 .and_then(|c| c.share())
                 .map(|s| s.request_budget(core.limits.request_buffer_bytes_per_peer)),
             peer_held: None,
-            due: Some((
-                tokio::time::Instant::now() + core.limits.first_request_timeout,
-                limit::FIRST_REQUEST_TIMEOUT,
-            )),
+            due: tokio::time::Instant::now()
+                .checked_add(core.limits.first_request_timeout)
+                .map(|at| (at, limit::FIRST_REQUEST_TIMEOUT)),
             receive_timeout: core.limits.request_receive_timeout,
         }
     }
@@ -510,7 +509,9 @@ impl RequestReader {
                     // names at once), reading nothing meanwhile: the
                     // stream's 64 KiB window holds the client back. The
                     // peer's share first, so that one peer waits on itself.
-                    let until = tokio::time::Instant::now() + REQUEST_BUFFER_WAIT;
+                    let until = tokio::time::Instant::now()
+                        .checked_add(REQUEST_BUFFER_WAIT)
+                        .unwrap_or_else(tokio::time::Instant::now);
                     if let Some(share) = &self.peer_budget {
                         let wait = share.clone().acquire_many_owned(n);
                         match tokio::time::timeout_at(until, wait).await {
@@ -537,11 +538,11 @@ impl RequestReader {
                 };
             }
             if self.due.is_none() && !self.buf.is_empty() {
-                // A message begun: it is due whole within --request-receive-timeout.
-                self.due = Some((
-                    tokio::time::Instant::now() + self.receive_timeout,
-                    limit::REQUEST_RECEIVE_TIMEOUT,
-                ));
+                // A message begun: it is due whole within --request-receive-timeout
+                // (a duration too long to add is no deadline).
+                self.due = tokio::time::Instant::now()
+                    .checked_add(self.receive_timeout)
+                    .map(|at| (at, limit::REQUEST_RECEIVE_TIMEOUT));
             }
             let frame = match self.due {
                 Some((at, which)) => tokio::time::timeout_at(at, self.body.frame())
