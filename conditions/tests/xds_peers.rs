@@ -23,6 +23,9 @@ use serving_picker_xds_load::{
     connect_from, raise_fd_limit, subscribe, Connection, Received, Subscription,
 };
 
+#[path = "../../tests/support/pki.rs"]
+mod pki;
+
 const SERVICE: &str = "big";
 const CLUSTER: &str = "big";
 
@@ -461,4 +464,74 @@ fn a_client_that_keeps_connecting_to_the_metrics_port_cuts_only_itself() {
         0.0
     );
     drop(flood);
+}
+
+/// Under mutual TLS a peer is a client certificate on an address: its
+/// connections beyond `--max-connections-per-peer` are refused and counted
+/// with `peer_class="mtls"`, and another certificate on the same address
+/// has a share of its own.
+#[test]
+fn a_client_certificate_on_an_address_is_a_peer_of_class_mtls() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let rt = runtime();
+    let ca = pki::Ca::new("peers CA");
+    let server = ca.server(&["localhost"]);
+    let envoy = ca.client(&["spiffe://cluster.local/ns/default/sa/envoy"]);
+    let other = ca.client(&["spiffe://cluster.local/ns/default/sa/other"]);
+    let tls = std::env::temp_dir().join(format!("spc-peers-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&tls).unwrap();
+    for (name, pem) in [
+        ("tls.crt", &server.cert_pem),
+        ("tls.key", &server.key_pem),
+        ("ca.crt", &ca.pem),
+    ] {
+        std::fs::write(tls.join(name), pem).unwrap();
+    }
+    let path = |name: &str| tls.join(name).display().to_string();
+    let c = Companion::start(
+        "mtls",
+        &[
+            "--tls-cert",
+            &path("tls.crt"),
+            "--tls-key",
+            &path("tls.key"),
+            "--client-ca",
+            &path("ca.crt"),
+            "--max-connections-per-peer",
+            "2",
+            "--preface-timeout",
+            "10m",
+        ],
+    );
+    let endpoint = |leaf: &pki::Leaf| {
+        Endpoint::from_shared(format!("https://{}", c.grpc))
+            .unwrap()
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(&ca.pem))
+                    .domain_name("localhost")
+                    .identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem)),
+            )
+            .unwrap()
+    };
+    let mut channels = Vec::new();
+    for _ in 0..3 {
+        channels.push(rt.block_on(endpoint(&envoy).connect()).unwrap());
+    }
+    let hits = "serving_picker_conditions_peer_limit_hits_total{limit=\"max-connections-per-peer\",peer_class=\"mtls\"}";
+    wait_until(
+        "the third connection of the certificate to be refused",
+        || c.metric(hits) == 1.0,
+    );
+    // Another certificate on the same address: a share of its own.
+    for _ in 0..2 {
+        channels.push(rt.block_on(endpoint(&other).connect()).unwrap());
+    }
+    wait_until("4 connections", || {
+        c.metric("serving_picker_conditions_grpc_connections") == 4.0
+    });
+    assert_eq!(c.metric(hits), 1.0);
+    assert_eq!(c.peer_hits("max-connections-per-peer"), 0.0);
+    drop(channels);
+    let _ = std::fs::remove_dir_all(&tls);
 }
