@@ -103,7 +103,7 @@ pub struct PeerShare {
     /// Its xDS streams open (`--max-streams-per-peer`).
     pub streams: AtomicUsize,
     /// Its share of the request buffer (`--request-buffer-bytes-per-peer`),
-    /// made by the xDS server on its first large message.
+    /// made by the xDS server when the peer's first stream opens.
     request_budget: OnceLock<Arc<Semaphore>>,
 }
 
