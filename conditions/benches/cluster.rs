@@ -120,6 +120,10 @@ fn main() {
             "4096",
             "--max-connections",
             "4096",
+            "--max-connections-per-peer",
+            "4096",
+            "--max-streams-per-peer",
+            "4096",
         ],
         "warn",
     );

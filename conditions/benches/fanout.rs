@@ -248,6 +248,10 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         Err(_) => [
             "--max-connections",
             "4096",
+            "--max-connections-per-peer",
+            "4096",
+            "--max-streams-per-peer",
+            "4096",
             "--max-streams",
             "4096",
             "--send-timeout",

@@ -14,6 +14,23 @@ pub struct GrpcLimits {
     /// RESOURCE_EXHAUSTED on every call, then closed.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_connections: usize,
+    /// gRPC connections open at once from one peer (one address, and under
+    /// mutual TLS one client certificate on it); a connection over it is
+    /// refused as one over `--max-connections`.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_connections_per_peer: usize,
+    /// A gRPC connection whose first call (the HTTP/2 preface, then a
+    /// stream) has not come within this of its accept is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub preface_timeout: Duration,
+    /// A gRPC connection open this long is told to go (HTTP/2 GOAWAY): its
+    /// client opens a new one, with the certificates and CA now in force.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Duration,
+    /// A connection still open this long after `--max-connection-age` (a
+    /// stream that never ends) is closed.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub max_connection_age_grace: Duration,
     /// gRPC connections whose TLS handshake is not done yet, at once. They
     /// hold no `--max-connections` slot; when this is full, the oldest one
     /// is dropped to admit a new one, so sockets that never finish a
@@ -40,6 +57,10 @@ impl Default for GrpcLimits {
     fn default() -> Self {
         GrpcLimits {
             max_connections: 1024,
+            max_connections_per_peer: 64,
+            preface_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(3600),
+            max_connection_age_grace: Duration::from_secs(300),
             max_pending_handshakes: 256,
             handshake_timeout: Duration::from_secs(5),
             max_streams_per_connection: 128,
@@ -56,6 +77,20 @@ pub struct XdsLimits {
     /// refused with RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "N", default_value_t = 2048)]
     pub max_streams: usize,
+    /// xDS streams open at once from one peer (one address, and under
+    /// mutual TLS one client certificate on it); the next one is refused
+    /// with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_streams_per_peer: usize,
+    /// A stream whose first request has not come within this of its
+    /// opening ends with DEADLINE_EXCEEDED.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub first_request_timeout: Duration,
+    /// A request message begun and not complete within this ends its
+    /// stream with DEADLINE_EXCEEDED (and frees what it held of
+    /// `--request-buffer-bytes`).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_receive_timeout: Duration,
     /// Resource names in one xDS request (and subscribed on one delta
     /// stream); a request with more ends its stream with
     /// RESOURCE_EXHAUSTED. The default lets one Envoy subscribe to every
@@ -78,6 +113,11 @@ pub struct XdsLimits {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     pub request_buffer_bytes: usize,
+    /// The share of `--request-buffer-bytes` that the streams of one peer
+    /// may hold at once; a message that does not fit ends its stream with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    pub request_buffer_bytes_per_peer: usize,
     /// Largest xDS response message: assignments that do not fit together
     /// go in further responses; one that alone is larger is not sent.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
@@ -107,6 +147,12 @@ impl XdsLimits {
                 self.max_request_bytes, self.request_buffer_bytes
             ));
         }
+        if self.max_request_bytes > FREE_REQUEST_BYTES + self.request_buffer_bytes_per_peer {
+            return Err(format!(
+                "--max-request-bytes {} cannot fit in --request-buffer-bytes-per-peer {} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)",
+                self.max_request_bytes, self.request_buffer_bytes_per_peer
+            ));
+        }
         Ok(())
     }
 }
@@ -115,10 +161,14 @@ impl Default for XdsLimits {
     fn default() -> Self {
         XdsLimits {
             max_streams: 2048,
+            max_streams_per_peer: 512,
+            first_request_timeout: Duration::from_secs(10),
+            request_receive_timeout: Duration::from_secs(10),
             max_resource_names: 16384,
             max_subscriptions: 1 << 19,
             max_request_bytes: 1 << 20,
             request_buffer_bytes: 16 << 20,
+            request_buffer_bytes_per_peer: 4 << 20,
             max_response_bytes: 16 << 20,
             send_timeout: Duration::from_secs(30),
         }
@@ -129,9 +179,15 @@ impl Default for XdsLimits {
 #[derive(clap::Args, Debug, Clone)]
 pub struct HttpLimits {
     /// Connections open at once on the metrics port; a new one over it
-    /// closes the oldest (so probes always get in).
+    /// closes the oldest connection of the address that holds the most (so
+    /// probes always get in, and a scrape in flight is kept).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub metrics_max_connections: usize,
+    /// Connections open at once on the metrics port from one address; a
+    /// new one over it closes that address's own oldest, so a client that
+    /// keeps connecting cuts only itself.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub metrics_max_connections_per_peer: usize,
     /// A request's headers must arrive within this (idle keep-alive
     /// connections included).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -142,6 +198,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             metrics_max_connections: 64,
+            metrics_max_connections_per_peer: 8,
             metrics_header_timeout: Duration::from_secs(5),
         }
     }
@@ -187,6 +244,24 @@ pub mod names {
     pub const METRICS_MAX_CONNECTIONS: &str = "metrics-max-connections";
     /// `--metrics-header-timeout`: the time a metrics request's headers may take.
     pub const METRICS_HEADER_TIMEOUT: &str = "metrics-header-timeout";
+    /// `--max-connections-per-peer`: gRPC connections open from one peer.
+    pub const MAX_CONNECTIONS_PER_PEER: &str = "max-connections-per-peer";
+    /// `--preface-timeout`: the time from accept to a connection's first call.
+    pub const PREFACE_TIMEOUT: &str = "preface-timeout";
+    /// `--max-connection-age`: how long a gRPC connection is kept before GOAWAY.
+    pub const MAX_CONNECTION_AGE: &str = "max-connection-age";
+    /// `--max-connection-age-grace`: how long a connection may outlive its GOAWAY.
+    pub const MAX_CONNECTION_AGE_GRACE: &str = "max-connection-age-grace";
+    /// `--max-streams-per-peer`: xDS streams open from one peer.
+    pub const MAX_STREAMS_PER_PEER: &str = "max-streams-per-peer";
+    /// `--first-request-timeout`: the time from a stream's opening to its first request.
+    pub const FIRST_REQUEST_TIMEOUT: &str = "first-request-timeout";
+    /// `--request-receive-timeout`: the time a begun request message may take to arrive.
+    pub const REQUEST_RECEIVE_TIMEOUT: &str = "request-receive-timeout";
+    /// `--request-buffer-bytes-per-peer`: one peer's share of `--request-buffer-bytes`.
+    pub const REQUEST_BUFFER_BYTES_PER_PEER: &str = "request-buffer-bytes-per-peer";
+    /// `--metrics-max-connections-per-peer`: metrics port connections from one address.
+    pub const METRICS_MAX_CONNECTIONS_PER_PEER: &str = "metrics-max-connections-per-peer";
 }
 
 #[cfg(test)]

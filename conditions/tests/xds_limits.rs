@@ -219,6 +219,10 @@ fn a_flood_of_stuck_streams_holds_at_most_one_response_each() {
             "4096",
             "--max-connections",
             "4096",
+            "--max-connections-per-peer",
+            "4096",
+            "--max-streams-per-peer",
+            "4096",
         ],
     );
     let healthy = spawn_subscriber(&rt, c.grpc, "healthy");
@@ -372,6 +376,9 @@ fn the_next_stream_or_connection_over_a_limit_is_refused_with_resource_exhausted
             "5",
             "--max-connections",
             "3",
+            // The third connection stays without a call to the end.
+            "--preface-timeout",
+            "10m",
         ],
     );
     let wait = |r: &Arc<Received>| {
@@ -603,7 +610,8 @@ fn unknown_names_grow_neither_memory_nor_the_log() {
 }
 
 /// 200 connections that send half a request's headers: past
-/// --metrics-max-connections the oldest is closed, so /healthz, /readyz and
+/// --metrics-max-connections-per-peer (or --metrics-max-connections) the
+/// oldest is closed, so /healthz, /readyz and
 /// /metrics keep answering; after --metrics-header-timeout the rest go.
 #[test]
 fn the_metrics_port_drops_half_sent_requests_and_keeps_answering_probes() {
@@ -643,8 +651,13 @@ fn the_metrics_port_drops_half_sent_requests_and_keeps_answering_probes() {
         };
         assert!(closed, "a half-sent request is dropped");
     }
+    // One address: past its share its own oldest goes (the port's cap
+    // is not reached).
     assert!(
         c.metric("serving_picker_conditions_limit_hits_total{limit=\"metrics-max-connections\"}")
+            + c.metric(
+                "serving_picker_conditions_limit_hits_total{limit=\"metrics-max-connections-per-peer\"}"
+            )
             >= 150.0
     );
     assert!(

@@ -20,13 +20,22 @@
 //! new one. Sockets that never finish a handshake therefore cannot lock out
 //! a client that does: a good client's handshake takes milliseconds, so it
 //! is established long before it could become the oldest.
+//!
+//! Each established connection belongs to a *peer* ([`PeerKey`]: its
+//! address, and under mutual TLS the client certificate it showed), which
+//! has a bounded share of the connections (`--max-connections-per-peer`)
+//! and, through [`PeerShare`], of the xDS streams and request bytes. A
+//! connection whose first call has not come within `--preface-timeout` of
+//! its accept is closed, and one still open `--max-connection-age-grace`
+//! after the GOAWAY of `--max-connection-age` is closed too.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -34,6 +43,8 @@ use futures::task::AtomicWaker;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::Status;
 
@@ -48,6 +59,71 @@ const REFUSE_FOR: Duration = Duration::from_secs(1);
 
 static REFUSED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
 static DISPLACED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static DEADLINE_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+
+/// Who a connection is, for the per-peer shares: its address, and under
+/// mutual TLS the client certificate it showed (a keyed hash of it, never
+/// the certificate). A fleet of Envoys may share one certificate, so the
+/// address is always part of the key: one certificate alone would put a
+/// whole fleet in one share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerKey {
+    ip: IpAddr,
+    identity: Option<u64>,
+}
+
+impl PeerKey {
+    /// The key of a connection from `ip` that showed `certificate` (DER;
+    /// `None`: no client certificate).
+    pub fn new(ip: IpAddr, certificate: Option<&[u8]>) -> PeerKey {
+        static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+        PeerKey {
+            ip,
+            identity: certificate.map(|der| KEYS.get_or_init(Default::default).hash_one(der)),
+        }
+    }
+
+    /// The label of its class in metrics (`peer_class`): `mtls` or `address`.
+    pub fn class(&self) -> &'static str {
+        if self.identity.is_some() {
+            "mtls"
+        } else {
+            "address"
+        }
+    }
+}
+
+/// What one peer holds, over its connections.
+#[derive(Debug)]
+pub struct PeerShare {
+    /// Whose share.
+    pub key: PeerKey,
+    /// Its connections that hold a `--max-connections` slot.
+    connections: AtomicUsize,
+    /// Its xDS streams open (`--max-streams-per-peer`).
+    pub streams: AtomicUsize,
+    /// Its share of the request buffer (`--request-buffer-bytes-per-peer`),
+    /// made by the xDS server when the peer's first stream opens.
+    request_budget: OnceLock<Arc<Semaphore>>,
+}
+
+impl PeerShare {
+    fn new(key: PeerKey) -> PeerShare {
+        PeerShare {
+            key,
+            connections: AtomicUsize::new(0),
+            streams: AtomicUsize::new(0),
+            request_budget: OnceLock::new(),
+        }
+    }
+
+    /// Its request budget, of `bytes` when it is made.
+    pub fn request_budget(&self, bytes: usize) -> Arc<Semaphore> {
+        self.request_budget
+            .get_or_init(|| Arc::new(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS))))
+            .clone()
+    }
+}
 
 /// Where a connection is counted (`Conn::slot`).
 const PENDING: u8 = 0;
@@ -62,6 +138,15 @@ pub struct Conn {
     pub peer: SocketAddr,
     /// Accepted in this order (the oldest pending one is dropped first).
     seq: u64,
+    /// When it was accepted (`--preface-timeout` runs from it).
+    accepted: Instant,
+    /// A call came on it (`--preface-timeout` is met).
+    called: AtomicBool,
+    /// Its peer's share, once established.
+    share: OnceLock<Arc<PeerShare>>,
+    /// Refused over its peer's share (`--max-connections-per-peer`), not
+    /// over `--max-connections`.
+    over_peer_share: AtomicBool,
     /// PENDING, OPEN, REFUSING or UNCOUNTED.
     slot: AtomicU8,
     /// xDS streams open on it.
@@ -76,6 +161,10 @@ impl Conn {
         Conn {
             peer,
             seq,
+            accepted: Instant::now(),
+            called: AtomicBool::new(false),
+            share: OnceLock::new(),
+            over_peer_share: AtomicBool::new(false),
             slot: AtomicU8::new(PENDING),
             streams: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -101,6 +190,16 @@ impl Conn {
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
+
+    /// A call came on it: `--preface-timeout` is met.
+    pub fn called(&self) {
+        self.called.store(true, Ordering::SeqCst);
+    }
+
+    /// Its peer's share (`None` before it is established, or refused).
+    pub fn share(&self) -> Option<&Arc<PeerShare>> {
+        self.share.get()
+    }
 }
 
 /// The open connections of one gRPC listener.
@@ -108,6 +207,12 @@ pub struct Connections {
     max: usize,
     max_pending: usize,
     per_connection: usize,
+    per_peer: usize,
+    preface_timeout: Duration,
+    max_age: Duration,
+    age_grace: Duration,
+    /// Each peer's share, while it has a connection.
+    peers: Mutex<HashMap<PeerKey, Arc<PeerShare>>>,
     open: AtomicUsize,
     refusing: AtomicUsize,
     next_seq: AtomicU64,
@@ -133,10 +238,31 @@ impl Connections {
             names::MAX_STREAMS_PER_CONNECTION,
             i64::from(limits.max_streams_per_connection),
         );
+        metrics.set_limit(
+            names::MAX_CONNECTIONS_PER_PEER,
+            limits.max_connections_per_peer as i64,
+        );
+        metrics.set_limit(
+            names::PREFACE_TIMEOUT,
+            limits.preface_timeout.as_secs() as i64,
+        );
+        metrics.set_limit(
+            names::MAX_CONNECTION_AGE,
+            limits.max_connection_age.as_secs() as i64,
+        );
+        metrics.set_limit(
+            names::MAX_CONNECTION_AGE_GRACE,
+            limits.max_connection_age_grace.as_secs() as i64,
+        );
         Arc::new(Connections {
             max: limits.max_connections,
             max_pending: limits.max_pending_handshakes.max(1),
             per_connection: limits.max_streams_per_connection as usize,
+            per_peer: limits.max_connections_per_peer.max(1),
+            preface_timeout: limits.preface_timeout,
+            max_age: limits.max_connection_age,
+            age_grace: limits.max_connection_age_grace,
+            peers: Mutex::new(HashMap::new()),
             open: AtomicUsize::new(0),
             refusing: AtomicUsize::new(0),
             next_seq: AtomicU64::new(0),
@@ -154,6 +280,11 @@ impl Connections {
     /// Connections open (over-cap ones being refused not counted).
     pub fn open(&self) -> usize {
         self.open.load(Ordering::SeqCst)
+    }
+
+    /// A per-peer share or deadline was hit by a peer of this class.
+    pub fn peer_limit_hit(&self, name: &'static str, peer_class: &'static str) {
+        self.metrics.peer_limit_hit(name, peer_class);
     }
 
     /// The connection a request came on.
@@ -224,7 +355,7 @@ impl Connections {
     /// The handshake of `conn` is done: it takes a `--max-connections`
     /// slot, or is refused over the cap (answered RESOURCE_EXHAUSTED for a
     /// moment, then closed; closed at once past a few of those).
-    fn establish(&self, conn: &Arc<Conn>) {
+    fn establish(&self, conn: &Arc<Conn>, key: PeerKey) {
         {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             if pending.remove(&conn.seq).is_none() {
@@ -233,16 +364,42 @@ impl Connections {
             }
             self.metrics.set_pending_handshakes(pending.len());
         }
-        if self.open.fetch_add(1, Ordering::SeqCst) < self.max {
+        // Counted under the lock that forgets a share with its last
+        // connection, so that a share is never counted once forgotten.
+        let (share, over_share) = {
+            let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+            let share = peers
+                .entry(key)
+                .or_insert_with(|| Arc::new(PeerShare::new(key)))
+                .clone();
+            let over = share.connections.load(Ordering::SeqCst) >= self.per_peer;
+            if !over {
+                share.connections.fetch_add(1, Ordering::SeqCst);
+            }
+            (share, over)
+        };
+        if over_share {
+            conn.over_peer_share.store(true, Ordering::SeqCst);
+            self.metrics
+                .peer_limit_hit(names::MAX_CONNECTIONS_PER_PEER, key.class());
+            self.metrics.xds_refused(names::MAX_CONNECTIONS_PER_PEER);
+            if let Some(left_out) = REFUSED_LOG.allow() {
+                tracing::warn!(peer = %conn.peer, peer_class = key.class(), max = self.per_peer, left_out, "gRPC connection over --max-connections-per-peer: refused");
+            }
+        } else if self.open.fetch_add(1, Ordering::SeqCst) < self.max {
             conn.slot.store(OPEN, Ordering::SeqCst);
+            let _ = conn.share.set(share);
             self.metrics.connection_opened();
+            self.spawn_deadlines(conn);
             return;
-        }
-        self.open.fetch_sub(1, Ordering::SeqCst);
-        self.metrics.limit_hit(names::MAX_CONNECTIONS);
-        self.metrics.xds_refused(names::MAX_CONNECTIONS);
-        if let Some(left_out) = REFUSED_LOG.allow() {
-            tracing::warn!(peer = %conn.peer, max = self.max, left_out, "gRPC connection over --max-connections: refused");
+        } else {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            self.forget_share(&share);
+            self.metrics.limit_hit(names::MAX_CONNECTIONS);
+            self.metrics.xds_refused(names::MAX_CONNECTIONS);
+            if let Some(left_out) = REFUSED_LOG.allow() {
+                tracing::warn!(peer = %conn.peer, max = self.max, left_out, "gRPC connection over --max-connections: refused");
+            }
         }
         if self.refusing.fetch_add(1, Ordering::SeqCst) >= REFUSING_AT_ONCE {
             self.refusing.fetch_sub(1, Ordering::SeqCst);
@@ -255,6 +412,67 @@ impl Connections {
         tokio::spawn(async move {
             tokio::time::sleep(REFUSE_FOR).await;
             c.close();
+        });
+    }
+
+    /// Gives back a connection slot of `share`; the share is forgotten
+    /// with its last connection.
+    fn forget_share(&self, share: &Arc<PeerShare>) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if share.connections.fetch_sub(1, Ordering::SeqCst) == 1
+            && peers.get(&share.key).is_some_and(|s| Arc::ptr_eq(s, share))
+        {
+            peers.remove(&share.key);
+        }
+    }
+
+    /// The deadlines of an established connection: its first call within
+    /// `--preface-timeout` of its accept, and its end within
+    /// `--max-connection-age-grace` after `--max-connection-age` (whose
+    /// GOAWAY the HTTP/2 server sends).
+    fn spawn_deadlines(&self, conn: &Arc<Conn>) {
+        let weak = Arc::downgrade(conn);
+        let metrics = self.metrics.clone();
+        // A duration too long to add is no deadline.
+        let preface_due = conn.accepted.checked_add(self.preface_timeout);
+        let age_due = conn.accepted.checked_add(self.max_age);
+        let grace_due = age_due.and_then(|a| a.checked_add(self.age_grace));
+        tokio::spawn(async move {
+            let Some(preface_due) = preface_due else {
+                return;
+            };
+            tokio::time::sleep_until(preface_due).await;
+            let Some(c) = weak.upgrade() else { return };
+            if !c.called.load(Ordering::SeqCst) && !c.is_closed() {
+                c.close();
+                let class = c.share().map_or("address", |s| s.key.class());
+                metrics.peer_limit_hit(names::PREFACE_TIMEOUT, class);
+                if let Some(left_out) = DEADLINE_LOG.allow() {
+                    tracing::warn!(peer = %c.peer, left_out, "gRPC connection without a call within --preface-timeout: closed");
+                }
+                return;
+            }
+            drop(c);
+            let (Some(age_due), Some(grace_due)) = (age_due, grace_due) else {
+                return;
+            };
+            tokio::time::sleep_until(age_due).await;
+            let Some(c) = weak.upgrade() else { return };
+            if c.is_closed() {
+                return;
+            }
+            let class = c.share().map_or("address", |s| s.key.class());
+            metrics.connection_aged(names::MAX_CONNECTION_AGE, class);
+            drop(c);
+            tokio::time::sleep_until(grace_due).await;
+            let Some(c) = weak.upgrade() else { return };
+            if !c.is_closed() {
+                c.close();
+                metrics.connection_aged(names::MAX_CONNECTION_AGE_GRACE, class);
+                if let Some(left_out) = DEADLINE_LOG.allow() {
+                    tracing::info!(peer = %c.peer, left_out, "gRPC connection still open --max-connection-age-grace after its GOAWAY (--max-connection-age): closed");
+                }
+            }
         });
     }
 
@@ -272,6 +490,9 @@ impl Connections {
             }
             OPEN => {
                 self.open.fetch_sub(1, Ordering::SeqCst);
+                if let Some(share) = conn.share() {
+                    self.forget_share(share);
+                }
                 self.metrics.connection_closed();
             }
             REFUSING => {
@@ -282,7 +503,13 @@ impl Connections {
     }
 
     /// The status every call on an over-cap connection gets.
-    pub fn over_cap_status(&self) -> Status {
+    pub fn over_cap_status(&self, conn: &Conn) -> Status {
+        if conn.over_peer_share.load(Ordering::SeqCst) {
+            return Status::resource_exhausted(format!(
+                "connection limit reached: {} gRPC connections are open from this peer (--max-connections-per-peer); retry later",
+                self.per_peer
+            ));
+        }
         Status::resource_exhausted(format!(
             "connection limit reached: {} gRPC connections are open (--max-connections); retry later",
             self.max
@@ -312,9 +539,11 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// The handshake is done (or there is none: plaintext).
-    pub fn established(&self) {
-        self.connections.establish(&self.conn);
+    /// The handshake is done (or there is none: plaintext); `certificate`:
+    /// the client certificate it showed (DER), part of its peer's key.
+    pub fn established(&self, certificate: Option<&[u8]>) {
+        let key = PeerKey::new(self.conn.peer.ip(), certificate);
+        self.connections.establish(&self.conn, key);
     }
 
     /// Dropped to admit a newer socket (`--max-pending-handshakes`).
@@ -457,4 +686,75 @@ pub fn incoming(
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn a_peer_is_its_address_and_under_mutual_tls_its_certificate_on_it() {
+        let a = IpAddr::from([10, 0, 0, 1]);
+        let b = IpAddr::from([10, 0, 0, 2]);
+        assert_eq!(PeerKey::new(a, None).class(), "address");
+        assert_eq!(PeerKey::new(a, Some(b"cert-1")).class(), "mtls");
+        assert_eq!(PeerKey::new(a, None), PeerKey::new(a, None));
+        assert_ne!(PeerKey::new(a, None), PeerKey::new(b, None));
+        assert_eq!(
+            PeerKey::new(a, Some(b"cert-1")),
+            PeerKey::new(a, Some(b"cert-1"))
+        );
+        // A fleet sharing one certificate: one share per pod address.
+        assert_ne!(
+            PeerKey::new(a, Some(b"cert-1")),
+            PeerKey::new(b, Some(b"cert-1"))
+        );
+        assert_ne!(
+            PeerKey::new(a, Some(b"cert-1")),
+            PeerKey::new(a, Some(b"cert-2"))
+        );
+        assert_ne!(PeerKey::new(a, Some(b"cert-1")), PeerKey::new(a, None));
+    }
+
+    #[tokio::test]
+    async fn a_peer_holds_at_most_its_share_of_the_connections() {
+        let metrics = Arc::new(Metrics::with_registry(
+            Metrics::new_registry(),
+            Default::default(),
+        ));
+        let limits = GrpcLimits {
+            max_connections: 10,
+            max_connections_per_peer: 2,
+            ..GrpcLimits::default()
+        };
+        let connections = Connections::new(&limits, metrics.clone());
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let _client = TcpStream::connect(addr).await.unwrap();
+            let (io, peer) = listener.accept().await.unwrap();
+            let io = connections.admit(io, peer);
+            io.ticket().established(None);
+            held.push((io, _client));
+        }
+        assert_eq!(connections.open(), 2);
+        assert!(!held[0].0.conn().over_cap() && !held[1].0.conn().over_cap());
+        let third = held[2].0.conn().clone();
+        assert!(third.over_cap());
+        assert!(connections
+            .over_cap_status(&third)
+            .message()
+            .contains("--max-connections-per-peer"));
+        // The share is given back with a connection, and forgotten with the last.
+        held.remove(0);
+        assert_eq!(connections.open(), 1);
+        held.clear();
+        assert_eq!(connections.open(), 0);
+        assert!(connections.peers.lock().unwrap().is_empty());
+        assert!(metrics.render().contains(
+            "peer_limit_hits_total{limit=\"max-connections-per-peer\",peer_class=\"address\"} 1"
+        ));
+    }
 }

@@ -109,8 +109,13 @@ pub struct RefuseOverCap(Arc<Connections>);
 impl Interceptor for RefuseOverCap {
     fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         match self.0.of(&req) {
-            Some(c) if c.over_cap() => Err(self.0.over_cap_status()),
-            _ => Ok(req),
+            Some(c) if c.over_cap() => Err(self.0.over_cap_status(&c)),
+            Some(c) => {
+                // A call: the connection met --preface-timeout.
+                c.called();
+                Ok(req)
+            }
+            None => Ok(req),
         }
     }
 }
@@ -119,10 +124,13 @@ impl Interceptor for RefuseOverCap {
 pub type GrpcServer = Server<Stack<InterceptorLayer<RefuseOverCap>, Identity>>;
 
 /// A gRPC server with the companion's HTTP/2 settings: keepalive PINGs,
-/// and one stream over `--max-streams-per-connection` let through so that
-/// a service can refuse it with a clear status (more are REFUSED_STREAM).
+/// one stream over `--max-streams-per-connection` let through so that
+/// a service can refuse it with a clear status (more are REFUSED_STREAM),
+/// and a GOAWAY at `--max-connection-age` (the listener closes what is
+/// still open `--max-connection-age-grace` later).
 fn grpc_server(limits: &GrpcLimits, connections: &Arc<Connections>) -> GrpcServer {
     Server::builder()
+        .max_connection_age(limits.max_connection_age)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .max_concurrent_streams(limits.max_streams_per_connection.saturating_add(1))

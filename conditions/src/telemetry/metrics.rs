@@ -48,8 +48,9 @@ metric_group! {
 metric_group! {
     /// Each limit's value and its hits.
     pub struct LimitMetrics {
-        limit_hits: Family<Labels, Counter> = ("limit_hits", "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-subscriptions, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout)"),
+        limit_hits: Family<Labels, Counter> = ("limit_hits", "Times a limit was hit, by its flag (max-connections, max-pending-handshakes, handshake-timeout, max-streams-per-connection, max-streams, max-resource-names, max-subscriptions, max-request-bytes, request-buffer-bytes, max-response-bytes, send-timeout, metrics-max-connections, metrics-header-timeout, max-connections-per-peer, preface-timeout, max-streams-per-peer, first-request-timeout, request-receive-timeout, request-buffer-bytes-per-peer, metrics-max-connections-per-peer)"),
         limits: Family<Labels, Gauge> = ("limit", "Each limit's configured value, by its flag (durations in seconds)"),
+        peer_limit_hits: Family<Labels, Counter> = ("peer_limit_hits", "Times a per-peer share or deadline was hit, by its flag and the class of the peer's identity (peer_class: mtls, a client certificate on an address; address, an address alone); each hit is also in limit_hits, except max-connection-age and max-connection-age-grace (every long-lived connection's roll-off)"),
     }
 }
 
@@ -137,6 +138,26 @@ impl Metrics {
             .set(value);
         // Its hits from 0, so that an alert on increase() sees the first one.
         drop(self.limits.limit_hits.get_or_create(&vec![("limit", name)]));
+    }
+
+    /// A per-peer share or deadline was hit by a peer of this class
+    /// (`mtls` or `address`): counted in `peer_limit_hits` and `limit_hits`.
+    pub fn peer_limit_hit(&self, name: &'static str, peer_class: &'static str) {
+        self.limits
+            .peer_limit_hits
+            .get_or_create(&vec![("limit", name), ("peer_class", peer_class)])
+            .inc();
+        self.limit_hit(name);
+    }
+
+    /// A connection reached `--max-connection-age` or its grace: counted in
+    /// `peer_limit_hits` only, since every long-lived connection does (an
+    /// alert on `limit_hits` must not fire on the normal roll-off).
+    pub fn connection_aged(&self, name: &'static str, peer_class: &'static str) {
+        self.limits
+            .peer_limit_hits
+            .get_or_create(&vec![("limit", name), ("peer_class", peer_class)])
+            .inc();
     }
 
     /// A limit was hit.

@@ -173,6 +173,22 @@ impl XdsServer {
         ));
         callbacks.limit_set(limit::SEND_TIMEOUT, limits.send_timeout.as_secs() as i64);
         callbacks.limit_set(limit::MAX_SUBSCRIPTIONS, limits.max_subscriptions as i64);
+        callbacks.limit_set(
+            limit::MAX_STREAMS_PER_PEER,
+            limits.max_streams_per_peer as i64,
+        );
+        callbacks.limit_set(
+            limit::FIRST_REQUEST_TIMEOUT,
+            limits.first_request_timeout.as_secs() as i64,
+        );
+        callbacks.limit_set(
+            limit::REQUEST_RECEIVE_TIMEOUT,
+            limits.request_receive_timeout.as_secs() as i64,
+        );
+        callbacks.limit_set(
+            limit::REQUEST_BUFFER_BYTES_PER_PEER,
+            limits.request_buffer_bytes_per_peer as i64,
+        );
         XdsServer {
             core: Arc::new(Core {
                 snapshots,
@@ -240,16 +256,20 @@ fn ads(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
 }
 
 /// Routes a call of the EDS service by its method.
+///
+/// The unary `FetchEndpoints` is answered UNIMPLEMENTED: Envoy's gRPC
+/// subscriptions always stream (its REST-JSON fetch is plain HTTP, not this
+/// method), and a unary call would sit outside the streams' limits.
 fn eds(core: &Arc<Core>, req: http::Request<Body>) -> ResponseFuture {
-    match method(&req) {
-        "StreamEndpoints" => answer(open_stream(core, req, "eds", false)),
-        "FetchEndpoints" => {
-            let core = core.clone();
-            Box::pin(async move { Ok(fetch(&core, req.into_body()).await) })
-        }
-        "DeltaEndpoints" => answer(open_stream(core, req, "eds-delta", true)),
-        m => answer(Status::unimplemented(format!("{EDS}/{m}: no such method")).into_http()),
-    }
+    answer(match method(&req) {
+        "StreamEndpoints" => open_stream(core, req, "eds", false),
+        "FetchEndpoints" => Status::unimplemented(format!(
+            "{EDS}/FetchEndpoints is not served: subscribe with StreamEndpoints, DeltaEndpoints or ADS"
+        ))
+        .into_http(),
+        "DeltaEndpoints" => open_stream(core, req, "eds-delta", true),
+        m => Status::unimplemented(format!("{EDS}/{m}: no such method")).into_http(),
+    })
 }
 
 /// A tower service for tonic's router, calling `route`.
@@ -300,6 +320,15 @@ fn refuse(core: &Core, which: &'static str, peer: &str, status: Status) -> http:
     status.into_http()
 }
 
+/// A per-peer share or deadline hit on `conn` (counted with the peer's
+/// class; plainly when the stream has no connection, in tests).
+fn peer_hit(core: &Core, conn: Option<&Arc<Conn>>, which: &'static str) {
+    match (&core.connections, conn.and_then(|c| c.share())) {
+        (Some(connections), Some(share)) => connections.peer_limit_hit(which, share.key.class()),
+        _ => core.callbacks.limit_hit(which),
+    }
+}
+
 /// A new stream (state of the world, or `delta`): refused over a limit,
 /// else its request task and body.
 fn open_stream(
@@ -315,8 +344,9 @@ fn open_stream(
         .unwrap_or_else(|| "-".to_string());
     if let (Some(c), Some(connections)) = (&conn, &core.connections) {
         if c.over_cap() {
-            return connections.over_cap_status().into_http();
+            return connections.over_cap_status(c).into_http();
         }
+        c.called();
     }
     let max = core.limits.max_streams;
     if core.streams.open.fetch_add(1, Ordering::SeqCst) >= max {
@@ -335,6 +365,23 @@ fn open_stream(
                 "stream limit reached: {per} xDS streams are open on this connection (--max-streams-per-connection)"
             ));
             return refuse(core, limit::MAX_STREAMS_PER_CONNECTION, &peer, status);
+        }
+        if let Some(share) = c.share() {
+            let per = core.limits.max_streams_per_peer;
+            if share.streams.fetch_add(1, Ordering::SeqCst) >= per {
+                share.streams.fetch_sub(1, Ordering::SeqCst);
+                c.streams.fetch_sub(1, Ordering::SeqCst);
+                core.streams.open.fetch_sub(1, Ordering::SeqCst);
+                connections.peer_limit_hit(limit::MAX_STREAMS_PER_PEER, share.key.class());
+                core.callbacks.stream_refused(limit::MAX_STREAMS_PER_PEER);
+                if let Some(left_out) = REFUSED_LOG.allow() {
+                    tracing::warn!(peer = %peer, peer_class = share.key.class(), max = per, left_out, "xDS stream over --max-streams-per-peer: refused");
+                }
+                return Status::resource_exhausted(format!(
+                    "stream limit reached: {per} xDS streams are open from this peer (--max-streams-per-peer); retry later"
+                ))
+                .into_http();
+            }
         }
     }
     let shared = Arc::new(StreamShared {
@@ -386,6 +433,11 @@ enum ReadError {
     Truncated,
     /// A message (of this length) that `--request-buffer-bytes` has no room for.
     NoRoom(usize),
+    /// A message (of this length) that the peer's share of the request
+    /// buffer (`--request-buffer-bytes-per-peer`) has no room for.
+    NoPeerRoom(usize),
+    /// A deadline passed (`--first-request-timeout`, `--request-receive-timeout`).
+    Deadline(&'static str),
     /// The stream or connection failed (reset, closed).
     Transport(String),
 }
@@ -400,10 +452,21 @@ struct RequestReader {
     budget: Arc<Semaphore>,
     /// The budget the message being received holds.
     held: Option<OwnedSemaphorePermit>,
+    /// The peer's share of the budget (`None`: no connection, in tests).
+    peer_budget: Option<Arc<Semaphore>>,
+    /// What the message being received holds of the peer's share.
+    peer_held: Option<OwnedSemaphorePermit>,
+    /// When the message expected or begun must be complete, and the flag
+    /// that says so.
+    due: Option<(tokio::time::Instant, &'static str)>,
+    receive_timeout: Duration,
 }
 
 impl RequestReader {
-    fn new(body: Body, core: &Core) -> RequestReader {
+    /// The reader of a stream's requests, on `conn` (`None`: no
+    /// connection, in tests): its first request is due within
+    /// `--first-request-timeout`.
+    fn new(body: Body, core: &Core, conn: Option<&Arc<Conn>>) -> RequestReader {
         RequestReader {
             body,
             buf: BytesMut::new(),
@@ -411,6 +474,14 @@ impl RequestReader {
             ended: false,
             budget: core.request_budget.clone(),
             held: None,
+            peer_budget: conn
+                .and_then(|c| c.share())
+                .map(|s| s.request_budget(core.limits.request_buffer_bytes_per_peer)),
+            peer_held: None,
+            due: tokio::time::Instant::now()
+                .checked_add(core.limits.first_request_timeout)
+                .map(|at| (at, limit::FIRST_REQUEST_TIMEOUT)),
+            receive_timeout: core.limits.request_receive_timeout,
         }
     }
 
@@ -421,6 +492,8 @@ impl RequestReader {
                 requests::next_message(&mut self.buf, self.max).map_err(ReadError::Message)?
             {
                 self.held = None;
+                self.peer_held = None;
+                self.due = None;
                 if self.buf.is_empty() {
                     // The message's allocation goes with it (the buffer
                     // would keep it alive): a stream holds no request
@@ -434,9 +507,20 @@ impl RequestReader {
                     let n = u32::try_from(len - FREE_REQUEST_BYTES).unwrap_or(u32::MAX);
                     // Waits a moment for room (many Envoys ACKing 10,000
                     // names at once), reading nothing meanwhile: the
-                    // stream's 64 KiB window holds the client back.
+                    // stream's 64 KiB window holds the client back. The
+                    // peer's share first, so that one peer waits on itself.
+                    let until = tokio::time::Instant::now()
+                        .checked_add(REQUEST_BUFFER_WAIT)
+                        .unwrap_or_else(tokio::time::Instant::now);
+                    if let Some(share) = &self.peer_budget {
+                        let wait = share.clone().acquire_many_owned(n);
+                        match tokio::time::timeout_at(until, wait).await {
+                            Ok(Ok(p)) => self.peer_held = Some(p),
+                            _ => return Err(ReadError::NoPeerRoom(len)),
+                        }
+                    }
                     let wait = self.budget.clone().acquire_many_owned(n);
-                    match tokio::time::timeout(REQUEST_BUFFER_WAIT, wait).await {
+                    match tokio::time::timeout_at(until, wait).await {
                         Ok(Ok(p)) => self.held = Some(p),
                         _ => return Err(ReadError::NoRoom(len)),
                     }
@@ -453,7 +537,20 @@ impl RequestReader {
                     Err(ReadError::Truncated)
                 };
             }
-            match self.body.frame().await {
+            if self.due.is_none() && !self.buf.is_empty() {
+                // A message begun: it is due whole within --request-receive-timeout
+                // (a duration too long to add is no deadline).
+                self.due = tokio::time::Instant::now()
+                    .checked_add(self.receive_timeout)
+                    .map(|at| (at, limit::REQUEST_RECEIVE_TIMEOUT));
+            }
+            let frame = match self.due {
+                Some((at, which)) => tokio::time::timeout_at(at, self.body.frame())
+                    .await
+                    .map_err(|_| ReadError::Deadline(which))?,
+                None => self.body.frame().await,
+            };
+            match frame {
                 None => self.ended = true,
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
@@ -470,7 +567,7 @@ impl RequestReader {
 /// stream ends (trailers after the response in flight) when requests end
 /// or break a limit.
 async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body, delta: bool) {
-    let mut reader = RequestReader::new(body, &core);
+    let mut reader = RequestReader::new(body, &core, shared.conn.as_ref());
     let mut other_types = BTreeSet::new();
     let end = loop {
         let next = tokio::select! {
@@ -515,6 +612,33 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body, d
                     "no room for a request message of {len} bytes: the streams' request buffers are full (--request-buffer-bytes {}); retry later",
                     core.limits.request_buffer_bytes
                 )));
+            }
+            Err(ReadError::NoPeerRoom(len)) => {
+                peer_hit(
+                    &core,
+                    shared.conn.as_ref(),
+                    limit::REQUEST_BUFFER_BYTES_PER_PEER,
+                );
+                break Some(Status::resource_exhausted(format!(
+                    "no room for a request message of {len} bytes: this peer's streams hold their share of the request buffers (--request-buffer-bytes-per-peer {}); retry later",
+                    core.limits.request_buffer_bytes_per_peer
+                )));
+            }
+            Err(ReadError::Deadline(which)) => {
+                peer_hit(&core, shared.conn.as_ref(), which);
+                break Some(Status::deadline_exceeded(
+                    if which == limit::FIRST_REQUEST_TIMEOUT {
+                        format!(
+                        "no request within --first-request-timeout ({:?}) of the stream's opening",
+                        core.limits.first_request_timeout
+                    )
+                    } else {
+                        format!(
+                        "a request message begun was not complete within --request-receive-timeout ({:?})",
+                        core.limits.request_receive_timeout
+                    )
+                    },
+                ));
             }
             Err(ReadError::Message(MessageError::Compressed)) => {
                 break Some(Status::unimplemented(
@@ -800,6 +924,9 @@ impl Drop for ResponseBody {
         core.subscriptions.fetch_sub(counted, Ordering::SeqCst);
         if let Some(c) = &self.shared.conn {
             c.streams.fetch_sub(1, Ordering::SeqCst);
+            if let Some(share) = c.share() {
+                share.streams.fetch_sub(1, Ordering::SeqCst);
+            }
         }
         core.callbacks.stream_closed(&self.shared.node());
         self.shared.closed.notify_one();
@@ -807,54 +934,6 @@ impl Drop for ResponseBody {
             tracing::info!(api = self.shared.api, node = %self.shared.node(), peer = %self.shared.peer, left_out, "xDS stream closed");
         }
     }
-}
-
-/// The unary FetchEndpoints: one request, the current state.
-async fn fetch(core: &Core, body: Body) -> http::Response<Body> {
-    let mut reader = RequestReader::new(body, core);
-    let req = match reader.next().await {
-        Ok(Some(m)) => match RequestView::decode(m) {
-            Ok(req) => req,
-            Err(_) => return Status::invalid_argument("not a DiscoveryRequest").into_http(),
-        },
-        Ok(None) => return Status::invalid_argument("no request").into_http(),
-        Err(ReadError::Message(MessageError::TooLarge(len))) => {
-            core.callbacks.limit_hit(limit::MAX_REQUEST_BYTES);
-            return Status::resource_exhausted(format!(
-                "request message of {len} bytes is over --max-request-bytes {}",
-                core.limits.max_request_bytes
-            ))
-            .into_http();
-        }
-        Err(_) => return Status::invalid_argument("not a DiscoveryRequest").into_http(),
-    };
-    if req.resource_names.len() > core.limits.max_resource_names {
-        core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
-        return Status::resource_exhausted("too many resource names (--max-resource-names)")
-            .into_http();
-    }
-    let snap = core.snapshots.borrow().clone();
-    if !snap.ready {
-        return Status::unavailable("no full list of EndpointSlices yet").into_http();
-    }
-    let mut state = SotwStream::new(core.names.clone(), &snap);
-    let mut req = req;
-    req.response_nonce.clear();
-    let now = Instant::now();
-    state.on_request(&req, &snap, now);
-    let Some(p) = state
-        .take(&snap, core.limits.max_response_bytes, now)
-        .response
-    else {
-        return Status::not_found("none of the resources asked for is served").into_http();
-    };
-    let mut frames: Vec<Result<Frame<Bytes>, Status>> = vec![Ok(Frame::data(p.head))];
-    frames.extend(p.entries.into_iter().map(|e| Ok(Frame::data(e))));
-    frames.push(Ok(Frame::data(p.tail)));
-    frames.push(Ok(Frame::trailers(trailers(&Status::ok("")))));
-    grpc_response(Body::new(http_body_util::StreamBody::new(
-        futures::stream::iter(frames),
-    )))
 }
 
 #[cfg(test)]
@@ -1160,6 +1239,58 @@ mod tests {
         );
         assert!(rec.has("limit_hit max-resource-names"));
         assert!(rec.has("refused max-streams"));
+    }
+
+    /// The unary FetchEndpoints holds nothing: it is answered UNIMPLEMENTED
+    /// before its request is read, however large it announces itself.
+    #[tokio::test]
+    async fn fetch_endpoints_is_unimplemented_and_reads_nothing() {
+        let (s, _tx, rec, _table) = server(XdsLimits::default());
+        let mut c = open(&s, &format!("/{EDS}/FetchEndpoints")).await;
+        let status = c.next().await.unwrap_err();
+        assert!(
+            status.starts_with("12 ") && status.contains("StreamEndpoints"),
+            "{status}"
+        );
+        assert_eq!(
+            s.core.request_budget.available_permits(),
+            XdsLimits::default().request_buffer_bytes
+        );
+        assert_eq!(s.streams(), 0);
+        assert!(!rec.has("opened"));
+    }
+
+    /// A stream whose first request does not come in time ends with
+    /// DEADLINE_EXCEEDED naming the flag; so does one whose message, begun,
+    /// is not complete in time.
+    #[tokio::test]
+    async fn deadlines_end_streams_that_do_not_send_their_requests() {
+        let limits = XdsLimits {
+            first_request_timeout: Duration::from_millis(200),
+            request_receive_timeout: Duration::from_millis(200),
+            ..XdsLimits::default()
+        };
+        let (s, _tx, rec, _table) = server(limits);
+        let mut idle = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        let status = idle.next().await.unwrap_err();
+        assert!(
+            status.starts_with("4 ") && status.contains("--first-request-timeout"),
+            "{status}"
+        );
+        let mut half = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        half.send(&sotw(&["a"], "")).await;
+        DiscoveryResponse::decode(half.next().await.unwrap()).unwrap();
+        let mut head = BytesMut::new();
+        head.extend_from_slice(&[0, 0, 0, 1, 0]);
+        head.extend_from_slice(&[0x0a; 100]);
+        half.tx.send(Ok(Frame::data(head.freeze()))).await.unwrap();
+        let status = half.next().await.unwrap_err();
+        assert!(
+            status.starts_with("4 ") && status.contains("--request-receive-timeout"),
+            "{status}"
+        );
+        assert!(rec.has("limit_hit first-request-timeout"));
+        assert!(rec.has("limit_hit request-receive-timeout"));
     }
 
     #[tokio::test]

@@ -302,22 +302,36 @@ impl Connection {
     /// Connects; `stream_window`: the initial stream window (0: nothing can
     /// be sent to a stream until it is released; `None`: HTTP/2's 64 KiB).
     pub async fn open(addr: SocketAddr, stream_window: Option<u32>) -> Result<Connection, Error> {
-        Connection::open_with(addr, stream_window, None).await
+        Connection::open_with(addr, stream_window, None, None).await
+    }
+
+    /// Connects from `local` (a loopback address other than 127.0.0.1 is
+    /// another peer to the server), as [`Connection::open`].
+    pub async fn open_from(
+        local: std::net::IpAddr,
+        addr: SocketAddr,
+        stream_window: Option<u32>,
+    ) -> Result<Connection, Error> {
+        Connection::open_with(addr, stream_window, None, Some(local)).await
     }
 
     /// Connects with Envoy's HTTP/2 windows (its default
     /// `initial_stream_window_size` and `initial_connection_window_size`,
     /// 256 MiB): the server is never held up by a window it has to wait on.
     pub async fn open_like_envoy(addr: SocketAddr) -> Result<Connection, Error> {
-        Connection::open_with(addr, Some(ENVOY_WINDOW), Some(ENVOY_WINDOW)).await
+        Connection::open_with(addr, Some(ENVOY_WINDOW), Some(ENVOY_WINDOW), None).await
     }
 
     async fn open_with(
         addr: SocketAddr,
         stream_window: Option<u32>,
         connection_window: Option<u32>,
+        local: Option<std::net::IpAddr>,
     ) -> Result<Connection, Error> {
-        let tcp = TcpStream::connect(addr).await?;
+        let tcp = match local {
+            Some(ip) => connect_from(ip, addr).await?,
+            None => TcpStream::connect(addr).await?,
+        };
         tcp.set_nodelay(true)?;
         let mut b = h2::client::Builder::new();
         if let Some(w) = stream_window {
@@ -356,6 +370,17 @@ impl Connection {
         send.send_data(sub.request_frame("", ""), false)?;
         Ok((send, resp))
     }
+}
+
+/// A TCP connection to `addr` from `local` (any port).
+pub async fn connect_from(local: std::net::IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = if local.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(local, 0))?;
+    socket.connect(addr).await
 }
 
 /// The gRPC status of a trailers-only answer, or of the trailers.

@@ -464,6 +464,10 @@ fn seed_rows_beside_1000_stuck_streams() {
             "4096",
             "--max-connections",
             "4096",
+            "--max-connections-per-peer",
+            "4096",
+            "--max-streams-per-peer",
+            "4096",
         ],
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

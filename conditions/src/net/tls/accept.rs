@@ -115,7 +115,7 @@ where
     let Some(tls) = tls else {
         return Box::pin(sockets.map(|s| {
             s.map(|io| {
-                io.ticket().established();
+                io.ticket().established(None);
                 Conn::Plain(io)
             })
         }));

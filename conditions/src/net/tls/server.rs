@@ -166,7 +166,13 @@ impl TlsServer {
         match tokio::time::timeout(timeout, acceptor.accept(io)).await {
             Ok(Ok(stream)) => {
                 self.metrics.handshakes.inc();
-                ticket.established();
+                let certificate = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|leaf| leaf.as_ref());
+                ticket.established(certificate);
                 Some(stream)
             }
             Ok(Err(_)) if ticket.displaced() => {
