@@ -19,6 +19,8 @@ pub mod abi;
 pub mod config;
 pub mod envoy_host;
 pub mod envoy_version;
+#[cfg(test)]
+mod fuzz;
 pub mod hooks;
 pub mod metrics;
 pub mod policy;

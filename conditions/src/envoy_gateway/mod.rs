@@ -38,6 +38,8 @@
 //! (the files carry the selection; `--manage` is refused there).
 
 pub mod field_edit;
+#[cfg(test)]
+mod fuzz;
 pub mod hook;
 pub mod naming;
 pub mod native_lb;

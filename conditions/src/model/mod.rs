@@ -10,6 +10,8 @@ pub mod cluster;
 pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod fuzz;
 pub mod index;
 pub mod port_view;
 pub mod selector;
