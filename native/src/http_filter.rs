@@ -4,7 +4,7 @@
 //! filter is tested natively against a fake (`testing::FakeStream`); `http_hooks` is the glue.
 //!
 //! How a stream ends (docs/native.md says what the client sees, with Envoy's source lines):
-//! - gRPC (request `content-type: application/grpc*`): the response ends with trailers
+//! - gRPC (request `content-type: application/grpc*` over HTTP/2): the response ends with trailers
 //!   `grpc-status: 14` (UNAVAILABLE, which gRPC clients retry) and a `grpc-message` naming
 //!   the reason;
 //! - any other stream (HTTP/1 and HTTP/2 responses, websockets): it is reset. A reset, unlike
@@ -45,15 +45,19 @@ impl Protocol {
         http_version: Option<&str>,
     ) -> Protocol {
         let is = |v: Option<&str>, what: &str| v.is_some_and(|v| v.eq_ignore_ascii_case(what));
-        if is(upgrade, "websocket") || is(pseudo_protocol, "websocket") {
-            Protocol::Websocket
-        } else if content_type.is_some_and(|c| {
+        let http1 = http_version.is_some_and(|v| v.starts_with("HTTP/1"));
+        let grpc = content_type.is_some_and(|c| {
             c.get(..16)
                 .is_some_and(|p| p.eq_ignore_ascii_case("application/grpc"))
-        }) {
-            Protocol::Grpc
-        } else if http_version.is_some_and(|v| v.starts_with("HTTP/1")) {
+        });
+        if is(upgrade, "websocket") || is(pseudo_protocol, "websocket") {
+            Protocol::Websocket
+        } else if http1 {
+            // gRPC-web over HTTP/1 too: HTTP/1 carries no trailers unless the listener enables
+            // them, and a response ended without them would look complete.
             Protocol::Http1
+        } else if grpc {
+            Protocol::Grpc
         } else {
             Protocol::Http2
         }
@@ -211,8 +215,13 @@ mod tests {
             Protocol::Grpc
         );
         assert_eq!(
-            p(Some("Application/GRPC-web"), None, None, Some("HTTP/1.1")),
+            p(Some("Application/GRPC-web"), None, None, Some("HTTP/2")),
             Protocol::Grpc
+        );
+        assert_eq!(
+            p(Some("application/grpc-web"), None, None, Some("HTTP/1.1")),
+            Protocol::Http1,
+            "no trailers on HTTP/1: a cut, not a clean-looking end"
         );
         assert_eq!(
             p(Some("application/json"), None, None, Some("HTTP/2")),
