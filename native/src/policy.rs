@@ -445,6 +445,36 @@ mod tests {
     }
 
     #[test]
+    fn the_reporter_publishes_draining_hosts_only_with_a_window() {
+        let terminating = |a: &str| FakeHost::new(a).conditions(false, true, true);
+        let row5 = cluster(vec![terminating(A), ready(B)]);
+        let row3 = cluster(vec![terminating(A)]);
+        // With drain_window_ms: A drains in row 5, not in row 3; the log says so once.
+        let cfg = config(r#"{"drain_window_ms": 5000}"#);
+        let lb = LbInstance::new(cfg.clone(), "drain-policy-test".into(), &row3);
+        assert!(crate::drain::board().configured("drain-policy-test"));
+        assert!(!crate::drain::board().draining("drain-policy-test", A));
+        lb.on_membership_update(&row5, 0, 0);
+        lb.on_membership_update(&row5, 0, 0);
+        assert!(crate::drain::board().draining("drain-policy-test", A));
+        assert!(!crate::drain::board().draining("drain-policy-test", B));
+        let lines = cfg.proxy().lines(Level::Info, "host(s) drain");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("within 5000 ms") && lines[0].contains(A));
+        lb.on_membership_update(&row3, 0, 0);
+        assert!(!crate::drain::board().draining("drain-policy-test", A));
+        drop(lb);
+        assert!(
+            !crate::drain::board().configured("drain-policy-test"),
+            "forgotten with its reporter"
+        );
+        // Without it: nothing is published.
+        let lb = LbInstance::new(config("{}"), "drain-policy-off".into(), &row5);
+        assert!(!crate::drain::board().configured("drain-policy-off"));
+        drop(lb);
+    }
+
+    #[test]
     fn configuration_defines_every_metric_and_logs_the_keys() {
         let cfg = config(r#"{"local_zone": "zone-a"}"#);
         let p = cfg.proxy();
