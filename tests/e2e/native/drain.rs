@@ -18,9 +18,9 @@ use support::streams::{envoy_hook, Kind, Moved, Reconnect, StreamBackend, Stream
 use support::*;
 
 /// The cluster speaking HTTP/2 to the pods (gRPC, the HTTP/2 download); the first, routed `/`.
-const H2: &str = "grpc";
+pub(crate) const H2: &str = "grpc";
 /// The cluster speaking HTTP/1.1 to the same pods (websocket, the HTTP/1.1 download).
-const H1: &str = "h1";
+pub(crate) const H1: &str = "h1";
 /// The drain window of these tests.
 const WINDOW: Duration = Duration::from_millis(3_000);
 /// The pod's grace period: it exits this long after turning terminating.
@@ -30,7 +30,7 @@ const GRACE: Duration = Duration::from_millis(6_000);
 const SLACK: Duration = Duration::from_millis(1_500);
 
 /// The drain filter before the router (the harness's `envoy_hook` sets the rest).
-fn with_drain_filter(bootstrap: &mut Value, _dir: &std::path::Path) {
+pub(crate) fn with_drain_filter(bootstrap: &mut Value, _dir: &std::path::Path) {
     let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         ["typed_config"];
     if let Some(filters) = hcm["http_filters"].as_array_mut() {
@@ -49,7 +49,7 @@ fn with_drain_filter(bootstrap: &mut Value, _dir: &std::path::Path) {
     }
 }
 
-fn drain_envoy(tag: &str, policy: &str, endpoints: &[Endpoint]) -> Envoy {
+pub(crate) fn drain_envoy(tag: &str, policy: &str, endpoints: &[Endpoint]) -> Envoy {
     EnvoyBuilder::new()
         .form(Form::Native)
         .tag(tag)
@@ -61,12 +61,12 @@ fn drain_envoy(tag: &str, policy: &str, endpoints: &[Endpoint]) -> Envoy {
         .start()
 }
 
-fn set_both(envoy: &Envoy, endpoints: &[Endpoint]) {
+pub(crate) fn set_both(envoy: &Envoy, endpoints: &[Endpoint]) {
     envoy.set_endpoints(H2, endpoints);
     envoy.set_endpoints(H1, endpoints);
 }
 
-fn window_policy() -> String {
+pub(crate) fn window_policy() -> String {
     format!(r#"{{"drain_window_ms": {}}}"#, WINDOW.as_millis())
 }
 

@@ -1,6 +1,6 @@
 //! The dynamic-module load-balancing policy alone.
 
 mod abi;
-mod drain;
+pub(crate) mod drain;
 mod lb_policy;
 mod upgrade;
