@@ -614,6 +614,20 @@ extern "C" {
         label_names_length: usize,
         out_id: *mut usize,
     ) -> c_int;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        out_id: *mut usize,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_http_filter_set_gauge(
+        filter: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
     fn envoy_dynamic_module_callback_http_filter_increment_counter(
         filter: *mut c_void,
         id: usize,
@@ -715,6 +729,22 @@ impl HttpConfigHandle {
         };
         (rc == 0).then_some(id)
     }
+
+    /// Defines an unlabelled gauge (config_new only); its id.
+    pub fn define_gauge(&self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: as for `define_counter`.
+        let rc = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_gauge(
+                self.0,
+                ModuleBuffer::of(name),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (rc == 0).then_some(id)
+    }
 }
 
 /// Envoy's HTTP filter of one stream (`filter_envoy_ptr`), non-null, valid during the hook
@@ -798,6 +828,20 @@ impl HttpFilter {
                 std::ptr::null_mut(),
                 0,
                 by,
+            );
+        }
+    }
+
+    /// Sets gauge `id` (defined on this filter's configuration) to `value`.
+    pub fn set_gauge(&self, id: usize, value: u64) {
+        // SAFETY: non-null filter pointer; an id its configuration defined; no labels.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_set_gauge(
+                self.0,
+                id,
+                std::ptr::null_mut(),
+                0,
+                value,
             );
         }
     }

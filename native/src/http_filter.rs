@@ -19,6 +19,9 @@ pub const FILTER_NAME: &str = "serving_picker_drain";
 pub const GRPC_STATUS_UNAVAILABLE: &str = "14";
 /// The `grpc-message` of a stream ended for drain.
 pub const GRPC_MESSAGE: &str = "serving-picker: upstream pod terminating";
+/// The gauge of the streams the module tracks now (every worker), against its bound
+/// (`drain::MAX_TRACKED_STREAMS`).
+pub const OPEN_STREAMS_GAUGE: &str = "serving_picker.drain.open_streams";
 /// The reset's details in Envoy's access log (`%RESPONSE_CODE_DETAILS%`).
 pub const RESET_DETAILS: &str = "serving_picker_drain";
 

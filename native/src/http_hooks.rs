@@ -26,6 +26,7 @@ use crate::envoy_host;
 use crate::hooks::guarded;
 use crate::http_filter::{
     self, parse_config, protocol_of, DrainCounter, Protocol, Stream, FILTER_NAME,
+    OPEN_STREAMS_GAUGE,
 };
 use crate::policy::Level;
 
@@ -35,9 +36,10 @@ const CONTINUE: u32 = 0;
 /// Stream ids: the board's keys, the scheduler's event ids, the deadline's spread key.
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
 
-/// The filter configuration: its counters' ids.
+/// The filter configuration: its counters' and gauge's ids.
 pub struct DrainFilterConfig {
     counters: [Option<usize>; DrainCounter::ALL.len()],
+    open_streams: Option<usize>,
 }
 
 /// One stream's filter.
@@ -52,6 +54,12 @@ impl DrainFilter {
     fn count(&self, envoy: HttpFilter, counter: DrainCounter) {
         if let Some(Some(id)) = self.config.counters.get(counter.index()) {
             envoy.increment_counter(*id, 1);
+        }
+    }
+
+    fn show_open(&self, envoy: HttpFilter, open: usize) {
+        if let Some(id) = self.config.open_streams {
+            envoy.set_gauge(id, open as u64);
         }
     }
 
@@ -82,7 +90,9 @@ impl DrainFilter {
         if let Some(scheduler) = back {
             scheduler.delete();
         }
+        let open = board.len();
         drop(board);
+        self.show_open(envoy, open);
         match opened {
             Opened::Tracked => {
                 self.tracked.set(true);
@@ -95,13 +105,19 @@ impl DrainFilter {
         }
     }
 
-    /// The stream leaves the board (its scheduler is deleted).
-    fn done(&self) {
+    /// The stream leaves the board (its scheduler is deleted); the gauge shows it when Envoy's
+    /// filter is at hand (not in `destroy`, which follows `stream_complete`).
+    fn done(&self, envoy: Option<HttpFilter>) {
         if self.tracked.replace(false) {
             // Deleted under the board's lock: the timer commits under it too.
             let mut board = drain::board();
             if let Some(scheduler) = board.close(self.id) {
                 scheduler.delete();
+            }
+            let open = board.len();
+            drop(board);
+            if let Some(envoy) = envoy {
+                self.show_open(envoy, open);
             }
         }
     }
@@ -176,6 +192,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
                 *slot = id;
             }
         }
+        let open_streams = handle.define_gauge(OPEN_STREAMS_GAUGE);
+        if open_streams.is_none() {
+            envoy_host::log(
+                Level::Warn,
+                &format!("serving_picker: could not define metric {OPEN_STREAMS_GAUGE}"),
+            );
+        }
         if let Err(e) = drain::start_timer() {
             envoy_host::log(
                 Level::Error,
@@ -190,7 +213,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
                 "serving_picker: {FILTER_NAME} configured: streams on clusters whose serving_picker policy sets drain_window_ms end within the window when their host drains"
             ),
         );
-        abi::share(Arc::new(DrainFilterConfig { counters }))
+        abi::share(Arc::new(DrainFilterConfig {
+            counters,
+            open_streams,
+        }))
     })
 }
 
@@ -287,8 +313,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     guarded("on_http_filter_response_body", CONTINUE, || {
         if end_of_stream {
             // SAFETY: as the hook's contract says.
-            if let Some((_, f)) = unsafe { filter(envoy, module) } {
-                f.done();
+            if let Some((envoy, f)) = unsafe { filter(envoy, module) } {
+                f.done(Some(envoy));
             }
         }
         CONTINUE
@@ -304,8 +330,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
 ) -> u32 {
     guarded("on_http_filter_response_trailers", CONTINUE, || {
         // SAFETY: as the hook's contract says.
-        if let Some((_, f)) = unsafe { filter(envoy, module) } {
-            f.done();
+        if let Some((envoy, f)) = unsafe { filter(envoy, module) } {
+            f.done(Some(envoy));
         }
         CONTINUE
     })
@@ -320,8 +346,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 ) {
     guarded("on_http_filter_stream_complete", (), || {
         // SAFETY: as the hook's contract says.
-        if let Some((_, f)) = unsafe { filter(envoy, module) } {
-            f.done();
+        if let Some((envoy, f)) = unsafe { filter(envoy, module) } {
+            f.done(Some(envoy));
         }
     })
 }
@@ -333,7 +359,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: Mod
     guarded("on_http_filter_destroy", (), || {
         // SAFETY: a live filter from filter_new (or null).
         if let Some(f) = unsafe { abi::owned::<DrainFilter>(module) } {
-            f.done();
+            f.done(None);
         }
         // SAFETY: made by filter_new with `own`; Envoy destroys it once.
         unsafe { abi::release_owned::<DrainFilter>(module) }
@@ -359,7 +385,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
         if event_id != f.id || !f.tracked.get() {
             return;
         }
-        f.done();
+        f.done(Some(envoy));
         let protocol = f.protocol.get();
         f.count(envoy, DrainCounter::ended(protocol, protocol.end()));
         // The filter is not touched after this call.

@@ -117,6 +117,11 @@ fn row_5_ends_every_stream_within_the_window_and_all_are_on_b_before_the_pod_exi
             c.open_on("A")
         );
     }
+    assert_eq!(
+        counter(&envoy, "open_streams"),
+        115,
+        "every stream tracked, shown by the gauge"
+    );
     let since = Instant::now();
     set_both(
         &envoy,
@@ -164,6 +169,9 @@ fn row_5_ends_every_stream_within_the_window_and_all_are_on_b_before_the_pod_exi
         };
         assert_eq!(counter(&envoy, expected), n as u64, "{expected}");
     }
+    wait_until("no stream tracked", Duration::from_secs(3), || {
+        counter(&envoy, "open_streams") == 0
+    });
 }
 
 /// Rows 3 and 4: A serving+terminating is the only serving choice (alone, then with B not
