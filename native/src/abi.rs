@@ -602,3 +602,300 @@ impl ConfigHandle {
         }
     }
 }
+
+// The stream-drain HTTP filter's callbacks (every one exported by 1.38, 1.39 and 1.40:
+// native/abi/envoy-<minor>.callbacks). Signatures as abi.h declares them; checked against
+// each Envoy by the e2e tests (tests/e2e/native/).
+extern "C" {
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        out_id: *mut usize,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        out_id: *mut usize,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_http_filter_set_gauge(
+        filter: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> c_int;
+    fn envoy_dynamic_module_callback_http_get_header(
+        filter: *mut c_void,
+        header_type: c_int,
+        key: ModuleBuffer,
+        out: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter: *mut c_void,
+        attribute_id: c_int,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_cluster_name(
+        filter: *mut c_void,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: *mut c_void) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: *mut c_void,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: *mut c_void);
+    fn envoy_dynamic_module_callback_http_send_response_trailers(
+        filter: *mut c_void,
+        trailers: *mut ModuleHttpHeader,
+        trailers_length: usize,
+    );
+    fn envoy_dynamic_module_callback_http_filter_reset_stream(
+        filter: *mut c_void,
+        reason: c_int,
+        details: ModuleBuffer,
+    );
+}
+
+/// A header the module owns (`envoy_dynamic_module_type_module_http_header`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ModuleHttpHeader {
+    key_ptr: *const u8,
+    key_length: usize,
+    value_ptr: *const u8,
+    value_length: usize,
+}
+
+impl ModuleHttpHeader {
+    /// `key: value`, borrowed: both must outlive the callback it is passed to.
+    pub fn of(key: &str, value: &str) -> ModuleHttpHeader {
+        ModuleHttpHeader {
+            key_ptr: key.as_ptr(),
+            key_length: key.len(),
+            value_ptr: value.as_ptr(),
+            value_length: value.len(),
+        }
+    }
+}
+
+/// `envoy_dynamic_module_type_http_header_type_RequestHeader`.
+const REQUEST_HEADER: c_int = 0;
+/// `envoy_dynamic_module_type_attribute_id_RequestProtocol` (`request.protocol`).
+const ATTRIBUTE_REQUEST_PROTOCOL: c_int = 10;
+/// `envoy_dynamic_module_type_attribute_id_UpstreamAddress` (`upstream.address`: the upstream
+/// host's `IP:PORT`).
+const ATTRIBUTE_UPSTREAM_ADDRESS: c_int = 41;
+/// `envoy_dynamic_module_type_http_filter_stream_reset_reason_LocalReset`.
+const RESET_LOCAL: c_int = 0;
+
+/// Envoy's HTTP filter configuration (`filter_config_envoy_ptr`): counters are defined on it
+/// in `on_http_filter_config_new` only.
+#[derive(Clone, Copy)]
+pub struct HttpConfigHandle(*mut c_void);
+
+impl HttpConfigHandle {
+    /// The configuration behind `ptr`; `None` for null.
+    pub fn new(ptr: *mut c_void) -> Option<HttpConfigHandle> {
+        (!ptr.is_null()).then_some(HttpConfigHandle(ptr))
+    }
+
+    /// Defines an unlabelled counter (config_new only); its id.
+    pub fn define_counter(&self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: non-null config pointer from config_new; no labels (null, 0); `id` is a
+        // valid slot.
+        let rc = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_counter(
+                self.0,
+                ModuleBuffer::of(name),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (rc == 0).then_some(id)
+    }
+
+    /// Defines an unlabelled gauge (config_new only); its id.
+    pub fn define_gauge(&self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: as for `define_counter`.
+        let rc = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_gauge(
+                self.0,
+                ModuleBuffer::of(name),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (rc == 0).then_some(id)
+    }
+}
+
+/// Envoy's HTTP filter of one stream (`filter_envoy_ptr`), non-null, valid during the hook
+/// call it was passed to, on the stream's worker.
+#[derive(Clone, Copy)]
+pub struct HttpFilter(*mut c_void);
+
+impl HttpFilter {
+    /// The filter behind `ptr`; `None` for null.
+    pub fn new(ptr: *mut c_void) -> Option<HttpFilter> {
+        (!ptr.is_null()).then_some(HttpFilter(ptr))
+    }
+
+    fn copied(found: bool, out: EnvoyBuffer) -> Option<String> {
+        // SAFETY: Envoy filled `out` with a view valid for the hook call; copied at once.
+        found
+            .then(|| unsafe { utf8(out.bytes()).map(str::to_string) })
+            .flatten()
+    }
+
+    /// A request header's first value (copied).
+    pub fn request_header(&self, name: &str) -> Option<String> {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: non-null filter pointer; the key borrows `name` for the call; `out` is a
+        // valid slot and the size pointer may be null.
+        let found = unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self.0,
+                REQUEST_HEADER,
+                ModuleBuffer::of(name),
+                &mut out,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        Self::copied(found && !out.ptr.is_null(), out)
+    }
+
+    fn attribute(&self, id: c_int) -> Option<String> {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: non-null filter pointer; `out` is a valid slot.
+        let found = unsafe {
+            envoy_dynamic_module_callback_http_filter_get_attribute_string(self.0, id, &mut out)
+        };
+        Self::copied(found, out)
+    }
+
+    /// The request's HTTP version (`HTTP/1.1`, `HTTP/2`).
+    pub fn http_version(&self) -> Option<String> {
+        self.attribute(ATTRIBUTE_REQUEST_PROTOCOL)
+    }
+
+    /// The upstream host's `IP:PORT` (once the response has started).
+    pub fn upstream_address(&self) -> Option<String> {
+        self.attribute(ATTRIBUTE_UPSTREAM_ADDRESS)
+    }
+
+    /// The name of the cluster the route chose.
+    pub fn cluster_name(&self) -> Option<String> {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: non-null filter pointer; `out` is a valid slot.
+        let found =
+            unsafe { envoy_dynamic_module_callback_http_get_cluster_name(self.0, &mut out) };
+        Self::copied(found, out)
+    }
+
+    /// A scheduler that posts events to this stream's worker; `None` if Envoy gave none.
+    pub fn scheduler(&self) -> Option<Scheduler> {
+        // SAFETY: non-null filter pointer; the scheduler is given back by `Scheduler::delete`.
+        let ptr = unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.0) };
+        (!ptr.is_null()).then_some(Scheduler(ptr))
+    }
+
+    /// Adds `by` to counter `id` (defined on this filter's configuration).
+    pub fn increment_counter(&self, id: usize, by: u64) {
+        // SAFETY: non-null filter pointer; an id its configuration defined; no labels.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_increment_counter(
+                self.0,
+                id,
+                std::ptr::null_mut(),
+                0,
+                by,
+            );
+        }
+    }
+
+    /// Sets gauge `id` (defined on this filter's configuration) to `value`.
+    pub fn set_gauge(&self, id: usize, value: u64) {
+        // SAFETY: non-null filter pointer; an id its configuration defined; no labels.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_set_gauge(
+                self.0,
+                id,
+                std::ptr::null_mut(),
+                0,
+                value,
+            );
+        }
+    }
+
+    /// Ends the response with `trailers`. Envoy may destroy the filter during the call.
+    pub fn send_trailers(&self, trailers: &[(&str, &str)]) {
+        let mut headers: Vec<ModuleHttpHeader> = trailers
+            .iter()
+            .map(|(k, v)| ModuleHttpHeader::of(k, v))
+            .collect();
+        // SAFETY: non-null filter pointer; the headers borrow `trailers`, alive for the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response_trailers(
+                self.0,
+                headers.as_mut_ptr(),
+                headers.len(),
+            )
+        }
+    }
+
+    /// Resets the stream. Envoy may destroy the filter during the call.
+    pub fn reset(&self, details: &str) {
+        // SAFETY: non-null filter pointer; the details borrow `details` for the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_reset_stream(
+                self.0,
+                RESET_LOCAL,
+                ModuleBuffer::of(details),
+            )
+        }
+    }
+}
+
+/// A stream's scheduler (`envoy_dynamic_module_type_http_filter_scheduler_module_ptr`):
+/// commits events to the stream's worker from any thread, until deleted.
+#[derive(Debug)]
+pub struct Scheduler(*mut c_void);
+
+// SAFETY: Envoy's scheduler posts to the worker's dispatcher, which is thread-safe; the
+// module commits and deletes it under the drain board's lock only, so never concurrently.
+unsafe impl Send for Scheduler {}
+
+impl Scheduler {
+    /// Posts `event_id` to the stream's worker (`on_http_filter_scheduled`); a stream
+    /// already gone is skipped by Envoy (the scheduler holds a weak reference to it).
+    pub fn commit(&self, event_id: u64) {
+        // SAFETY: a live scheduler from `scheduler_new`, not yet deleted.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0, event_id) }
+    }
+
+    /// Gives the scheduler back to Envoy (a scheduler dropped without it is leaked, never
+    /// used again).
+    pub fn delete(self) {
+        // SAFETY: a live scheduler from `scheduler_new`; `self` is consumed, so once.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
+    }
+}

@@ -77,7 +77,19 @@ pub const LB_CALLBACK_PREFIX: &str = "envoy_dynamic_module_callback_lb_";
 
 /// The callbacks the module calls: abi.rs's declarations (tests/e2e/native/abi.rs
 /// checks that the .so imports exactly these).
-pub const IMPORTED: [&str; 21] = [
+pub const IMPORTED: [&str; 33] = [
+    "envoy_dynamic_module_callback_http_filter_config_define_counter",
+    "envoy_dynamic_module_callback_http_filter_config_define_gauge",
+    "envoy_dynamic_module_callback_http_filter_get_attribute_string",
+    "envoy_dynamic_module_callback_http_filter_increment_counter",
+    "envoy_dynamic_module_callback_http_filter_reset_stream",
+    "envoy_dynamic_module_callback_http_filter_scheduler_commit",
+    "envoy_dynamic_module_callback_http_filter_scheduler_delete",
+    "envoy_dynamic_module_callback_http_filter_scheduler_new",
+    "envoy_dynamic_module_callback_http_filter_set_gauge",
+    "envoy_dynamic_module_callback_http_get_cluster_name",
+    "envoy_dynamic_module_callback_http_get_header",
+    "envoy_dynamic_module_callback_http_send_response_trailers",
     "envoy_dynamic_module_callback_lb_config_decrement_gauge",
     "envoy_dynamic_module_callback_lb_config_define_counter",
     "envoy_dynamic_module_callback_lb_config_define_gauge",

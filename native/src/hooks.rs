@@ -17,7 +17,7 @@ use crate::envoy_version::{self, CheckMode, Verdict, CHECK_VAR};
 use crate::policy::Level;
 
 /// Runs `f`, or logs the panic and returns `fallback`.
-fn guarded<T>(hook: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn guarded<T>(hook: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {

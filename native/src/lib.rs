@@ -13,15 +13,23 @@
 //! - `config` parses the policy JSON, `table` reads a cluster's hosts into
 //!   the core's records, plans them and picks per request, `metrics` names
 //!   the counters and keeps the log-once state;
+//! - the stream drain, an HTTP filter in the same module
+//!   (`filter_name: serving_picker_drain`): `http_hooks` are its hooks,
+//!   `http_filter` what a stream is and how it ends, `drain` the board of
+//!   open streams and draining hosts (published by the policy) and the timer
+//!   thread that wakes due streams;
 //! - `testing` (tests and the `testing` feature only): the fakes.
 
 pub mod abi;
 pub mod config;
+pub mod drain;
 pub mod envoy_host;
 pub mod envoy_version;
 #[cfg(test)]
 mod fuzz;
 pub mod hooks;
+pub mod http_filter;
+pub mod http_hooks;
 pub mod metrics;
 pub mod policy;
 pub mod table;

@@ -205,6 +205,8 @@ struct Reporter {
     not_offered: NotOffered,
     /// The tier last logged (a line when it changes).
     tier: Option<Tier>,
+    /// The draining hosts last logged (a line when they change).
+    draining: Vec<String>,
 }
 
 #[derive(Default)]
@@ -289,6 +291,7 @@ impl<P: Proxy> LbInstance<P> {
                     );
                 }
             }
+            self.publish_drain(&built.draining);
             cfg.gauge_set(Metric::RebuildMicros, micros);
             if built.unreadable > 0 {
                 proxy.log(
@@ -312,6 +315,38 @@ impl<P: Proxy> LbInstance<P> {
                 ),
             );
         }
+    }
+
+    /// The reporting instance publishes the cluster's draining hosts to the drain filter's
+    /// board (`drain`), with the window (`drain_window_ms`; without it, nothing drains), and
+    /// logs when they change.
+    fn publish_drain(&self, draining: &[String]) {
+        let cfg = &*self.config;
+        let window = cfg.config.drain.map(|d| d.window_ms);
+        crate::drain::publish(self.owner(), &self.cluster, window, draining);
+        let Some(window) = window else {
+            return;
+        };
+        let Some(Ok(mut rep)) = self.reporter.as_ref().map(|r| r.try_borrow_mut()) else {
+            return;
+        };
+        if rep.draining != draining {
+            rep.draining = draining.to_vec();
+            cfg.proxy.log(
+                Level::Info,
+                &format!(
+                    "serving_picker: cluster {}: {} host(s) drain ({}): their open streams end within {window} ms",
+                    self.cluster,
+                    draining.len(),
+                    draining.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// This instance's configuration, as the drain board's owner key.
+    fn owner(&self) -> usize {
+        Arc::as_ptr(&self.config) as usize
     }
 
     /// The host for one request: (priority, index into that priority's
@@ -359,7 +394,10 @@ impl<P: Proxy> LbInstance<P> {
 
 impl<P: Proxy> Drop for LbInstance<P> {
     fn drop(&mut self) {
-        // The cluster's share of the gauge goes with its reporter.
+        // The cluster's share of the gauge goes with its reporter, and its drain entry.
+        if self.reporter.is_some() {
+            crate::drain::forget(self.owner(), &self.cluster);
+        }
         if let Some(rep) = &self.reporter {
             if let Ok(rep) = rep.try_borrow() {
                 self.config.gauge_add(
@@ -404,6 +442,36 @@ mod tests {
 
     fn no_request() -> Option<&'static FakeRequest> {
         None
+    }
+
+    #[test]
+    fn the_reporter_publishes_draining_hosts_only_with_a_window() {
+        let terminating = |a: &str| FakeHost::new(a).conditions(false, true, true);
+        let row5 = cluster(vec![terminating(A), ready(B)]);
+        let row3 = cluster(vec![terminating(A)]);
+        // With drain_window_ms: A drains in row 5, not in row 3; the log says so once.
+        let cfg = config(r#"{"drain_window_ms": 5000}"#);
+        let lb = LbInstance::new(cfg.clone(), "drain-policy-test".into(), &row3);
+        assert!(crate::drain::board().configured("drain-policy-test"));
+        assert!(!crate::drain::board().draining("drain-policy-test", A));
+        lb.on_membership_update(&row5, 0, 0);
+        lb.on_membership_update(&row5, 0, 0);
+        assert!(crate::drain::board().draining("drain-policy-test", A));
+        assert!(!crate::drain::board().draining("drain-policy-test", B));
+        let lines = cfg.proxy().lines(Level::Info, "host(s) drain");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("within 5000 ms") && lines[0].contains(A));
+        lb.on_membership_update(&row3, 0, 0);
+        assert!(!crate::drain::board().draining("drain-policy-test", A));
+        drop(lb);
+        assert!(
+            !crate::drain::board().configured("drain-policy-test"),
+            "forgotten with its reporter"
+        );
+        // Without it: nothing is published.
+        let lb = LbInstance::new(config("{}"), "drain-policy-off".into(), &row5);
+        assert!(!crate::drain::board().configured("drain-policy-off"));
+        drop(lb);
     }
 
     #[test]

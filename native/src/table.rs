@@ -13,6 +13,7 @@
 use rustc_hash::FxHashMap;
 use serving_picker_core::config::SelectionConfig;
 use serving_picker_core::contract::{key, EdsHealth, MetaFlags, Tier};
+use serving_picker_core::drain::draining_hosts;
 use serving_picker_core::health::{effective, Health};
 use serving_picker_core::host::HostRecord;
 use serving_picker_core::picker::Picker;
@@ -103,6 +104,9 @@ pub struct Built {
     pub hosts: usize,
     /// Hosts skipped because Envoy gave no (UTF-8) address.
     pub unreadable: usize,
+    /// The hosts whose open streams drain (`serving_picker_core::drain::draining_hosts`:
+    /// terminating while a ready host exists), by address.
+    pub draining: Vec<String>,
 }
 
 /// Each host's index in its priority's healthy list. Envoy builds that list
@@ -302,11 +306,21 @@ pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
     let plan = plan_weights(&records, zone_pref.as_ref(), local_node);
     not_offered.sort();
     not_offered.dedup();
+    let draining = draining_hosts(
+        addresses
+            .iter()
+            .zip(&records)
+            .map(|(a, r)| (*a, r.conditions())),
+    )
+    .into_iter()
+    .map(str::to_string)
+    .collect();
     Built {
         table: table_of(&plan, &offered, &addresses),
         not_offered,
         hosts,
         unreadable,
+        draining,
     }
 }
 

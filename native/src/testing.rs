@@ -370,3 +370,72 @@ impl Request for FakeRequest {
         self.refused_host_indexes.contains(&slot.host_index)
     }
 }
+
+/// One stream as the drain filter sees it: its request headers and version, where it went,
+/// and how it was ended.
+#[derive(Debug, Default)]
+pub struct FakeStream {
+    headers: Vec<(String, String)>,
+    version: Option<String>,
+    cluster: Option<String>,
+    upstream: Option<String>,
+    sent_trailers: std::cell::RefCell<Vec<(String, String)>>,
+    reset: Cell<bool>,
+}
+
+impl FakeStream {
+    /// With a request header.
+    pub fn header(mut self, name: &str, value: &str) -> FakeStream {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// With an HTTP version (`HTTP/1.1`, `HTTP/2`).
+    pub fn version(mut self, version: &str) -> FakeStream {
+        self.version = Some(version.into());
+        self
+    }
+
+    /// Routed to `cluster`, host `address`.
+    pub fn routed(mut self, cluster: &str, address: &str) -> FakeStream {
+        self.cluster = Some(cluster.into());
+        self.upstream = Some(address.into());
+        self
+    }
+
+    /// The trailers the filter ended the response with.
+    pub fn trailers(&self) -> Vec<(String, String)> {
+        self.sent_trailers.borrow().clone()
+    }
+
+    /// Whether the filter reset the stream.
+    pub fn was_reset(&self) -> bool {
+        self.reset.get()
+    }
+}
+
+impl crate::http_filter::Stream for FakeStream {
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    }
+    fn http_version(&self) -> Option<String> {
+        self.version.clone()
+    }
+    fn cluster(&self) -> Option<String> {
+        self.cluster.clone()
+    }
+    fn upstream_address(&self) -> Option<String> {
+        self.upstream.clone()
+    }
+    fn send_trailers(&self, trailers: &[(&str, &str)]) {
+        self.sent_trailers
+            .borrow_mut()
+            .extend(trailers.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    }
+    fn reset(&self) {
+        self.reset.set(true);
+    }
+}

@@ -218,7 +218,8 @@ fn validate_with(config_value: &str) -> (bool, String) {
     let so = native_module();
     let dir = support::envoy::fresh_dir("native-refused");
     let yaml = std::fs::read_to_string(support::repo_root().join("envoy-native.yaml")).unwrap();
-    let shipped = r#"value: '{"metadata_namespace": "k8s.endpointslice"}'"#;
+    let shipped =
+        r#"value: '{"metadata_namespace": "k8s.endpointslice", "drain_window_ms": 15000}'"#;
     assert!(
         yaml.contains(shipped),
         "envoy-native.yaml changed: update this test"

@@ -1,5 +1,6 @@
 //! The dynamic-module load-balancing policy alone.
 
 mod abi;
+pub(crate) mod drain;
 mod lb_policy;
 mod upgrade;
