@@ -165,7 +165,7 @@ fn kubernetes_says(h: &HostSpec) -> Option<Conditions> {
 }
 
 /// The host a pick names: `(priority, index into the priority's offered hosts)`.
-fn picked<'a>(spec: &'a [Vec<HostSpec>], pick: (u32, u32)) -> Option<&'a HostSpec> {
+fn picked(spec: &[Vec<HostSpec>], pick: (u32, u32)) -> Option<&HostSpec> {
     spec.get(pick.0 as usize)?
         .iter()
         .filter(|h| h.offered)
