@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -132,6 +135,12 @@ fn check_kind(name: &str, doc: &Value) -> bool {
         (RBAC, "Role") => round_trip::<Role>(name, doc),
         (RBAC, "RoleBinding") => round_trip::<RoleBinding>(name, doc),
         ("scheduling.k8s.io/v1", "PriorityClass") => round_trip::<PriorityClass>(name, doc),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            round_trip::<ValidatingAdmissionPolicy>(name, doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            round_trip::<ValidatingAdmissionPolicyBinding>(name, doc)
+        }
         // CRDs (Envoy Gateway, Istio, cert-manager) and kustomize: no types here.
         _ => return false,
     }
@@ -316,6 +325,7 @@ fn every_deploy_folder_builds_with_kubectl_kustomize() {
         "deploy/conditions-namespaced",
         "deploy/envoy-gateway",
         "deploy/envoy-gateway-native",
+        "deploy/envoy-gateway-native-eg1.8",
     ] {
         assert!(names.contains(&want), "{want} not built: {names:?}");
     }
@@ -615,18 +625,17 @@ fn review(build: &str, dep: &Value, docs: &[Value]) {
     let want = if mode == "eds" { "/readyz" } else { "/serving" };
     assert_eq!(ready, want, "{what}: readiness");
 
-    // Envoy Gateway waits on the hook without a deadline: the companion is
-    // scheduled ahead of ordinary pods, with a PriorityClass of the build.
-    if mode == "envoy-gateway" {
-        let class = spec["priorityClassName"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{what}: no priorityClassName"));
-        assert!(
-            of_kind(docs, "PriorityClass")
-                .any(|p| p["metadata"]["name"] == class && p["value"].as_i64().unwrap_or(0) > 0),
-            "{what}: PriorityClass {class} not in the build"
-        );
-    }
+    // Envoy Gateway waits on the hook without a deadline, and every Envoy's
+    // endpoint updates on the eds companion: either is scheduled ahead of
+    // ordinary pods, with a PriorityClass of the build.
+    let class = spec["priorityClassName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no priorityClassName"));
+    assert!(
+        of_kind(docs, "PriorityClass")
+            .any(|p| p["metadata"]["name"] == class && p["value"].as_i64().unwrap_or(0) > 0),
+        "{what}: PriorityClass {class} not in the build"
+    );
 }
 
 #[test]
@@ -644,10 +653,19 @@ fn every_companion_build_is_secure_by_default() {
             "deploy/conditions",
             "deploy/conditions-namespaced",
             "deploy/envoy-gateway",
-            "deploy/envoy-gateway-native"
+            "deploy/envoy-gateway-native",
+            "deploy/envoy-gateway-native-eg1.8"
         ],
         "companion builds reviewed"
     );
+    // One PriorityClass serving-picker-critical, the same object in every
+    // build that has it (both installs may share a cluster).
+    let classes: std::collections::BTreeSet<String> = kustomize_builds()
+        .iter()
+        .flat_map(|(_, docs)| of_kind(docs, "PriorityClass").cloned().collect::<Vec<_>>())
+        .map(|p| p.to_string())
+        .collect();
+    assert_eq!(classes.len(), 1, "PriorityClasses differ: {classes:?}");
     // The namespaced variant has no ClusterRole left.
     let (_, namespaced) = kustomize_builds()
         .into_iter()
@@ -659,16 +677,18 @@ fn every_companion_build_is_secure_by_default() {
 
 /// Envoy Gateway's Helm values are those of a dedicated instance: its own
 /// controllerName (the shipped GatewayClass's), one named entry of
-/// `extensionManagers`, and nothing else under `config.envoyGateway`; the
-/// chart's crds subchart off, two replicas, a PodDisruptionBudget, a
-/// priority class of the build, resources. EnvoyPatchPolicy stays off unless
-/// the native form's opt-in file is added, which sets that one key only. The
-/// hook is EG's post-Endpoints hook, fails open, and dials the
-/// envoy-gateway-mode companion's Service at its gRPC port as
+/// `extensionManagers`, a watch list of namespaces, and nothing else under
+/// `config.envoyGateway`; the chart's crds subchart off, two replicas, a
+/// PodDisruptionBudget, a priority class of the build, resources.
+/// EnvoyPatchPolicy stays off unless the native form's opt-in file is added,
+/// which sets that one key only. The hook is EG's post-Endpoints hook alone
+/// (the Translation hook is the native values' addition), fails open, and
+/// dials the envoy-gateway-mode companion's Service at its gRPC port as
 /// `<service>.<namespace>.svc` (no cluster domain), with an answer size the
-/// companion's `--max-message-size` matches. EG trusts the CA-only bundle
-/// (a trust-manager Bundle writing tls.crt into EG's namespace) and reads
-/// its two Secrets through Roles that name them.
+/// companion's `--max-message-size` matches. EG trusts a CA-only Secret in
+/// its namespace that no shipped object writes (the installer does, from a
+/// leaf Secret's ca.crt) and reads its two Secrets through Roles that name
+/// them.
 #[test]
 fn envoy_gateway_values_configure_a_dedicated_instance() {
     let read = |f: &str| -> Value {
@@ -688,7 +708,7 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
     assert_eq!(values["crds"], serde_json::json!({"enabled": false}));
     assert_eq!(keys(&values["config"]), ["envoyGateway"]);
     let eg = &values["config"]["envoyGateway"];
-    assert_eq!(keys(eg), ["extensionManagers", "gateway"]);
+    assert_eq!(keys(eg), ["extensionManagers", "gateway", "provider"]);
     let controller = eg["gateway"]["controllerName"].as_str().unwrap();
     assert_ne!(controller, "gateway.envoyproxy.io/gatewayclass-controller");
     let class = read("gatewayclass.yaml");
@@ -701,20 +721,10 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
     assert_eq!(eg["extensionManagers"].as_array().unwrap().len(), 1);
     let manager = &eg["extensionManagers"][0];
     assert_eq!(manager["name"], "serving-picker");
+    // The base install: PostEndpointsModify only, no Translation hook.
     assert_eq!(
-        manager["hooks"]["xdsTranslator"]["post"],
-        serde_json::json!(["Endpoints", "Translation"])
-    );
-    // PostTranslateModify gets the clusters only: never the Gateways'
-    // secrets (EG sends clusters and secrets unless told otherwise).
-    assert_eq!(
-        manager["hooks"]["xdsTranslator"]["translation"],
-        serde_json::json!({
-            "cluster": {"includeAll": true},
-            "secret": {"includeAll": false},
-            "listener": {"includeAll": false},
-            "route": {"includeAll": false},
-        })
+        manager["hooks"]["xdsTranslator"],
+        serde_json::json!({"post": ["Endpoints"]})
     );
     assert_eq!(manager["failOpen"], true);
     assert_eq!(manager["maxMessageSize"], "16M");
@@ -773,25 +783,27 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
     );
     assert!(values["deployment"]["envoyGateway"]["resources"]["limits"]["memory"].is_string());
 
-    // Trust without the CA's key: certificateRef is the Bundle's Secret
-    // target (tls.crt) in EG's namespace, never the CA's own Secret.
+    // Trust without the CA's key: certificateRef is a Secret in EG's
+    // namespace, never the CA's own; no shipped object writes it (the
+    // installer does, ca-bundle.yaml), so no copier reads Secrets.
     let eg_namespace = "serving-picker-gateway";
     let tls = &manager["service"]["tls"];
     let ca_ref = &tls["certificateRef"];
     assert_eq!(ca_ref["namespace"], eg_namespace);
     assert_ne!(ca_ref["name"], "serving-picker-ca");
-    let bundle = of_kind(&built, "Bundle")
-        .find(|b| b["metadata"]["name"] == ca_ref["name"])
-        .unwrap_or_else(|| panic!("{build}: no trust-manager Bundle {}", ca_ref["name"]));
-    assert_eq!(bundle["spec"]["target"]["secret"]["key"], "tls.crt");
-    let selected = &bundle["spec"]["target"]["namespaceSelector"]["matchExpressions"][0];
-    assert_eq!(selected["key"], "kubernetes.io/metadata.name");
-    assert_eq!(selected["values"], serde_json::json!([eg_namespace]));
-    for source in bundle["spec"]["sources"].as_array().unwrap() {
-        assert!(
-            source.get("secret").is_none(),
-            "a Secret source would be the CA's own (with its key): {source}"
-        );
+    for (build, docs) in kustomize_builds() {
+        for d in &docs {
+            let api = d["apiVersion"].as_str().unwrap_or_default();
+            assert!(
+                !api.starts_with("trust.cert-manager.io/"),
+                "{build}: a trust-manager object ({}): its Secret targets make it a reader of every Secret",
+                d["kind"]
+            );
+            assert!(
+                !(d["kind"] == "Secret" && d["metadata"]["name"] == ca_ref["name"]),
+                "{build}: ships the CA bundle's Secret, which a re-apply would overwrite"
+            );
+        }
     }
     // EG's ServiceAccount may get exactly its two Secrets, by name.
     for (ns, secret) in [
@@ -826,10 +838,12 @@ fn envoy_gateway_values_configure_a_dedicated_instance() {
     }
 }
 
-/// The native form's overlay: the base, with the GatewayClass referencing
-/// the platform's EnvoyProxy (which the base applies, inert, and which
-/// mounts the module) and the companion on `--native-lb-policy`; the base
-/// alone has neither.
+/// The native form's overlays (EG 1.9's, EG 1.8's): the base, with the
+/// GatewayClass referencing the platform's EnvoyProxy (which the base
+/// applies, inert, in a namespace EG watches, and which mounts the module of
+/// that EG minor's Envoy and leaves EG's own Envoy image in place), the
+/// companion on `--native-lb-policy`, and the admission policy that keeps a
+/// Gateway of the class on that EnvoyProxy; the base alone has none of them.
 #[test]
 fn the_native_overlay_mounts_the_module_class_wide_and_turns_the_policy_on() {
     let builds = kustomize_builds();
@@ -840,10 +854,6 @@ fn the_native_overlay_mounts_the_module_class_wide_and_turns_the_policy_on() {
             .map(|(_, d)| d.clone())
             .unwrap_or_else(|| panic!("{name} not built"))
     };
-    let (base, native) = (
-        build("deploy/envoy-gateway"),
-        build("deploy/envoy-gateway-native"),
-    );
     let companion_args = |docs: &[Value]| {
         let d = docs
             .iter()
@@ -859,41 +869,498 @@ fn the_native_overlay_mounts_the_module_class_wide_and_turns_the_policy_on() {
             .cloned()
             .unwrap()
     };
+    let base = build("deploy/envoy-gateway");
     assert!(!companion_args(&base).contains(&"--native-lb-policy".to_string()));
     assert!(class(&base)["spec"].get("parametersRef").is_none());
-    assert!(companion_args(&native).contains(&"--native-lb-policy".to_string()));
-    let r = &class(&native)["spec"]["parametersRef"];
+    assert_eq!(of_kind(&base, "ValidatingAdmissionPolicy").count(), 0);
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo().join("deploy/envoy-gateway/envoy-gateway-values.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let watched =
+        strings(&values["config"]["envoyGateway"]["provider"]["kubernetes"]["watch"]["namespaces"]);
+    for (name, envoy_minor) in [
+        ("deploy/envoy-gateway-native", "1.39"),
+        ("deploy/envoy-gateway-native-eg1.8", "1.38"),
+    ] {
+        let native = build(name);
+        assert!(companion_args(&native).contains(&"--native-lb-policy".to_string()));
+        let r = &class(&native)["spec"]["parametersRef"];
+        assert_eq!(
+            (&r["group"], &r["kind"]),
+            (
+                &Value::from("gateway.envoyproxy.io"),
+                &Value::from("EnvoyProxy")
+            )
+        );
+        let proxy = native
+            .iter()
+            .find(|d| {
+                d["kind"] == "EnvoyProxy"
+                    && d["metadata"]["name"] == r["name"]
+                    && d["metadata"]["namespace"] == r["namespace"]
+            })
+            .unwrap_or_else(|| {
+                panic!("{name}: the EnvoyProxy the GatewayClass names is not in the build: {r}")
+            });
+        // EG reads the class's EnvoyProxy through the cache of the watched
+        // namespaces only.
+        let ns = r["namespace"].as_str().unwrap();
+        assert!(
+            watched.iter().any(|w| w == ns),
+            "{name}: the EnvoyProxy's namespace {ns} is not in watch.namespaces {watched:?}: the class would be Accepted=False"
+        );
+        let k8s = &proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"];
+        // EG's own Envoy: no image pinned here.
+        assert!(
+            k8s["container"].get("image").is_none(),
+            "{name}: the EnvoyProxy pins an Envoy image: {}",
+            k8s["container"]["image"]
+        );
+        let env = k8s["container"]["env"].as_array().unwrap();
+        let path = env
+            .iter()
+            .find(|e| e["name"] == "ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+            .unwrap()["value"]
+            .clone();
+        let mount = k8s["container"]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"] == path)
+            .unwrap_or_else(|| panic!("{name}: nothing mounted at {path}"));
+        let volume = k8s["pod"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        let module = volume["image"]["reference"].as_str().unwrap();
+        assert!(
+            module.contains("/serving-picker-native:")
+                && module.ends_with(&format!("-envoy{envoy_minor}")),
+            "{name}: the module for Envoy {envoy_minor}: {module}"
+        );
+        // The namespace it lives in is created by the base itself.
+        assert!(base
+            .iter()
+            .any(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == r["namespace"]));
+        // A Gateway of the class keeps it: the policy and a Deny binding.
+        let policy = of_kind(&native, "ValidatingAdmissionPolicy")
+            .next()
+            .unwrap_or_else(|| panic!("{name}: no ValidatingAdmissionPolicy"));
+        assert!(
+            of_kind(&native, "ValidatingAdmissionPolicyBinding")
+                .any(|b| b["spec"]["policyName"] == policy["metadata"]["name"]
+                    && strings(&b["spec"]["validationActions"]) == ["Deny"]),
+            "{name}: the policy is not bound with Deny"
+        );
+        let class_name = class(&native)["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            strings(
+                &policy["spec"]["matchConditions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c["expression"].clone())
+                    .collect::<Value>()
+            )
+            .iter()
+            .any(|e| e.contains(&format!("'{class_name}'"))),
+            "{name}: the policy does not select the class {class_name}"
+        );
+    }
+}
+
+/// The Translation hook only where it is used: the base values call
+/// PostEndpointsModify alone; the native form's values file repeats the
+/// base's one extensionManagers entry (Helm replaces a list as a whole)
+/// with exactly `Translation` added to `post` and the clusters-only
+/// `translation` block, and sets nothing else.
+#[test]
+fn the_translation_hook_is_the_native_values_alone() {
+    let read = |f: &str| -> Value {
+        let path = repo().join("deploy/envoy-gateway").join(f);
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let base = read("envoy-gateway-values.yaml");
+    let native = read("envoy-gateway-native-values.yaml");
+    let base_managers = &base["config"]["envoyGateway"]["extensionManagers"];
+    let posts = |v: &Value| strings(&v[0]["hooks"]["xdsTranslator"]["post"]);
+    assert_eq!(posts(base_managers), ["Endpoints"]);
+    assert!(base_managers[0]["hooks"]["xdsTranslator"]
+        .get("translation")
+        .is_none());
     assert_eq!(
-        (&r["group"], &r["kind"]),
-        (
-            &Value::from("gateway.envoyproxy.io"),
-            &Value::from("EnvoyProxy")
-        )
+        native,
+        serde_json::json!({"config": {"envoyGateway": {"extensionManagers": native["config"]["envoyGateway"]["extensionManagers"].clone()}}}),
+        "the native values set extensionManagers only"
     );
-    let proxy = native
-        .iter()
-        .find(|d| {
-            d["kind"] == "EnvoyProxy"
-                && d["metadata"]["name"] == r["name"]
-                && d["metadata"]["namespace"] == r["namespace"]
+    let mut native_managers = native["config"]["envoyGateway"]["extensionManagers"].clone();
+    assert_eq!(posts(&native_managers), ["Endpoints", "Translation"]);
+    // PostTranslateModify gets the clusters only: never the Gateways'
+    // secrets (EG sends clusters and secrets unless told otherwise).
+    assert_eq!(
+        native_managers[0]["hooks"]["xdsTranslator"]["translation"],
+        serde_json::json!({
+            "cluster": {"includeAll": true},
+            "secret": {"includeAll": false},
+            "listener": {"includeAll": false},
+            "route": {"includeAll": false},
         })
-        .unwrap_or_else(|| {
-            panic!("the EnvoyProxy the GatewayClass names is not in the build: {r}")
-        });
-    let k8s = &proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"];
-    let env = k8s["container"]["env"].as_array().unwrap();
-    let path = env
+    );
+    let hooks = native_managers[0]["hooks"]["xdsTranslator"]
+        .as_object_mut()
+        .unwrap();
+    hooks.remove("translation");
+    hooks.insert("post".into(), serde_json::json!(["Endpoints"]));
+    assert_eq!(
+        &native_managers, base_managers,
+        "the native entry differs from the base's in more than the Translation hook"
+    );
+}
+
+// Who can read the CA's key: RBAC evaluated over the shipped builds, Envoy
+// Gateway's chart RBAC at each claimed tag rendered with the shipped values,
+// and cert-manager's controller. helm is not available offline: the EG
+// chart's RBAC templates are vendored verbatim (platforms/eg-chart/<tag>/
+// templates/, their source and commit on the first line) and rendered here
+// by reading them: `define` blocks of _rbac.tpl resolved, the branch of
+// envoy-gateway-rbac.yaml on watch.namespaces taken as Helm takes it (the
+// test checks the template has that shape), and every other conditional
+// (topology injector, GatewayNamespace mode) taken as true, which can only
+// add readers.
+
+/// A grant of Secret reading: who, where (None: every namespace), and
+/// which names (empty: all).
+#[derive(Debug, Clone)]
+struct SecretGrant {
+    subject: String,
+    namespace: Option<String>,
+    names: Vec<String>,
+}
+
+/// A rule lets its holder read Secrets (get, list or watch: list and watch
+/// return the data too).
+fn reads_secrets(rule: &Value) -> bool {
+    let has = |key: &str, want: &[&str]| {
+        strings(&rule[key])
+            .iter()
+            .any(|v| v == "*" || want.contains(&v.as_str()))
+    };
+    has("apiGroups", &[""])
+        && has("resources", &["secrets"])
+        && has("verbs", &["get", "list", "watch"])
+}
+
+/// Every Secret-reading grant the RBAC objects of `docs` make.
+fn secret_grants(docs: &[Value]) -> Vec<SecretGrant> {
+    assert!(
+        docs.iter()
+            .filter(|d| d["kind"] == "ClusterRole")
+            .all(|d| d.get("aggregationRule").is_none()),
+        "an aggregated ClusterRole: not modelled here"
+    );
+    let rules_of = |kind: &str, name: &Value, ns: Option<&Value>| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == *name
+                    && ns.is_none_or(|n| d["metadata"]["namespace"] == *n)
+            })
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .filter(reads_secrets)
+            .collect()
+    };
+    let mut out = Vec::new();
+    for b in docs
         .iter()
-        .find(|e| e["name"] == "ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
-        .unwrap()["value"]
-        .clone();
-    assert!(k8s["container"]["volumeMounts"]
-        .as_array()
-        .unwrap()
+        .filter(|d| d["kind"] == "RoleBinding" || d["kind"] == "ClusterRoleBinding")
+    {
+        let namespace = (b["kind"] == "RoleBinding").then(|| b["metadata"]["namespace"].clone());
+        let rules = match b["roleRef"]["kind"].as_str() {
+            Some("Role") => rules_of("Role", &b["roleRef"]["name"], namespace.as_ref()),
+            _ => rules_of("ClusterRole", &b["roleRef"]["name"], None),
+        };
+        for s in b["subjects"].as_array().into_iter().flatten() {
+            let subject = match s["kind"].as_str() {
+                Some("ServiceAccount") => format!(
+                    "ServiceAccount {}/{}",
+                    s["namespace"].as_str().unwrap_or("?"),
+                    s["name"].as_str().unwrap_or("?")
+                ),
+                k => format!("{} {}", k.unwrap_or("?"), s["name"].as_str().unwrap_or("?")),
+            };
+            for rule in &rules {
+                out.push(SecretGrant {
+                    subject: subject.clone(),
+                    namespace: namespace
+                        .as_ref()
+                        .and_then(|n| n.as_str())
+                        .map(str::to_string),
+                    names: strings(&rule["resourceNames"]),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Who may read Secret `namespace/name`.
+fn readers(
+    grants: &[SecretGrant],
+    namespace: &str,
+    name: &str,
+) -> std::collections::BTreeSet<String> {
+    grants
         .iter()
-        .any(|m| m["mountPath"] == path));
-    // The namespace it lives in is created by the base itself.
-    assert!(base
-        .iter()
-        .any(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == r["namespace"]));
+        .filter(|g| g.namespace.as_deref().is_none_or(|n| n == namespace))
+        .filter(|g| g.names.is_empty() || g.names.iter().any(|n| n == name))
+        .map(|g| g.subject.clone())
+        .collect()
+}
+
+/// The `define` blocks of a chart's _rbac.tpl: name -> rules (a composite
+/// block's includes resolved; its `if` lines taken as true).
+fn chart_defines(text: &str) -> std::collections::BTreeMap<String, Vec<Value>> {
+    let mut raw: Vec<(String, Vec<String>)> = Vec::new();
+    let mut depth = 0usize;
+    for line in text.lines() {
+        let t = line.trim();
+        if depth == 0 {
+            if let Some(rest) = t.strip_prefix("{{- define \"") {
+                raw.push((rest.split('"').next().unwrap().to_string(), Vec::new()));
+                depth = 1;
+            }
+            continue;
+        }
+        if t.starts_with("{{- if") || t.starts_with("{{ if") || t.starts_with("{{- with") {
+            depth += 1;
+            continue;
+        }
+        if t.starts_with("{{- end") || t.starts_with("{{ end") {
+            depth -= 1;
+            continue;
+        }
+        raw.last_mut().unwrap().1.push(line.to_string());
+    }
+    let mut out = std::collections::BTreeMap::new();
+    // Leaves first, then the blocks made of includes (one level, as _rbac.tpl has).
+    for (name, lines) in &raw {
+        if lines.iter().any(|l| l.contains("{{ include")) {
+            continue;
+        }
+        let body: Value = serde_saphyr::from_str(&lines.join("\n")).unwrap_or(Value::Null);
+        let rules = match body {
+            Value::Array(items) => items,
+            Value::Null => Vec::new(),
+            other => vec![other],
+        };
+        out.insert(name.clone(), rules);
+    }
+    for (name, lines) in &raw {
+        let includes: Vec<String> = lines
+            .iter()
+            .filter_map(|l| l.split("{{ include \"").nth(1))
+            .map(|r| r.split('"').next().unwrap().to_string())
+            .collect();
+        if includes.is_empty() {
+            continue;
+        }
+        let rules = includes
+            .iter()
+            .flat_map(|i| {
+                out.get(i)
+                    .cloned()
+                    .unwrap_or_else(|| panic!("_rbac.tpl: {name} includes unknown {i}"))
+            })
+            .collect();
+        out.insert(name.clone(), rules);
+    }
+    out
+}
+
+/// EG's chart RBAC at `tag`, rendered for release namespace `eg_ns` and
+/// `watch.namespaces` `watched` (empty: unset).
+fn eg_chart_rbac(tag: &str, eg_ns: &str, watched: &[String]) -> Vec<Value> {
+    let dir = repo()
+        .join("platforms/eg-chart")
+        .join(tag)
+        .join("templates");
+    let read =
+        |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{tag} {f}: {e}"));
+    let defines = chart_defines(&read("_rbac.tpl"));
+    let rules = |name: &str| -> Value {
+        Value::from(
+            defines
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{tag}: no define {name}")),
+        )
+    };
+    let sa = serde_json::json!([{"kind": "ServiceAccount", "name": "envoy-gateway", "namespace": eg_ns}]);
+    let mut out = Vec::new();
+    // envoy-gateway-rbac.yaml: a Role per watched namespace with the
+    // namespaced rules and a ClusterRole with the cluster ones; else one
+    // ClusterRole with both. Its shape is checked, not assumed.
+    let main = read("envoy-gateway-rbac.yaml");
+    for marker in [
+        "{{ range $_, $ns := $watchedNamespaces }}",
+        "namespace: {{ $ns | quote }}",
+        "rules:\n{{ include \"eg.rbac.namespaced\" $ }}",
+        "rules:\n{{ include \"eg.rbac.cluster\" . }}\n---",
+        "{{ else }}",
+        "rules:\n{{ include \"eg.rbac.cluster\" . }}\n{{ include \"eg.rbac.namespaced\" . }}",
+    ] {
+        assert!(
+            main.contains(marker),
+            "EG {tag} envoy-gateway-rbac.yaml changed shape: no {marker:?}"
+        );
+    }
+    if watched.is_empty() {
+        let mut all = rules("eg.rbac.cluster").as_array().unwrap().clone();
+        all.extend(rules("eg.rbac.namespaced").as_array().unwrap().clone());
+        out.push(
+            serde_json::json!({"kind": "ClusterRole", "metadata": {"name": "eg"}, "rules": all}),
+        );
+    } else {
+        for ns in watched {
+            out.push(serde_json::json!({"kind": "Role", "metadata": {"name": "eg", "namespace": ns}, "rules": rules("eg.rbac.namespaced")}));
+            out.push(serde_json::json!({"kind": "RoleBinding", "metadata": {"name": "eg", "namespace": ns},
+                "roleRef": {"kind": "Role", "name": "eg"}, "subjects": sa}));
+        }
+        out.push(serde_json::json!({"kind": "ClusterRole", "metadata": {"name": "eg"}, "rules": rules("eg.rbac.cluster")}));
+    }
+    out.push(
+        serde_json::json!({"kind": "ClusterRoleBinding", "metadata": {"name": "eg"},
+        "roleRef": {"kind": "ClusterRole", "name": "eg"}, "subjects": sa}),
+    );
+    // The other RBAC templates: every Role and ClusterRole in them, their
+    // includes resolved and every conditional taken, bound as written.
+    for file in [
+        "infra-manager-rbac.yaml",
+        "namespaced-infra-manager-rbac.yaml",
+        "leader-election-rbac.yaml",
+        "certgen-rbac.yaml",
+    ] {
+        let text = read(file);
+        for chunk in text.split("\n---") {
+            let kind = chunk
+                .lines()
+                .find_map(|l| l.strip_prefix("kind: "))
+                .map(str::trim);
+            let Some(kind) = kind else { continue };
+            let mut yaml = Vec::new();
+            let mut included = Vec::new();
+            for line in chunk.lines() {
+                let t = line.trim();
+                if let Some(rest) = t.strip_prefix("{{ include \"") {
+                    included.push(rest.split('"').next().unwrap().to_string());
+                    continue;
+                }
+                if t.starts_with("{{") {
+                    continue;
+                }
+                // Names: the template's text, the same in a Role and its
+                // binding; the namespace: the release's (or, in the
+                // GatewayNamespace-mode file, each watched one: taken as
+                // the release's, where the CA's key is not either way).
+                let line = line
+                    .replace("{{ include \"eg.namespace\" . }}", eg_ns)
+                    .replace("{{ include \"eg.namespace\" $ }}", eg_ns)
+                    .replace("{{ $ns | quote }}", eg_ns)
+                    .replace('$', ".")
+                    .replace("{{", "<")
+                    .replace("}}", ">");
+                yaml.push(line);
+            }
+            let mut doc: Value = serde_saphyr::from_str(&yaml.join("\n"))
+                .unwrap_or_else(|e| panic!("EG {tag} {file}: {e}\n{}", yaml.join("\n")));
+            if doc.is_null() {
+                continue;
+            }
+            if kind == "Role" || kind == "ClusterRole" {
+                let mut all = doc["rules"].as_array().cloned().unwrap_or_default();
+                for i in &included {
+                    all.extend(
+                        defines
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| panic!("EG {tag} {file}: unknown {i}")),
+                    );
+                }
+                doc["rules"] = Value::from(all);
+            }
+            doc["kind"] = Value::from(kind);
+            out.push(doc);
+        }
+    }
+    out
+}
+
+/// The readers of the CA's key Secret (serving-picker/serving-picker-ca),
+/// from every shipped build, EG's chart RBAC at each claimed tag with the
+/// shipped values (platforms/eg-chart), and cert-manager's controller
+/// (platforms/cert-manager-chart): cert-manager's ServiceAccount alone. The
+/// same computation finds EG's ServiceAccount among them when
+/// watch.namespaces is unset or lists serving-picker, and finds the
+/// chart's Secret rule at all (so the model reads the templates).
+#[test]
+fn only_cert_manager_can_read_the_ca_key() {
+    let (ca_ns, ca_secret) = ("serving-picker", "serving-picker-ca");
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo().join("deploy/envoy-gateway/envoy-gateway-values.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let watch = &values["config"]["envoyGateway"]["provider"]["kubernetes"]["watch"];
+    assert_eq!(
+        watch["type"], "Namespaces",
+        "a NamespaceSelector renders the cluster-wide ClusterRole"
+    );
+    let watched = strings(&watch["namespaces"]);
+    let eg_ns = "serving-picker-gateway";
+    let cert_manager: Vec<Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(
+            repo().join("platforms/cert-manager-chart/v1.21.1/controller-issuers.rbac.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut shipped = Vec::new();
+    for (_, docs) in kustomize_builds() {
+        shipped.extend(docs);
+    }
+    let eg_sa = format!("ServiceAccount {eg_ns}/envoy-gateway");
+    let want: std::collections::BTreeSet<String> =
+        ["ServiceAccount cert-manager/cert-manager".to_string()].into();
+    for tag in ["v1.8.3", "v1.9.0"] {
+        let mut docs = shipped.clone();
+        docs.extend(cert_manager.clone());
+        docs.extend(eg_chart_rbac(tag, eg_ns, &watched));
+        let grants = secret_grants(&docs);
+        let who = readers(&grants, ca_ns, ca_secret);
+        println!("EG {tag}, watch.namespaces {watched:?}: readers of {ca_ns}/{ca_secret}: {who:?}");
+        assert_eq!(who, want, "EG {tag}: who can read {ca_ns}/{ca_secret}");
+        // EG reads what it must: its client certificate and the CA bundle.
+        assert!(readers(&grants, ca_ns, "serving-picker-eg-client").contains(&eg_sa));
+        assert!(readers(&grants, eg_ns, "serving-picker-ca-bundle").contains(&eg_sa));
+        // The same model, values changed: EG becomes a reader.
+        for other in [
+            Vec::new(),
+            [watched.clone(), vec![ca_ns.to_string()]].concat(),
+        ] {
+            let mut docs = shipped.clone();
+            docs.extend(eg_chart_rbac(tag, eg_ns, &other));
+            let who = readers(&secret_grants(&docs), ca_ns, ca_secret);
+            assert!(
+                who.contains(&eg_sa),
+                "EG {tag}, watch.namespaces {other:?}: {who:?}"
+            );
+        }
+    }
 }

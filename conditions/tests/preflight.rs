@@ -335,7 +335,6 @@ fn ready_cluster(mode: &str) -> (FakeApi, Ca) {
     for name in [
         "certificates.cert-manager.io",
         "issuers.cert-manager.io",
-        "bundles.trust.cert-manager.io",
         "gatewayclasses.gateway.networking.k8s.io",
         "envoyproxies.gateway.envoyproxy.io",
         "wasmplugins.extensions.istio.io",
@@ -383,7 +382,7 @@ fn ready_cluster(mode: &str) -> (FakeApi, Ca) {
         )),
     );
     put(client, pair(pki.leaf(&[&id], ClientAuth, -1, 90)));
-    // The CA-only bundle trust-manager writes: tls.crt, no key.
+    // The CA-only bundle the installer writes: tls.crt, no key.
     api.set(
         BUNDLE,
         secret_with(
@@ -560,6 +559,7 @@ fn a_ready_cluster_passes_in_every_mode() {
                     ("ok", "eg-version", "v1.9.0"),
                     ("ok", "versions", "Envoy Gateway v1.9.0 (image tag) supports Kubernetes 1.33 to 1.36"),
                     ("ok", "eg-class", "GatewayClass serving-picker: controller gateway.envoyproxy.io/serving-picker"),
+                    ("ok", "eg-watch", "watches serving-picker-gateway, default only"),
                     ("ok", "eg-hook", "dials serving-picker-conditions-eg.serving-picker.svc"),
                     ("ok", "eg-hook", "trusting serving-picker-gateway/serving-picker-ca-bundle"),
                     ("ok", "certificate", "serving-picker-gateway/serving-picker-ca-bundle: CA-only bundle of 1"),
@@ -998,6 +998,59 @@ fn kubernetes_minimums_are_upstreams_per_way_in() {
     set_version(&api, "v1.37.0");
     let (_, out) = preflight(&api, "istio");
     assert_lines(&out, &[("warn", "versions", "1.37 is newer")]);
+}
+
+/// The dedicated EG's watch list: unset (its chart then reads every Secret)
+/// warns, one that lists the CA's namespace warns, and a class's EnvoyProxy
+/// outside it fails (EG cannot see it: the class is not accepted).
+#[test]
+fn eg_watches_its_own_namespaces_and_not_the_cas() {
+    let set_doc = |api: &FakeApi, doc: &Value| {
+        api.set(
+            &config_path("serving-picker-gateway"),
+            eg_config_map("serving-picker-gateway", doc),
+        );
+    };
+    let (api, _pki) = ready_cluster("envoy-gateway");
+    let mut doc = shipped_eg_doc();
+    doc.as_object_mut().unwrap().remove("provider");
+    set_doc(&api, &doc);
+    let (_, out) = preflight(&api, "envoy-gateway");
+    assert_lines(&out, &[("warn", "eg-watch", "watches every namespace")]);
+
+    let mut doc = shipped_eg_doc();
+    doc["provider"]["kubernetes"]["watch"]["namespaces"] =
+        json!(["serving-picker-gateway", "serving-picker"]);
+    set_doc(&api, &doc);
+    let (_, out) = preflight(&api, "envoy-gateway");
+    assert_lines(
+        &out,
+        &[("warn", "eg-watch", "watch.namespaces lists serving-picker")],
+    );
+
+    let (api, _pki) = ready_cluster("envoy-gateway");
+    api.set(
+        CLASSES,
+        list(
+            "GatewayClass",
+            "gateway.networking.k8s.io/v1",
+            vec![class(
+                "serving-picker",
+                "gateway.envoyproxy.io/serving-picker",
+                Some(("serving-picker", "serving-picker")),
+            )],
+        ),
+    );
+    let (passed, out) = preflight(&api, "envoy-gateway");
+    assert!(!passed, "{out}");
+    assert_lines(
+        &out,
+        &[(
+            "FAIL",
+            "eg-watch",
+            "EnvoyProxy serving-picker/serving-picker is outside watch.namespaces",
+        )],
+    );
 }
 
 /// The CA-only bundle Envoy Gateway trusts: a key in it fails, a CA that did

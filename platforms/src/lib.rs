@@ -11,11 +11,14 @@
 //!   `examples/`;
 //! - [`patch`]: an EnvoyPatchPolicy's JSON patches applied one op at a time,
 //!   as Envoy Gateway applies them;
-//! - [`helm`]: Helm values against the chart's own defaults at each tag.
+//! - [`helm`]: Helm values against the chart's own defaults at each tag;
+//! - [`admission`]: a ValidatingAdmissionPolicy's CEL expressions evaluated
+//!   on an object, as the API server evaluates them on a request.
 //!
 //! Built-in kinds (Deployment, Service, ...) are checked against
 //! k8s-openapi's types by the companion's `deploy_manifests` test.
 
+pub mod admission;
 pub mod crds;
 pub mod helm;
 pub mod objects;

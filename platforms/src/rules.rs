@@ -102,7 +102,7 @@ impl Rules {
 }
 
 /// JSON as CEL sees a Kubernetes object: integers are `int`.
-fn to_cel(v: &Value) -> CelValue {
+pub(crate) fn to_cel(v: &Value) -> CelValue {
     match v {
         Value::Null => CelValue::Null,
         Value::Bool(b) => CelValue::Bool(*b),

@@ -25,6 +25,7 @@ const BUILT_IN_GROUPS: &[&str] = &[
     "networking.k8s.io",
     "policy",
     "scheduling.k8s.io",
+    "admissionregistration.k8s.io",
 ];
 
 fn all_shipped(tag: &str) -> Vec<Shipped> {
@@ -203,6 +204,7 @@ fn envoy_gateway_values_use_only_the_charts_keys() {
     let files = [
         "deploy/envoy-gateway/envoy-gateway-values.yaml",
         "deploy/envoy-gateway/envoy-gateway-patch-policy-values.yaml",
+        "deploy/envoy-gateway/envoy-gateway-native-values.yaml",
     ];
     for tag in EG_CHART_TAGS {
         let defaults = yaml_file(&format!("platforms/eg-chart/{tag}/values.tmpl.yaml"));

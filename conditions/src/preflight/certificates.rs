@@ -84,7 +84,7 @@ fn secret(s: &ExpectedSecret, data: Option<&SecretData>, now: SystemTime) -> Vec
     let name = s.key();
     let Some(data) = data else {
         let fix = match s.role {
-            SecretRole::Bundle => "trust-manager writes it from the Bundle serving-picker-ca-bundle (deploy/envoy-gateway/ca-bundle.yaml): check the ConfigMap serving-picker-ca in its trust namespace, its Secret targets, and `kubectl get bundle serving-picker-ca-bundle`".to_string(),
+            SecretRole::Bundle => format!("write it once from EG's client certificate's ca.crt (the command is in deploy/envoy-gateway/ca-bundle.yaml): `kubectl -n {} create secret generic {} --from-file=tls.crt=serving-picker-ca.crt`", s.namespace, s.name),
             _ => format!("kubectl -n {} get certificate: cert-manager issues it from the shipped Certificates once deploy/cert-manager is applied", s.namespace),
         };
         return vec![bad(
@@ -138,7 +138,7 @@ fn bundle(name: &str, data: &SecretData, now: SystemTime) -> Vec<Finding> {
             Level::Fail,
             "secret",
             format!("{name} holds a private key (tls.key): Envoy Gateway must get the CA's certificate only"),
-            "let trust-manager write it (deploy/envoy-gateway/ca-bundle.yaml); never point certificateRef at the CA's own Secret",
+            "write it from a leaf Secret's ca.crt (deploy/envoy-gateway/ca-bundle.yaml); never point certificateRef at the CA's own Secret",
         ));
     }
     let certs = data
@@ -156,7 +156,7 @@ fn bundle(name: &str, data: &SecretData, now: SystemTime) -> Vec<Finding> {
             Level::Fail,
             "secret",
             format!("{name}: tls.crt holds no CA certificate (Envoy Gateway reads its CAs from that key only)"),
-            "check the ConfigMap serving-picker-ca in trust-manager's trust namespace holds the CA's certificate (deploy/envoy-gateway/ca-bundle.yaml)",
+            "put the CA's certificate in its tls.crt, from a leaf Secret's ca.crt (deploy/envoy-gateway/ca-bundle.yaml)",
         ));
         return out;
     }

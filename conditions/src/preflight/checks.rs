@@ -341,9 +341,7 @@ fn services(expect: &Expect, facts: &Facts) -> Finding {
 }
 
 fn crd_fix(name: &str) -> String {
-    if name.ends_with("trust.cert-manager.io") {
-        "install trust-manager >= v0.20 with Secret targets (docs/install.md)".into()
-    } else if name.ends_with("cert-manager.io") {
+    if name.ends_with("cert-manager.io") {
         "install cert-manager 1.19 to 1.21 (docs/install.md)".into()
     } else if name.ends_with("gateway.envoyproxy.io") || name.ends_with("gateway.networking.k8s.io")
     {

@@ -42,6 +42,7 @@ pub fn judge(expect: &Expect, eg: &EgFacts) -> Vec<Finding> {
         ok("eg-config", format!("controllerName {controller}"))
     });
     out.push(class(expect, eg, controller));
+    out.extend(watch(expect, eg, doc));
     out.extend(hook(expect, doc));
     match &eg.deployment {
         Some(w) => out.extend(deployment(w)),
@@ -53,6 +54,55 @@ pub fn judge(expect: &Expect, eg: &EgFacts) -> Vec<Finding> {
         )),
     }
     out.extend(envoy(expect, eg, doc));
+    out
+}
+
+/// The namespaces the dedicated instance watches: where it may read Secrets
+/// (the chart grants them per listed namespace, cluster-wide when none is
+/// listed), and where it sees EnvoyProxies (its own namespace only when
+/// listed: envoyproxy/gateway@v1.9.0 internal/provider/kubernetes/
+/// kubernetes.go DefaultNamespaces).
+fn watch(expect: &Expect, eg: &EgFacts, doc: &Value) -> Vec<Finding> {
+    let w = &doc["provider"]["kubernetes"]["watch"];
+    let listed: Vec<&str> = w["namespaces"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let values = "config.envoyGateway.provider.kubernetes.watch: {type: Namespaces, namespaces: [...]} as envoy-gateway-values.yaml sets it";
+    let mut out = Vec::new();
+    if w["type"] != "Namespaces" || listed.is_empty() {
+        out.push(bad(
+            Level::Warn,
+            "eg-watch",
+            format!("the EG in {} watches every namespace: its chart lets it read every Secret, the CA's key in {}/serving-picker-ca included", expect.eg_namespace, expect.namespace),
+            values,
+        ));
+        return out;
+    }
+    out.push(if listed.contains(&expect.namespace.as_str()) {
+        bad(
+            Level::Warn,
+            "eg-watch",
+            format!("watch.namespaces lists {}: EG may read the CA's key there", expect.namespace),
+            format!("leave {} out of watch.namespaces (EG gets its client certificate there by name: eg-secrets.yaml)", expect.namespace),
+        )
+    } else {
+        ok("eg-watch", format!("watches {} only", listed.join(", ")))
+    });
+    let class = match &eg.classes {
+        Some(Ok(classes)) => classes.iter().find(|c| c.name == expect.gateway_class),
+        _ => None,
+    };
+    if let Some((ns, name)) = class.and_then(|c| c.envoy_proxy.as_ref()) {
+        if !listed.contains(&ns.as_str()) {
+            out.push(bad(
+                Level::Fail,
+                "eg-watch",
+                format!("the class's EnvoyProxy {ns}/{name} is outside watch.namespaces: EG cannot see it and the GatewayClass is not accepted (InvalidParameters)"),
+                format!("add {ns} to watch.namespaces, or keep the EnvoyProxy in {} (deploy/envoy-gateway/envoy-proxy.yaml)", expect.eg_namespace),
+            ));
+        }
+    }
     out
 }
 

@@ -118,7 +118,6 @@ impl Args {
             Mode::EnvoyGateway => &[
                 "certificates.cert-manager.io",
                 "issuers.cert-manager.io",
-                "bundles.trust.cert-manager.io",
                 "gatewayclasses.gateway.networking.k8s.io",
                 "envoyproxies.gateway.envoyproxy.io",
             ],
