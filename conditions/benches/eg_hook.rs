@@ -35,7 +35,7 @@ use serving_picker_conditions::envoy_gateway::apply_updates;
 use serving_picker_conditions::envoy_gateway::hook;
 use serving_picker_conditions::envoy_gateway::prepared::PreparedIndex;
 use serving_picker_conditions::envoy_gateway::proto::{
-    EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
+    EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::service::{
     HookConfig, HookMetrics, HookService, Shared,
@@ -228,7 +228,7 @@ fn main() {
     let addr = listener.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(EnvoyGatewayExtensionServer::new(service(false)))
+            .add_service(service(false).into_server())
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             ),
@@ -387,7 +387,7 @@ fn client_for_translation(
     let addr = listener.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(EnvoyGatewayExtensionServer::new(served))
+            .add_service(served.into_server())
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             ),

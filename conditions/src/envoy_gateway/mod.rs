@@ -39,6 +39,7 @@
 
 pub mod field_edit;
 pub mod hook;
+pub mod intake;
 pub mod naming;
 pub mod native_lb;
 pub mod prepared;
@@ -109,6 +110,11 @@ pub struct Args {
     /// edited answer that would be larger is replaced by EG's own.
     #[arg(long, value_name = "BYTES", default_value_t = service::EG_DEFAULT_MAX_MESSAGE_SIZE)]
     pub max_message_size: usize,
+    /// Time a hook request may take to arrive whole; a slower one is
+    /// refused (DEADLINE_EXCEEDED; with failOpen EG keeps its own) and the
+    /// bytes it held are given back.
+    #[arg(long, value_name = "MS", default_value_t = service::DEFAULT_RECEIVE_TIMEOUT.as_millis() as u64)]
+    pub receive_timeout_ms: u64,
     /// Calls answered at once; a call over the limit gets EG's assignment
     /// back at once, unchanged (counted). Also bounds the HTTP/2 streams per
     /// connection (twice this).
