@@ -106,7 +106,8 @@ pub struct Args {
     /// Largest request accepted and largest answer sent: set it to EG's
     /// extensionManager.maxMessageSize. The default is what EG accepts when
     /// that is unset (4 MiB, grpc-go's client default). A larger request is
-    /// refused (RESOURCE_EXHAUSTED; with failOpen EG keeps its own); an
+    /// refused from its 5-byte prefix, before it is buffered
+    /// (RESOURCE_EXHAUSTED; with failOpen EG keeps its own); an
     /// edited answer that would be larger is replaced by EG's own.
     #[arg(long, value_name = "BYTES", default_value_t = service::EG_DEFAULT_MAX_MESSAGE_SIZE)]
     pub max_message_size: usize,
@@ -122,7 +123,10 @@ pub struct Args {
     pub max_concurrent_calls: usize,
     /// Bytes the calls being answered may hold (twice each request); a call
     /// over the limit gets EG's assignment back at once, unchanged (counted).
-    /// At least twice --max-message-size.
+    /// Requests count in it as their bytes arrive, before they are
+    /// buffered: one whose next chunk does not fit is refused
+    /// (RESOURCE_EXHAUSTED; with failOpen EG keeps its own). At least twice
+    /// --max-message-size.
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     pub max_bytes_held: usize,
     /// Answer PostTranslateModify by putting the native module's
