@@ -505,6 +505,44 @@ mod tests {
         drop(tx);
     }
 
+    proptest::proptest! {
+        /// Whatever the messages and however their bytes are cut into
+        /// chunks, the first one announcing more than the limit is found;
+        /// any bytes at all, cut anywhere, never panic.
+        #[test]
+        fn the_first_message_over_the_limit_is_found_however_the_bytes_are_cut(
+            lens in proptest::collection::vec(0usize..64, 0..6),
+            limit in 0usize..64,
+            cuts in proptest::collection::vec(0usize..1000, 0..8),
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _g = rt.enter();
+            let budget = ByteBudget::new(10_000, Gauge::default());
+            let read = |bytes: &[u8]| {
+                let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+                at.sort_unstable();
+                at.push(bytes.len());
+                let mut c = counted(Body::empty(), &budget, limit, Received::default());
+                let mut start = 0;
+                let mut found = None;
+                for end in at {
+                    if found.is_none() {
+                        found = c.announced_too_large(&bytes[start..end]);
+                    }
+                    start = end;
+                }
+                found
+            };
+            let bytes: Vec<u8> = lens.iter().flat_map(|&l| message(l)).collect();
+            proptest::prop_assert_eq!(read(&bytes), lens.iter().copied().find(|&l| l > limit));
+            let _ = read(&raw);
+        }
+    }
+
     #[test]
     fn prefixes_split_across_chunks_are_read() {
         let budget = ByteBudget::new(10_000, Gauge::default());
