@@ -445,6 +445,33 @@ fn cpu_time() -> Duration {
     Duration::from_millis(f.iter().sum::<u64>() * 10)
 }
 
+/// CPU time of the threads named `tokio-rt-worker` (the multi-threaded
+/// runtime's workers, where the servers run; the client apart runs on the
+/// main thread).
+fn server_cpu_time() -> Duration {
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let Some((head, after)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.contains("tokio-rt-worker") {
+            continue;
+        }
+        ticks += after
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Duration::from_millis(ticks * 10)
+}
+
 /// One translation: a call per Service, one after the other; in process,
 /// over gRPC with the client on the server's runtime (called from outside
 /// it), and with the client on a thread and runtime of its own, as EG (a
@@ -496,6 +523,7 @@ fn translation(
         }
         let grpc = t.elapsed();
         let cpu = cpu_time();
+        let server_cpu = server_cpu_time();
         let t = Instant::now();
         let mut c = own_client.clone();
         for cla in clas {
@@ -506,7 +534,9 @@ fn translation(
         }
         let apart = t.elapsed();
         let apart_cpu = cpu_time().saturating_sub(cpu);
+        let apart_server_cpu = server_cpu_time().saturating_sub(server_cpu);
         let cpu = cpu_time();
+        let server_cpu = server_cpu_time();
         let t = Instant::now();
         let mut c = own_server.clone();
         for cla in clas {
@@ -517,14 +547,16 @@ fn translation(
         }
         let single = t.elapsed();
         let single_cpu = cpu_time().saturating_sub(cpu);
+        let single_server_cpu = server_cpu_time().saturating_sub(server_cpu);
         println!(
-            "translation {round}: the same without the intake (requests counted once buffered): {:.0} ms in all ({:.1} us a call, CPU client + server {:.1} us a call)",
+            "translation {round}: the same without the intake (requests counted once buffered): {:.0} ms in all ({:.1} us a call, CPU client + server {:.1} us a call, server {:.1} us)",
             single.as_secs_f64() * 1e3,
             per_call(single),
             per_call(single_cpu),
+            per_call(single_server_cpu),
         );
         println!(
-            "translation {round}: {} calls (15 endpoints each, {managed} edited): in process {:.0} ms in all ({:.1} us a call); over gRPC on loopback {:.0} ms in all ({:.1} us a call); over gRPC, the client on a thread of its own (as EG) {:.0} ms in all ({:.1} us a call, CPU client + server {:.1} us a call)",
+            "translation {round}: {} calls (15 endpoints each, {managed} edited): in process {:.0} ms in all ({:.1} us a call); over gRPC on loopback {:.0} ms in all ({:.1} us a call); over gRPC, the client on a thread of its own (as EG) {:.0} ms in all ({:.1} us a call, CPU client + server {:.1} us a call, server {:.1} us)",
             clas.len(),
             in_process.as_secs_f64() * 1e3,
             per_call(in_process),
@@ -533,6 +565,7 @@ fn translation(
             apart.as_secs_f64() * 1e3,
             per_call(apart),
             per_call(apart_cpu),
+            per_call(apart_server_cpu),
         );
     }
 }
