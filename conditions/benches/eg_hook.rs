@@ -17,7 +17,12 @@
 //!
 //! 5. A translation at Kubernetes' limits: 10,000 Services of 15 endpoints,
 //!    one call per Service one after the other as EG makes them, in
-//!    process and over gRPC: the total a translation waits on the hook.
+//!    process and over gRPC: the total a translation waits on the hook;
+//!    over gRPC also with the client on a thread and runtime of its own (as
+//!    EG, a process of its own, calls: one connection, one call at a time)
+//!    with the process's CPU time a call, against the server as the
+//!    companion serves it (`HookService::into_server`) and without its
+//!    intake.
 //!
 //! Prints p50 / p99 / mean; asserts nothing about time.
 //! `cargo bench -p serving-picker-conditions --bench eg_hook`.
@@ -228,7 +233,7 @@ fn main() {
     let addr = listener.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(EnvoyGatewayExtensionServer::new(service(false)))
+            .add_service(service(false).into_server())
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             ),
@@ -311,7 +316,13 @@ fn main() {
 /// A gRPC server of its own over a 10,000-Service index, and a client.
 fn client_for_translation(
     rt: &tokio::runtime::Runtime,
-) -> (EnvoyGatewayExtensionClient, Vec<Vec<u8>>, HookService) {
+) -> (
+    EnvoyGatewayExtensionClient,
+    Vec<Vec<u8>>,
+    HookService,
+    SocketAddr,
+    SocketAddr,
+) {
     let services = 10_000;
     let per = 15;
     let shared = Arc::new(Shared::default());
@@ -380,14 +391,16 @@ fn client_for_translation(
     apply_updates(&shared, vec![Update::now(Change::Replace(all))]);
     let metrics = HookMetrics::register(&mut prometheus_client::registry::Registry::default());
     let local = HookService::new(shared.clone(), HookConfig::default(), None, metrics.clone());
-    let served = HookService::new(shared, HookConfig::default(), None, metrics);
+    let served = HookService::new(shared.clone(), HookConfig::default(), None, metrics.clone());
+    let alone = HookService::new(shared, HookConfig::default(), None, metrics);
+    let own_addr = serve_without_intake(rt, alone);
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(EnvoyGatewayExtensionServer::new(served))
+            .add_service(served.into_server())
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             ),
@@ -397,18 +410,101 @@ fn client_for_translation(
             "http://{addr}"
         )))
         .unwrap();
-    (client, clas, local)
+    (client, clas, local, addr, own_addr)
 }
 
-/// One translation: a call per Service, one after the other.
+/// `hook` served without the intake (its requests buffered whole by tonic
+/// before they count): what the intake costs a call.
+fn serve_without_intake(rt: &tokio::runtime::Runtime, hook: HookService) -> SocketAddr {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(EnvoyGatewayExtensionServer::new(hook))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
+    );
+    addr
+}
+
+/// CPU time of this process so far (user + system, /proc/self/stat), for
+/// the CPU a translation costs whatever the machine's load.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // Clock ticks of 10 ms (USER_HZ 100).
+    Duration::from_millis(f.iter().sum::<u64>() * 10)
+}
+
+/// CPU time of the threads named `tokio-rt-worker` (the multi-threaded
+/// runtime's workers, where the servers run; the client apart runs on the
+/// main thread).
+fn server_cpu_time() -> Duration {
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let Some((head, after)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.contains("tokio-rt-worker") {
+            continue;
+        }
+        ticks += after
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Duration::from_millis(ticks * 10)
+}
+
+/// One translation: a call per Service, one after the other; in process,
+/// over gRPC with the client on the server's runtime (called from outside
+/// it), and with the client on a thread and runtime of its own, as EG (a
+/// process of its own) calls: one connection, one call at a time.
 fn translation(
     rt: &tokio::runtime::Runtime,
-    (client, clas, local): &(EnvoyGatewayExtensionClient, Vec<Vec<u8>>, HookService),
+    (client, clas, local, addr, own_addr): &(
+        EnvoyGatewayExtensionClient,
+        Vec<Vec<u8>>,
+        HookService,
+        SocketAddr,
+        SocketAddr,
+    ),
 ) {
     let request = |bytes: &[u8]| RawPostEndpointsModifyRequest {
         load_assignment: Some(Bytes::copy_from_slice(bytes)),
         post_endpoints_context: Some(Bytes::new()),
     };
+    let own = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let own_client = own
+        .block_on(EnvoyGatewayExtensionClient::connect(format!(
+            "http://{addr}"
+        )))
+        .unwrap();
+    let own_server = own
+        .block_on(EnvoyGatewayExtensionClient::connect(format!(
+            "http://{own_addr}"
+        )))
+        .unwrap();
+    let per_call = |d: Duration| d.as_secs_f64() * 1e6 / clas.len() as f64;
     for round in 0..2 {
         let t = Instant::now();
         let mut managed = 0;
@@ -426,13 +522,50 @@ fn translation(
             assert!(r.load_assignment.is_some());
         }
         let grpc = t.elapsed();
+        let cpu = cpu_time();
+        let server_cpu = server_cpu_time();
+        let t = Instant::now();
+        let mut c = own_client.clone();
+        for cla in clas {
+            let r = own
+                .block_on(c.post_endpoints_modify_raw(request(cla)))
+                .unwrap();
+            assert!(r.load_assignment.is_some());
+        }
+        let apart = t.elapsed();
+        let apart_cpu = cpu_time().saturating_sub(cpu);
+        let apart_server_cpu = server_cpu_time().saturating_sub(server_cpu);
+        let cpu = cpu_time();
+        let server_cpu = server_cpu_time();
+        let t = Instant::now();
+        let mut c = own_server.clone();
+        for cla in clas {
+            let r = own
+                .block_on(c.post_endpoints_modify_raw(request(cla)))
+                .unwrap();
+            assert!(r.load_assignment.is_some());
+        }
+        let single = t.elapsed();
+        let single_cpu = cpu_time().saturating_sub(cpu);
+        let single_server_cpu = server_cpu_time().saturating_sub(server_cpu);
         println!(
-            "translation {round}: {} calls (15 endpoints each, {managed} edited): in process {:.0} ms in all ({:.1} us a call); over gRPC on loopback {:.0} ms in all ({:.1} us a call)",
+            "translation {round}: the same without the intake (requests counted once buffered): {:.0} ms in all ({:.1} us a call, CPU client + server {:.1} us a call, server {:.1} us)",
+            single.as_secs_f64() * 1e3,
+            per_call(single),
+            per_call(single_cpu),
+            per_call(single_server_cpu),
+        );
+        println!(
+            "translation {round}: {} calls (15 endpoints each, {managed} edited): in process {:.0} ms in all ({:.1} us a call); over gRPC on loopback {:.0} ms in all ({:.1} us a call); over gRPC, the client on a thread of its own (as EG) {:.0} ms in all ({:.1} us a call, CPU client + server {:.1} us a call, server {:.1} us)",
             clas.len(),
             in_process.as_secs_f64() * 1e3,
-            in_process.as_secs_f64() * 1e6 / clas.len() as f64,
+            per_call(in_process),
             grpc.as_secs_f64() * 1e3,
-            grpc.as_secs_f64() * 1e6 / clas.len() as f64,
+            per_call(grpc),
+            apart.as_secs_f64() * 1e3,
+            per_call(apart),
+            per_call(apart_cpu),
+            per_call(apart_server_cpu),
         );
     }
 }

@@ -18,7 +18,7 @@ use prost::Message;
 use serving_picker_conditions::envoy_gateway::apply_updates;
 use serving_picker_conditions::envoy_gateway::hook::lb_addr;
 use serving_picker_conditions::envoy_gateway::proto::{
-    EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
+    EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, Reread, Shared,
@@ -116,7 +116,7 @@ fn server_with(config: HookConfig, reread: Option<Arc<dyn Reread>>) -> Server {
     let addr = listener.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(EnvoyGatewayExtensionServer::new(hook))
+            .add_service(hook.into_server())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let client = rt
@@ -170,6 +170,16 @@ impl Server {
         text.lines()
             .find_map(|l| l.strip_prefix(&want))
             .map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    /// The value of `eg_hook_refused_total{reason="<reason>"}`.
+    fn refused(&self, reason: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        let want = format!("eg_hook_refused_total{{reason=\"{reason}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .map_or(0, |v| v.parse().unwrap())
     }
 
     /// The value of `eg_hook_calls_total{result="<result>"}`.
@@ -564,10 +574,12 @@ fn the_oldest_outstanding_call_and_the_last_call_are_gauges() {
     assert_eq!(s.gauge("eg_hook_last_call_timestamp_seconds"), last);
 }
 
-/// Bytes held are bounded: a request whose share (twice its size) does not
-/// fit is answered unchanged.
+/// Bytes held are bounded: over gRPC, a request whose share (twice its
+/// bytes, counted as they arrive) does not fit is refused with
+/// RESOURCE_EXHAUSTED before it is buffered (EG with failOpen keeps its
+/// own); in process (no intake), it is answered unchanged.
 #[test]
-fn a_call_over_the_bytes_budget_is_answered_unchanged() {
+fn a_call_over_the_bytes_budget_is_refused_as_it_arrives() {
     let eps: Vec<(String, Cond)> = (0..200)
         .map(|i| (format!("10.0.{}.{}", i / 250, i % 250 + 1), READY))
         .collect();
@@ -577,14 +589,67 @@ fn a_call_over_the_bytes_budget_is_answered_unchanged() {
         max_bytes_held: cla.len() * 2 - 1,
         ..HookConfig::default()
     };
-    let mut s = server_with(config, None);
+    let mut s = server_with(config.clone(), None);
     s.full_list(vec![slice("web", &eps)]);
-    assert_eq!(s.call_raw(cla.clone()), cla);
-    assert_eq!(s.calls("over_bytes"), 1);
-    // A smaller assignment of the same Service fits and is annotated.
+    let mut c = s.client.clone();
+    let status = s
+        ._rt
+        .block_on(c.post_endpoints_modify_raw(request(cla.clone())))
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("--max-bytes-held"), "{status:?}");
+    assert_eq!(s.refused("over_bytes"), 1);
+    assert_eq!(s.gauge("eg_hook_bytes_held"), 0.0);
+    // A smaller assignment of the same Service fits and is annotated; its
+    // bytes are given back once answered.
     let small = eg_cla("web", &eps[..10]).encode_to_vec();
     assert_ne!(s.call_raw(small.clone()), small);
     assert_eq!(s.calls("managed"), 1);
+    assert_eq!(s.gauge("eg_hook_bytes_held"), 0.0);
+    assert_eq!(s.gauge("eg_hook_requests_receiving"), 0.0);
+
+    // In process: answered unchanged, counted.
+    let shared = Arc::new(Shared::default());
+    apply_updates(
+        &shared,
+        vec![Update::now(Change::Replace(vec![slice("web", &eps)]))],
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    let hook = HookService::new(shared, config, None, HookMetrics::register(&mut registry));
+    let answer = s._rt.block_on(hook.answer(request(cla.clone())));
+    assert_eq!(answer.load_assignment.as_deref(), Some(cla.as_slice()));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("eg_hook_calls_total{result=\"over_bytes\"} 1"),
+        "{text}"
+    );
+}
+
+/// A request that announces more than `--max-message-size` is refused
+/// from its prefix with RESOURCE_EXHAUSTED, counted as `too_large`.
+#[test]
+fn a_request_over_the_message_size_is_refused_from_its_prefix() {
+    let eps = [("10.0.0.1", READY)];
+    let cla = eg_cla("web", &eps).encode_to_vec();
+    let config = HookConfig {
+        max_message_size: cla.len(),
+        ..HookConfig::default()
+    };
+    let s = server_with(config, None);
+    s.full_list(vec![slice("web", &eps)]);
+    let mut c = s.client.clone();
+    let status = s
+        ._rt
+        .block_on(c.post_endpoints_modify_raw(request(cla)))
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("--max-message-size"),
+        "{status:?}"
+    );
+    assert_eq!(s.refused("too_large"), 1);
+    assert_eq!(s.gauge("eg_hook_bytes_held"), 0.0);
 }
 
 /// An edited answer larger than EG accepts (--max-message-size) would be

@@ -22,8 +22,8 @@ use prost::Message;
 use serving_picker_conditions::envoy_gateway::apply_updates;
 use serving_picker_conditions::envoy_gateway::native_lb::{NativeLbMetrics, POLICY_EXTENSION};
 use serving_picker_conditions::envoy_gateway::proto::{
-    EnvoyGatewayExtensionClient, EnvoyGatewayExtensionServer, PostTranslateModifyRequest,
-    RawPostEndpointsModifyRequest, RawPostTranslateModifyRequest, Wire,
+    EnvoyGatewayExtensionClient, PostTranslateModifyRequest, RawPostEndpointsModifyRequest,
+    RawPostTranslateModifyRequest, Wire,
 };
 use serving_picker_conditions::envoy_gateway::service::{
     HookConfig, HookMetrics, HookService, Shared,
@@ -102,7 +102,7 @@ fn server(native_lb: bool) -> Server {
     let addr = listener.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(EnvoyGatewayExtensionServer::new(hook))
+            .add_service(hook.into_server())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let client = rt

@@ -41,6 +41,7 @@ pub mod field_edit;
 #[cfg(test)]
 mod fuzz;
 pub mod hook;
+pub mod intake;
 pub mod naming;
 pub mod native_lb;
 pub mod prepared;
@@ -107,10 +108,16 @@ pub struct Args {
     /// Largest request accepted and largest answer sent: set it to EG's
     /// extensionManager.maxMessageSize. The default is what EG accepts when
     /// that is unset (4 MiB, grpc-go's client default). A larger request is
-    /// refused (RESOURCE_EXHAUSTED; with failOpen EG keeps its own); an
+    /// refused from its 5-byte prefix, before it is buffered
+    /// (RESOURCE_EXHAUSTED; with failOpen EG keeps its own); an
     /// edited answer that would be larger is replaced by EG's own.
     #[arg(long, value_name = "BYTES", default_value_t = service::EG_DEFAULT_MAX_MESSAGE_SIZE)]
     pub max_message_size: usize,
+    /// Time a hook request may take to arrive whole; a slower one is
+    /// refused (DEADLINE_EXCEEDED; with failOpen EG keeps its own) and the
+    /// bytes it held are given back.
+    #[arg(long, value_name = "MS", default_value_t = service::DEFAULT_RECEIVE_TIMEOUT.as_millis() as u64)]
+    pub receive_timeout_ms: u64,
     /// Calls answered at once; a call over the limit gets EG's assignment
     /// back at once, unchanged (counted). Also bounds the HTTP/2 streams per
     /// connection (twice this).
@@ -118,7 +125,10 @@ pub struct Args {
     pub max_concurrent_calls: usize,
     /// Bytes the calls being answered may hold (twice each request); a call
     /// over the limit gets EG's assignment back at once, unchanged (counted).
-    /// At least twice --max-message-size.
+    /// Requests count in it as their bytes arrive, before they are
+    /// buffered: one whose next chunk does not fit is refused
+    /// (RESOURCE_EXHAUSTED; with failOpen EG keeps its own). At least twice
+    /// --max-message-size.
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     pub max_bytes_held: usize,
     /// Answer PostTranslateModify by putting the native module's

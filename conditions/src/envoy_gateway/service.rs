@@ -24,9 +24,12 @@
 //! Bounds (EG waits for every answer, so none may wait on the companion):
 //! at most `max_calls` calls are answered at once and they hold at most
 //! `max_bytes_held` bytes (twice each request: the request and its answer);
-//! a call over either limit gets EG's bytes back at once, counted. An
-//! edited answer larger than `max_message_size` (what EG accepts) is
-//! replaced by EG's own bytes, counted.
+//! a call over either limit gets EG's bytes back at once, counted. Over
+//! gRPC ([`HookService::into_server`]) the request's bytes are counted in
+//! that budget as they arrive, before tonic buffers them (`intake`), and
+//! the call keeps them until answered. An edited answer larger than
+//! `max_message_size` (what EG accepts) is replaced by EG's own bytes,
+//! counted.
 //!
 //! PostTranslateModify (`native_lb`): with `--native-lb-policy`, each
 //! PostEndpointsModify answer leaves a verdict for its cluster, and
@@ -48,11 +51,12 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::hook::{self, Modified};
+use super::intake::{ByteBudget, Held, Intake, IntakeLimits, IntakeMetrics, Received};
 use super::native_lb::{self, ClusterOutcome, NativeLbMetrics, NativePolicy, Verdicts};
 use super::prepared::PreparedIndex;
 use super::proto::{
-    EnvoyGatewayExtension, RawPostEndpointsModifyRequest, RawPostEndpointsModifyResponse,
-    RawPostTranslateModifyRequest, RawPostTranslateModifyResponse,
+    EnvoyGatewayExtension, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
+    RawPostEndpointsModifyResponse, RawPostTranslateModifyRequest, RawPostTranslateModifyResponse,
 };
 use super::reread_budget::RereadBudget;
 use crate::eds::assignment::Output;
@@ -196,6 +200,9 @@ metric_group! {
         bytes_held: Gauge = ("eg_hook_bytes_held", "Bytes held by the calls being answered, twice each request (limit: eg_hook_max_bytes_held)"),
         max_calls: Gauge = ("eg_hook_max_calls", "Calls answered at once (--max-concurrent-calls); more are answered unchanged"),
         max_bytes_held: Gauge = ("eg_hook_max_bytes_held", "Bytes the calls being answered may hold (--max-bytes-held); more are answered unchanged"),
+        refused: Family<Labels, Counter> = ("eg_hook_refused", "Hook calls (either rpc) refused while their request arrived, by reason (too_large: announces more than --max-message-size, RESOURCE_EXHAUSTED; over_bytes: its bytes do not fit in --max-bytes-held, RESOURCE_EXHAUSTED; receive_timeout: not received whole within --receive-timeout-ms, DEADLINE_EXCEEDED)"),
+        receiving: Gauge = ("eg_hook_requests_receiving", "Hook requests being received (their bytes count in eg_hook_bytes_held as they arrive)"),
+        receive_timeout: Gauge<f64, AtomicU64> = ("eg_hook_receive_timeout_seconds", "Time a hook request may take to arrive whole (--receive-timeout-ms)"),
         last_call: Gauge<f64, AtomicU64> = ("eg_hook_last_call_timestamp_seconds", "Unix time of Envoy Gateway's last hook call (any result); 0 before the first"),
         oldest_call: Gauge<f64, AtomicU64> = ("eg_hook_oldest_call_timestamp_seconds", "Unix time the oldest hook call still being answered arrived; 0 when none is"),
     }
@@ -265,6 +272,9 @@ impl HookMetrics {
         for result in CALL_RESULTS {
             drop(self.calls.get_or_create(&vec![("result", result)]));
         }
+        for reason in super::intake::REFUSED_REASONS {
+            drop(self.refused.get_or_create(&vec![("reason", reason)]));
+        }
     }
 
     fn call(&self, result: &'static str) {
@@ -289,6 +299,12 @@ impl HookMetrics {
 /// applies to what it receives, 4 MiB (EG's API documents it as "4M").
 pub const EG_DEFAULT_MAX_MESSAGE_SIZE: usize = 4 << 20;
 
+/// The default of `--receive-timeout-ms`: EG sends a request at once (a
+/// message of the shipped 16 MB takes well under a second within a
+/// cluster), so a request still arriving after this is stuck or slowed on
+/// purpose.
+pub const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Knobs of the hook.
 #[derive(Clone, Debug)]
 pub struct HookConfig {
@@ -305,8 +321,10 @@ pub struct HookConfig {
     /// Bytes the calls being answered may hold (twice each request).
     pub max_bytes_held: usize,
     /// Largest answer EG accepts: a larger edited answer is replaced by
-    /// EG's own bytes.
+    /// EG's own bytes. Over gRPC, also the largest request (`intake`).
     pub max_message_size: usize,
+    /// Time a request may take to arrive whole over gRPC (`intake`).
+    pub receive_timeout: Duration,
     /// PostTranslateModify sets the native policy (`--native-lb-policy`).
     pub native_lb: bool,
     /// Cluster verdicts remembered at most (`--native-lb-max-clusters`).
@@ -323,6 +341,7 @@ impl Default for HookConfig {
             max_calls: 8,
             max_bytes_held: 32 << 20,
             max_message_size: EG_DEFAULT_MAX_MESSAGE_SIZE,
+            receive_timeout: DEFAULT_RECEIVE_TIMEOUT,
             native_lb: false,
             native_lb_max_clusters: native_lb::DEFAULT_MAX_VERDICTS,
         }
@@ -342,15 +361,13 @@ struct NativeLb {
 /// A call's share of the limits, given back when the call is answered.
 struct Admitted<'a> {
     _call: SemaphorePermit<'a>,
-    _bytes: SemaphorePermit<'a>,
-    held: i64,
+    _bytes: Held,
     metrics: &'a HookMetrics,
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         self.metrics.in_flight.dec();
-        self.metrics.bytes_held.dec_by(self.held);
     }
 }
 
@@ -363,7 +380,8 @@ pub struct HookService {
     attempted: Mutex<HashMap<ServiceKey, Instant>>,
     metrics: HookMetrics,
     calls: Semaphore,
-    bytes: Semaphore,
+    /// `--max-bytes-held`, shared with the requests being received.
+    bytes: ByteBudget,
     /// `answer_too_big` is logged at most once a minute (EG asks again at
     /// every translation).
     too_big_log: Mutex<PerKey<()>>,
@@ -402,10 +420,13 @@ impl HookService {
         metrics.zero_results();
         metrics.max_calls.set(config.max_calls as i64);
         metrics.max_bytes_held.set(config.max_bytes_held as i64);
+        metrics
+            .receive_timeout
+            .set(config.receive_timeout.as_secs_f64());
         HookService {
             budget: RereadBudget::new(config.reread_budget),
             calls: Semaphore::new(config.max_calls.min(Semaphore::MAX_PERMITS)),
-            bytes: Semaphore::new(config.max_bytes_held.min(Semaphore::MAX_PERMITS)),
+            bytes: ByteBudget::new(config.max_bytes_held, metrics.bytes_held.clone()),
             native_lb: NativeLb {
                 policy: NativePolicy::new(&config.output.metadata_namespace),
                 verdicts: Verdicts::new(config.native_lb_max_clusters, native_lb::VERDICT_TTL),
@@ -454,22 +475,47 @@ impl HookService {
     }
 
     /// A call of `request_len` bytes within the limits, or the limit it is
-    /// over.
-    fn admit(&self, request_len: usize) -> Result<Admitted<'_>, &'static str> {
+    /// over. `received`: the bytes its request took as it arrived (over
+    /// gRPC, `intake`), kept as its share; else twice `request_len` taken now.
+    fn admit(
+        &self,
+        request_len: usize,
+        received: Option<Held>,
+    ) -> Result<Admitted<'_>, &'static str> {
         let call = self.calls.try_acquire().map_err(|_| "over_calls")?;
-        let held = request_len.saturating_mul(2);
-        let bytes = u32::try_from(held)
-            .ok()
-            .and_then(|n| self.bytes.try_acquire_many(n).ok())
-            .ok_or("over_bytes")?;
+        let bytes = match received {
+            Some(held) => held,
+            None => self
+                .bytes
+                .take(request_len.saturating_mul(2))
+                .ok_or("over_bytes")?,
+        };
         self.metrics.in_flight.inc();
-        self.metrics.bytes_held.inc_by(held as i64);
         Ok(Admitted {
             _call: call,
             _bytes: bytes,
-            held: held as i64,
             metrics: &self.metrics,
         })
+    }
+
+    /// The gRPC service of the hook as the companion serves it: requests
+    /// over `--max-message-size`, over the byte budget or slower than
+    /// `--receive-timeout-ms` refused as they arrive (`intake`).
+    pub fn into_server(self) -> Intake<EnvoyGatewayExtensionServer<HookService>> {
+        let limits = IntakeLimits {
+            max_message_size: self.config.max_message_size,
+            receive_timeout: self.config.receive_timeout,
+        };
+        let metrics = IntakeMetrics {
+            refused: self.metrics.refused.clone(),
+            receiving: self.metrics.receiving.clone(),
+        };
+        let budget = self.bytes.clone();
+        let max = self.config.max_message_size;
+        let server = EnvoyGatewayExtensionServer::new(self)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        Intake::new(server, budget, limits, metrics)
     }
 
     fn modify(&self, bytes: &[u8], trusted: &BTreeSet<ServiceKey>) -> Option<Modified> {
@@ -535,6 +581,16 @@ impl HookService {
         &self,
         req: RawPostEndpointsModifyRequest,
     ) -> RawPostEndpointsModifyResponse {
+        self.answer_received(req, None).await
+    }
+
+    /// [`Self::answer`], the request's bytes already taken from the budget
+    /// as it arrived (`received`) or not.
+    async fn answer_received(
+        &self,
+        req: RawPostEndpointsModifyRequest,
+        received: Option<Held>,
+    ) -> RawPostEndpointsModifyResponse {
         let started = Instant::now();
         self.budget.on_call(started);
         let _arrival = Arrival::new(&self.outstanding, &self.metrics);
@@ -544,7 +600,7 @@ impl HookService {
                 load_assignment: None,
             };
         };
-        let answer = match self.edit(&raw, started).await {
+        let answer = match self.edit(&raw, started, received).await {
             Ok(modified) => {
                 self.metrics.call("managed");
                 self.verdict(&raw, Some(&modified.answer));
@@ -565,12 +621,17 @@ impl HookService {
     /// re-read first; its endpoints counted and the call timed. `Err`: the
     /// result with which EG's own assignment goes back (not ready, over a
     /// limit, undecodable, unmanaged, too big).
-    async fn edit(&self, raw: &[u8], started: Instant) -> Result<Modified, &'static str> {
+    async fn edit(
+        &self,
+        raw: &[u8],
+        started: Instant,
+        received: Option<Held>,
+    ) -> Result<Modified, &'static str> {
         if !self.shared.ready.load(Ordering::SeqCst) {
             return Err("not_ready");
         }
         // Held until the answer is built, re-reads included.
-        let _admitted = self.admit(raw.len()).inspect_err(|limit| {
+        let _admitted = self.admit(raw.len(), received).inspect_err(|limit| {
             tracing::debug!(
                 limit,
                 bytes = raw.len(),
@@ -684,6 +745,16 @@ impl HookService {
         &self,
         req: RawPostTranslateModifyRequest,
     ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
+        self.translate_received(req, None).await
+    }
+
+    /// [`Self::translate`], the request's bytes already taken from the
+    /// budget as it arrived (`received`) or not.
+    async fn translate_received(
+        &self,
+        req: RawPostTranslateModifyRequest,
+        received: Option<Held>,
+    ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
         let n = &self.native_lb;
         let count = |result: &'static str| {
             if let Some(m) = &n.metrics {
@@ -717,7 +788,7 @@ impl HookService {
             count("disabled");
             return Ok(echo(req));
         }
-        let _admitted = match self.admit(prost::Message::encoded_len(&req)) {
+        let _admitted = match self.admit(prost::Message::encoded_len(&req), received) {
             Ok(a) => a,
             Err(limit) => {
                 count(limit);
@@ -774,8 +845,12 @@ impl EnvoyGatewayExtension for HookService {
         &self,
         request: tonic::Request<RawPostEndpointsModifyRequest>,
     ) -> Result<tonic::Response<RawPostEndpointsModifyResponse>, tonic::Status> {
+        let received = request
+            .extensions()
+            .get::<Received>()
+            .and_then(Received::take);
         Ok(tonic::Response::new(
-            self.answer(request.into_inner()).await,
+            self.answer_received(request.into_inner(), received).await,
         ))
     }
 
@@ -783,7 +858,11 @@ impl EnvoyGatewayExtension for HookService {
         &self,
         request: tonic::Request<RawPostTranslateModifyRequest>,
     ) -> Result<tonic::Response<RawPostTranslateModifyResponse>, tonic::Status> {
-        self.translate(request.into_inner())
+        let received = request
+            .extensions()
+            .get::<Received>()
+            .and_then(Received::take);
+        self.translate_received(request.into_inner(), received)
             .await
             .map(tonic::Response::new)
     }

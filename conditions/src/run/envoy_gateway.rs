@@ -11,7 +11,7 @@ use crate::envoy_gateway::native_lb::NativeLbMetrics;
 use crate::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared,
 };
-use crate::envoy_gateway::{consume, proto, Args, DEFAULT_MANAGE_SELECTOR};
+use crate::envoy_gateway::{consume, Args, DEFAULT_MANAGE_SELECTOR};
 use crate::run::{self, Plumbing, Slices, Telemetry};
 use crate::source::kube::Selection;
 
@@ -88,9 +88,9 @@ pub async fn run(
 
     let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics)
         .with_native_lb_metrics(native_lb_metrics);
-    let svc = proto::EnvoyGatewayExtensionServer::new(hook)
-        .max_decoding_message_size(args.max_message_size)
-        .max_encoding_message_size(args.max_message_size);
+    // Requests counted in --max-bytes-held as they arrive, refused over
+    // --max-message-size or --receive-timeout-ms (`intake`).
+    let svc = hook.into_server();
     // Streams per connection bounded: requests being received hold at
     // most this many times --max-message-size; calls beyond
     // --max-concurrent-calls among them are answered unchanged at once.
@@ -119,6 +119,9 @@ fn check(args: &Args) -> anyhow::Result<()> {
     if args.native_lb_policy && args.native_lb_max_clusters == 0 {
         anyhow::bail!("--native-lb-max-clusters must be at least 1 with --native-lb-policy");
     }
+    if args.receive_timeout_ms == 0 {
+        anyhow::bail!("--receive-timeout-ms must be at least 1");
+    }
     if args.max_concurrent_calls == 0 {
         anyhow::bail!("--max-concurrent-calls must be at least 1");
     }
@@ -141,6 +144,7 @@ fn hook_config(args: &Args) -> HookConfig {
         max_calls: args.max_concurrent_calls,
         max_bytes_held: args.max_bytes_held,
         max_message_size: args.max_message_size,
+        receive_timeout: Duration::from_millis(args.receive_timeout_ms),
         native_lb: args.native_lb_policy,
         native_lb_max_clusters: args.native_lb_max_clusters,
         ..HookConfig::default()
