@@ -25,6 +25,7 @@ pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod scenario;
+pub mod streams;
 pub mod test_binary;
 pub mod tweak;
 
