@@ -45,6 +45,51 @@ pub const H2_REFUSED_STREAM: u32 = 7;
 /// HTTP/2's CANCEL, which gRPC clients map to CANCELLED.
 pub const H2_CANCEL: u32 = 8;
 
+/// A bootstrap hook (`EnvoyBuilder::bootstrap_hook`) for streams through an `EnvoyBuilder`
+/// Envoy: cluster `h2_cluster` speaks HTTP/2 to its hosts (gRPC and the HTTP/2 download; make
+/// it the first cluster, which the builder routes `/` to), [`WEBSOCKET_PATH`] and
+/// `/http1`[`DOWNLOAD_PATH`] go to `h1_cluster` (HTTP/1.1 to the same pods), and the listener
+/// takes websocket upgrades. Streams have no route or idle timeout.
+pub fn envoy_hook(
+    h2_cluster: &str,
+    h1_cluster: &str,
+) -> impl Fn(&mut serde_json::Value, &std::path::Path) + 'static {
+    use serde_json::json;
+    let (h2, h1) = (h2_cluster.to_string(), h1_cluster.to_string());
+    move |bootstrap: &mut serde_json::Value, _dir: &std::path::Path| {
+        let clusters = bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .expect("clusters");
+        for c in clusters.iter_mut().filter(|c| c["name"] == json!(h2)) {
+            c["typed_extension_protocol_options"] = json!({
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}
+                }
+            });
+        }
+        let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            [0]["typed_config"];
+        hcm["upgrade_configs"] = json!([{"upgrade_type": "websocket"}]);
+        hcm["stream_idle_timeout"] = json!("0s");
+        let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+            .as_array_mut()
+            .expect("routes");
+        for r in routes.iter_mut() {
+            r["route"]["timeout"] = json!("0s");
+        }
+        routes.insert(
+            0,
+            json!({"match": {"prefix": WEBSOCKET_PATH}, "route": {"cluster": h1, "timeout": "0s"}}),
+        );
+        routes.insert(
+            0,
+            json!({"match": {"prefix": format!("/http1{DOWNLOAD_PATH}")},
+                   "route": {"cluster": h1, "timeout": "0s", "prefix_rewrite": DOWNLOAD_PATH}}),
+        );
+    }
+}
+
 /// The tick of the wall clock: the sequence number every pod sends now.
 pub fn tick_now() -> u64 {
     let ms = SystemTime::now()
@@ -282,7 +327,7 @@ async fn serve_h1(mut sock: TcpStream, name: Arc<str>, open: Arc<AtomicU64>) {
                 return;
             }
         }
-    } else if path == DOWNLOAD_PATH {
+    } else if path == DOWNLOAD_PATH || path == h1_download_path() {
         let answer =
             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
         if sock.write_all(answer.as_bytes()).await.is_err() {
@@ -745,6 +790,12 @@ fn io_end(e: &std::io::Error) -> End {
     }
 }
 
+/// The HTTP/1.1 download's path: through Envoy ([`envoy_hook`]) `/http1/download`, which the
+/// pod serves as [`DOWNLOAD_PATH`] too.
+fn h1_download_path() -> String {
+    format!("/http1{DOWNLOAD_PATH}")
+}
+
 async fn h1_stream(
     kind: Kind,
     envoy: SocketAddr,
@@ -762,7 +813,10 @@ async fn h1_stream(
             "GET {WEBSOCKET_PATH} HTTP/1.1\r\nhost: {authority}\r\nupgrade: websocket\r\nconnection: upgrade\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
         )
     } else {
-        format!("GET {DOWNLOAD_PATH} HTTP/1.1\r\nhost: {authority}\r\n\r\n")
+        format!(
+            "GET {} HTTP/1.1\r\nhost: {authority}\r\n\r\n",
+            h1_download_path()
+        )
     };
     if let Err(e) = sock.write_all(req.as_bytes()).await {
         return io_end(&e);
