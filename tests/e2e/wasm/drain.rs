@@ -46,6 +46,10 @@ fn envoy(tag: &str, drain: bool, a: &StreamBackend, b: &StreamBackend) -> Envoy 
     wait_until("the first snapshot", Duration::from_secs(10), || {
         envoy.stat_or_zero("serving_picker.snapshot.published") >= 1
     });
+    // The pod answers through Envoy (its 404 for any other path) on both clusters.
+    wait_until("A answers through Envoy", Duration::from_secs(10), || {
+        envoy.get("/other", &[]).status == 404 && envoy.get("/ws/other", &[]).status == 404
+    });
     envoy
 }
 
@@ -57,14 +61,14 @@ fn set_both(envoy: &Envoy, eps: &[Endpoint]) {
 fn open(envoy: &Envoy, kind: Kind, n: usize, reconnect: Reconnect) -> StreamClient {
     let client = StreamClient::start(kind, envoy.listen_addr(), n, reconnect, "drain.test");
     assert!(
-        client.wait_open_on("A", n, Duration::from_secs(15)),
+        client.wait_open_on("A", n, Duration::from_secs(30)),
         "{kind:?}: {} of {n} streams open on A: {:?}",
         client.open_on("A"),
         client
             .records()
             .iter()
-            .filter(|r| r.current().is_none_or(|a| a.pod.is_none()))
-            .take(2)
+            .flat_map(|r| r.attempts.iter().filter_map(|a| a.end.clone()))
+            .take(5)
             .collect::<Vec<_>>()
     );
     client
