@@ -91,8 +91,9 @@ fn row_5(
         ],
     );
     std::thread::sleep(GRACE);
-    a.exit();
+    // A exits now: a stream it ends from here on was open on it at its exit.
     let exited = Instant::now();
+    a.exit();
     std::thread::sleep(Duration::from_millis(1000));
     (client.stop(), since, exited)
 }
@@ -153,8 +154,9 @@ fn websockets_and_downloads_leave_a_terminating_pod_within_the_window() {
         ],
     );
     std::thread::sleep(GRACE);
-    a.exit();
+    // A exits now: a stream it ends from here on was open on it at its exit.
     let exited = Instant::now();
+    a.exit();
     std::thread::sleep(Duration::from_millis(1000));
     for client in clients {
         let kind = client.kind();
