@@ -16,7 +16,7 @@ WASM_OPT_FLAGS := -Oz --converge $(WASM_FEATURES) --strip-debug --strip-producer
 # bodies, access log, network, gRPC, queues) saves VM entries on every request, and their code.
 KEEP_EXPORTS := memory _initialize proxy_abi_version_0_2_1 proxy_on_vm_start proxy_on_configure \
   proxy_on_tick proxy_on_context_create proxy_on_request_headers proxy_on_http_call_response \
-  proxy_on_done proxy_on_delete proxy_on_memory_allocate
+  proxy_on_done proxy_on_delete proxy_on_memory_allocate proxy_on_response_headers
 # The native form, as Envoy loads it (lib<name>.so), and the companion.
 NATIVE_SO := $(TARGET)/release/libserving_picker.so
 CONDITIONS_BIN := $(TARGET)/release/serving-picker-conditions
@@ -313,6 +313,11 @@ bench-e2e: build envoy
 .PHONY: rollout-picture
 rollout-picture: build envoy
 	cargo run -q -p serving-picker-benches --bin rollout-picture -- docs/img/rollout.svg
+
+# Long-lived streams through a pod's termination, side by side (benches/drain/main.rs): a table.
+.PHONY: drain-picture
+drain-picture: build envoy
+	cargo run -q -p serving-picker-benches --bin drain-picture
 
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
 # files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency, and

@@ -5,6 +5,7 @@
 use serde_json::Value;
 use serving_picker_core::config::{bounded_u64, err, json_object, non_empty, typed};
 pub use serving_picker_core::config::{ConfigError, SelectionConfig};
+use serving_picker_core::drain::{DrainConfig, DRAIN_WINDOW_KEY};
 
 /// What to do when a known cluster has no serving host at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,9 @@ pub struct PluginConfig {
     /// A snapshot no refresh confirmed for this long is set aside: every
     /// request passes through to Envoy's load balancer until one does.
     pub max_snapshot_age_ms: u64,
+    /// `drain_window_ms`: streams open to a host that drains (terminating while a ready host
+    /// exists) end within this window; `None` (the default) never ends a stream.
+    pub drain: Option<DrainConfig>,
 }
 
 /// `admin_path` when not given: the endpoint configs only.
@@ -112,6 +116,7 @@ impl Default for PluginConfig {
             // admin API that never answers must not take the route down).
             before_first_snapshot: BeforeFirstSnapshot::Passthrough,
             max_snapshot_age_ms: default_max_snapshot_age_ms(1000, 5000),
+            drain: None,
         }
     }
 }
@@ -255,6 +260,7 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
                 max_age_set = true;
                 config.max_snapshot_age_ms = bounded_u64(k, value, 1000, 86_400_000)?
             }
+            DRAIN_WINDOW_KEY => config.drain = Some(DrainConfig::parse(value)?),
             _ => return Err(err(k, "unknown key")),
         }
     }

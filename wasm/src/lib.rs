@@ -12,6 +12,7 @@ pub mod admin_json;
 pub mod change_gate;
 pub mod codec;
 pub mod config;
+pub mod drain;
 pub mod election;
 pub mod narrow;
 pub mod plans;

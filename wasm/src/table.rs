@@ -3,6 +3,7 @@
 //! whose part of it changed.
 
 use crate::codec::{self, DecodeError};
+use crate::plans::DRAINING_WEIGHT;
 use rustc_hash::FxBuildHasher;
 use serving_picker_core::contract::Tier;
 use serving_picker_core::picker::Picker;
@@ -26,10 +27,17 @@ struct Route {
     next: Cell<u64>,
     /// The snapshot section it was built from: an equal one keeps the route.
     section: Vec<u8>,
+    /// Hosts whose open streams drain (`plans::DRAINING_WEIGHT`), never picked.
+    draining: Vec<String>,
 }
 
 impl Route {
-    fn new(plan: ClusterPlan, next: u64, alternates: usize, section: &[u8]) -> Route {
+    fn new(mut plan: ClusterPlan, next: u64, alternates: usize, section: &[u8]) -> Route {
+        let (hosts, draining): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.hosts)
+            .into_iter()
+            .partition(|h| h.weight != DRAINING_WEIGHT);
+        plan.hosts = hosts;
+        let draining = draining.into_iter().map(|h| h.address).collect();
         let weights: Vec<u32> = plan.hosts.iter().map(|h| h.weight).collect();
         let picker = Picker::new(&weights);
         let tier = if picker.is_none() {
@@ -45,6 +53,7 @@ impl Route {
             picker,
             next: Cell::new(next),
             section: section.to_vec(),
+            draining,
         }
     }
 }
@@ -165,6 +174,13 @@ impl RoutingTable {
         self.routes.len()
     }
 
+    /// Each cluster with the hosts whose streams drain (none listed: no host drains).
+    pub fn draining(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.routes
+            .iter()
+            .map(|(cluster, r)| (cluster.as_str(), r.draining.as_slice()))
+    }
+
     /// Hosts over every cluster's plan.
     pub fn host_count(&self) -> usize {
         self.routes.values().map(|r| r.values.len()).sum()
@@ -229,6 +245,26 @@ mod tests {
         let mut t = RoutingTable::new(alternates);
         t.update(&codec::encode(plans)).unwrap();
         t
+    }
+
+    #[test]
+    fn draining_hosts_are_listed_and_never_picked() {
+        let mut plans = plans();
+        plans[0].hosts.push(PlannedHost {
+            address: "9.9.9.9:9".into(),
+            weight: DRAINING_WEIGHT,
+        });
+        let t = table(&plans, 1);
+        for _ in 0..8 {
+            let Decision::Pick { host, .. } = t.decide("a") else {
+                panic!("a pick")
+            };
+            assert!(!host.contains("9.9.9.9"), "{host}");
+        }
+        let draining: Vec<(&str, &[String])> =
+            t.draining().filter(|(_, d)| !d.is_empty()).collect();
+        assert_eq!(draining, vec![("a", &["9.9.9.9:9".to_string()][..])]);
+        assert_eq!(t.host_count(), 3);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod behaviour;
 mod deploy_shapes;
+mod drain;
 mod ecds;
 mod faults;
 mod identity;

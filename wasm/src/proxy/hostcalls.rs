@@ -7,7 +7,7 @@
 // The proxy-wasm ABI's imports take raw pointers; the glue calls them only here.
 #![allow(unsafe_code)]
 
-use proxy_wasm::types::{BufferType, MapType};
+use proxy_wasm::types::{BufferType, MapType, StreamType};
 use std::ptr::null_mut;
 
 const OK: u32 = 0;
@@ -50,6 +50,8 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> u32;
+    #[link_name = "proxy_close_stream"]
+    fn close_stream(stream_type: u32) -> u32;
     #[link_name = "proxy_get_buffer_bytes"]
     fn get_buffer_bytes(
         buffer_type: u32,
@@ -134,6 +136,13 @@ pub fn buffer(buffer: BufferType, max_size: usize) -> Option<Vec<u8>> {
     } else {
         None
     }
+}
+
+/// Resets the effective context's stream (Envoy: `encoder_callbacks_->resetStream()`, a local
+/// reset); false when the host refused.
+pub fn reset_response() -> bool {
+    // SAFETY: no pointers; 1 is the ABI's HttpResponse stream type.
+    unsafe { close_stream(StreamType::HttpResponse as u32) == OK }
 }
 
 /// The ABI's header map: count, (name length, value length) pairs, then NUL-terminated names and values.

@@ -2,6 +2,7 @@
 //! (Envoy shows them with its `wasmcustom.` prefix); the request path's are
 //! named in `steer` (those the native form keeps too, in the core's `counters`).
 
+use crate::drain::Protocol;
 use crate::steer::{RequestCounts, COUNTER_NAMES};
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
@@ -57,6 +58,30 @@ impl RequestCounters {
             }
         }
         total
+    }
+}
+
+/// Streams ended for drain, one counter per protocol (`drain::Protocol::reset_counter`);
+/// defined only when `drain_window_ms` is set.
+#[derive(Clone, Copy, Default)]
+pub struct DrainCounters {
+    pub ended: [Metric; 4],
+    /// Streams this worker holds open to a managed cluster (gauge).
+    pub open_streams: Metric,
+    /// Hosts whose streams drain now (gauge).
+    pub draining_hosts: Metric,
+}
+
+impl DrainCounters {
+    pub fn define() -> DrainCounters {
+        DrainCounters {
+            ended: Protocol::ALL.map(|p| Metric::define(MetricType::Counter, p.reset_counter())),
+            open_streams: Metric::define(MetricType::Gauge, "serving_picker.drain.open_streams"),
+            draining_hosts: Metric::define(
+                MetricType::Gauge,
+                "serving_picker.drain.draining_hosts",
+            ),
+        }
     }
 }
 

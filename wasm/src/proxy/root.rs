@@ -4,12 +4,13 @@
 
 use super::admin::HostAdmin;
 use super::http::{EnvoyRequest, PickerHttp};
-use super::metrics::{Metrics, RequestCounters};
+use super::metrics::{DrainCounters, Metrics, RequestCounters};
 use super::now_ms;
 use super::shared_data::EnvoyShared;
 use super::worker::Worker;
 use crate::codec::{self, DecodeError};
 use crate::config::{fingerprint, parse_config, salvage_override_header};
+use crate::drain::StreamDrain;
 use crate::poller::{self, tick_period, Poller};
 use crate::refresh::{Outcome, Start};
 use crate::shared::{SharedData, SharedKeys};
@@ -44,6 +45,29 @@ fn release_held(worker: &Worker, expired: bool) {
     let _ = hostcalls::set_effective_context(worker.root_context_id);
     let period = tick_period(worker.steering.config.refresh_interval_ms);
     let _ = hostcalls::set_tick_period(period);
+}
+
+/// Ends the streams whose drain deadline has come (a stream reset: the only end proxy-wasm
+/// gives a response that has started) and counts them by protocol.
+fn end_due_streams(worker: &Worker, now: u64) {
+    let Some(drain) = &worker.drain else {
+        return;
+    };
+    let due = drain.borrow().due(now);
+    if !due.is_empty() {
+        for (id, protocol) in due {
+            // A stream whose context is gone has nothing to end.
+            if hostcalls::set_effective_context(id).is_ok() && super::hostcalls::reset_response() {
+                worker.drain_counters.ended[protocol.index()].inc();
+            }
+            drain.borrow_mut().close(id);
+        }
+        let _ = hostcalls::set_effective_context(worker.root_context_id);
+    }
+    worker
+        .drain_counters
+        .open_streams
+        .set(drain.borrow().open_streams() as u64);
 }
 
 pub struct PickerRoot {
@@ -90,6 +114,15 @@ fn install(worker: &Worker, snapshot: &[u8]) -> Result<(), DecodeError> {
         .set(table.cluster_count() as u64);
     worker.metrics.snapshot_hosts.set(table.host_count() as u64);
     steering.logged_unknown.borrow_mut().clear();
+    if let Some(drain) = &worker.drain {
+        let mut drain = drain.borrow_mut();
+        drain.update(now_ms(), table.draining());
+        let hosts = drain.draining_hosts();
+        worker.drain_counters.draining_hosts.set(hosts as u64);
+        if hosts > 0 {
+            log::debug!("drain: {hosts} hosts drain; their streams end within drain_window_ms");
+        }
+    }
     drop(slot);
     release_held(worker, false);
     Ok(())
@@ -278,6 +311,8 @@ impl RootContext for PickerRoot {
                     counters: RequestCounters::define(),
                     held: RefCell::new(Held::default()),
                     root_context_id: self.context_id,
+                    drain: None,
+                    drain_counters: DrainCounters::default(),
                 }));
                 // Ticks only hand the request counters to Envoy.
                 let interval_ms = crate::config::PluginConfig::default().refresh_interval_ms;
@@ -300,12 +335,21 @@ impl RootContext for PickerRoot {
         );
         self.keys = Some(SharedKeys::for_config(EnvoyShared, fingerprint(&raw)));
         let config_interval_ms = config.refresh_interval_ms;
+        let drain = config
+            .drain
+            .map(|d| RefCell::new(StreamDrain::new(d.window_ms)));
+        let drain_counters = match drain {
+            Some(_) => DrainCounters::define(),
+            None => DrainCounters::default(),
+        };
         let worker = Rc::new(Worker {
             steering: Steering::new(Rc::new(config)),
             metrics,
             counters: RequestCounters::define(),
             held: RefCell::new(Held::default()),
             root_context_id: self.context_id,
+            drain,
+            drain_counters,
         });
         if let Err(e) = hostcalls::set_tick_period(tick_period(config_interval_ms)) {
             // No ticks, no refresh: nothing could release a held request or
@@ -329,6 +373,7 @@ impl RootContext for PickerRoot {
         if worker.held.borrow().expired(now, config.admin_timeout_ms) {
             release_held(&worker, true);
         }
+        end_due_streams(&worker, now);
         if worker.counters.flush(&worker.steering.counts) > 0 {
             // Requests came through this context: say whether they passed
             // through for a configuration that does not parse. (Envoy keeps

@@ -3,7 +3,8 @@
 //! the first snapshot. Shared by the root context (which fills it) and the
 //! HTTP contexts (which read it).
 
-use super::metrics::{Metrics, RequestCounters};
+use super::metrics::{DrainCounters, Metrics, RequestCounters};
+use crate::drain::StreamDrain;
 use crate::poller::HOLD_TICK;
 use crate::steer::{Held, Steering};
 use proxy_wasm::hostcalls;
@@ -19,6 +20,9 @@ pub struct Worker {
     /// The root context's id: host calls after a release must be its again
     /// (an admin call dispatched for a request would answer to the request).
     pub root_context_id: u32,
+    /// The worker's open streams and the clusters' drain clocks, when `drain_window_ms` is set.
+    pub drain: Option<RefCell<StreamDrain>>,
+    pub drain_counters: DrainCounters,
 }
 
 impl Worker {
