@@ -712,6 +712,30 @@ mod tests {
     }
 
     #[test]
+    fn subscriptions_are_kept_within_the_byte_limits() {
+        use crate::limits::names as limit;
+        let mut w = World::new();
+        let s = w.snap("v1", true, &[("a", 1), ("b", 2), ("c", 3)]);
+        let budget = Arc::new(RetainedBudget::new(64, 2 * SUB_BYTES, usize::MAX));
+        let mut st = SotwStream::new(names(), &s).retaining(budget.clone());
+        assert!(st
+            .on_request(&req(&["a", "b"], "", ""), &s, now())
+            .refused
+            .is_none());
+        assert_eq!(st.retained(), 2 * SUB_BYTES);
+        let h = st.on_request(&req(&["a", "b", "c"], "", ""), &s, now());
+        assert_eq!(h.refused.unwrap().limit, limit::MAX_STREAM_RETAINED_BYTES);
+        assert_eq!(st.subscriptions().len(), 2, "refused whole");
+        assert!(st
+            .on_request(&req(&["a"], "", ""), &s, now())
+            .refused
+            .is_none());
+        assert_eq!(budget.total(), SUB_BYTES);
+        drop(st);
+        assert_eq!(budget.total(), 0);
+    }
+
+    #[test]
     fn with_manage_a_template_name_waits_for_its_service() {
         let mut w = World::new();
         let s = w.snap("v1", true, &[("a", 1)]);
