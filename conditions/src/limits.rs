@@ -103,6 +103,19 @@ pub struct XdsLimits {
     /// 10,000 clusters each (16 MiB at most, with what is due).
     #[arg(long, value_name = "N", default_value_t = 1 << 19)]
     pub max_subscriptions: usize,
+    /// Longest resource name an xDS stream keeps (a name not served, held
+    /// on a delta stream until a response answers it removed); a request
+    /// naming a longer one ends its stream with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024)]
+    pub max_name_bytes: usize,
+    /// Bytes one xDS stream keeps between requests: its subscriptions (32
+    /// bytes a name) and the names it is to be answered removed; a request
+    /// over it ends its stream with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    pub max_stream_retained_bytes: usize,
+    /// The same, over all xDS streams at once.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    pub max_retained_bytes: usize,
     /// Largest xDS request message; a larger one ends its stream with
     /// RESOURCE_EXHAUSTED, refused from its 5-byte header.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
@@ -166,6 +179,9 @@ impl Default for XdsLimits {
             request_receive_timeout: Duration::from_secs(10),
             max_resource_names: 16384,
             max_subscriptions: 1 << 19,
+            max_name_bytes: 1024,
+            max_stream_retained_bytes: 4 << 20,
+            max_retained_bytes: 32 << 20,
             max_request_bytes: 1 << 20,
             request_buffer_bytes: 16 << 20,
             request_buffer_bytes_per_peer: 4 << 20,
@@ -231,6 +247,12 @@ pub mod names {
     pub const MAX_RESOURCE_NAMES: &str = "max-resource-names";
     /// `--max-subscriptions`: resource names subscribed over all xDS streams.
     pub const MAX_SUBSCRIPTIONS: &str = "max-subscriptions";
+    /// `--max-name-bytes`: the longest resource name an xDS stream keeps.
+    pub const MAX_NAME_BYTES: &str = "max-name-bytes";
+    /// `--max-stream-retained-bytes`: bytes one xDS stream keeps between requests.
+    pub const MAX_STREAM_RETAINED_BYTES: &str = "max-stream-retained-bytes";
+    /// `--max-retained-bytes`: bytes all xDS streams keep between requests.
+    pub const MAX_RETAINED_BYTES: &str = "max-retained-bytes";
     /// `--max-request-bytes`: the largest xDS request message.
     pub const MAX_REQUEST_BYTES: &str = "max-request-bytes";
     /// `--request-buffer-bytes`: request bytes held beyond each message's first 64 KiB, over all

@@ -307,7 +307,7 @@ mod tests {
         } = Telemetry::new();
         let metrics = Arc::new(metrics);
         source.watch_event("apply");
-        MetricsCallbacks::new(xds, metrics.clone()).nacked("node", "1", "bad");
+        MetricsCallbacks::new(xds, metrics.clone()).nacked("node", "127.0.0.1:1", "1", "bad");
         publish.applied(1, &Index::new(), true, Duration::from_micros(10));
         metrics.set_ready(true);
         assert!(metrics.is_ready());

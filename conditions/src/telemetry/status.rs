@@ -4,7 +4,14 @@
 //! endpoint with its conditions, zone, node and hints, the tier it is in
 //! and the priority it gets; per subscriber (each Envoy, by node id) the
 //! version it last ACKed and how long ago, its last NACK with Envoy's error
-//! message, and how many streams it has open.
+//! message, and how many streams it has open; beside each node id, the
+//! peers (client addresses) that used it and the peer that sent its last
+//! ACK and NACK: a node id is the client's word, so one sent from an
+//! unexpected peer (a forged ACK or NACK) shows as such.
+//!
+//! A row is keyed by the node id cut to [`MAX_NODE_ID`] characters, the
+//! length the xDS server keeps, in every call: an id's length never makes
+//! it another's row.
 //!
 //! Bounded like every other answer of the companion: at most
 //! [`MAX_ENDPOINT_ROWS`] endpoint rows over all ports, [`MAX_SUBSCRIBERS`]
@@ -39,6 +46,10 @@ pub const MAX_ENDPOINT_ROWS: usize = 1000;
 pub const MAX_SUBSCRIBERS: usize = 256;
 /// Any name shown is cut to this many characters.
 pub const MAX_TEXT: usize = 253;
+/// A node id (a subscriber row's key) is kept to this many characters.
+pub const MAX_NODE_ID: usize = 256;
+/// Peers (client addresses) kept per subscriber row.
+pub const MAX_PEERS_PER_NODE: usize = 4;
 /// A NACK's error message is cut to this many characters.
 pub const MAX_NACK_MESSAGE: usize = 512;
 
@@ -85,13 +96,23 @@ struct Nack {
     version: String,
     message: String,
     at: Instant,
+    /// The peer that sent it.
+    peer: String,
 }
 
 #[derive(Clone, Debug, Default)]
 struct Subscriber {
+    /// The peer of its newest stream.
     peer: String,
+    /// The distinct peer addresses (without ports) that opened a stream,
+    /// ACKed or NACKed as this node, at most [`MAX_PEERS_PER_NODE`].
+    peers: Vec<String>,
+    /// Requests from peers beyond those kept (not told apart: telling
+    /// them apart would keep them).
+    peers_left_out: usize,
     streams: usize,
-    acked: Option<(String, Instant)>,
+    /// The version, when, and the peer that sent the ACK.
+    acked: Option<(String, Instant, String)>,
     nack: Option<Nack>,
     last_seen: Option<Instant>,
     /// Its last ACK that confirmed changes: how many, the slowest, when.
@@ -135,6 +156,35 @@ pub struct Board {
     serving_endpoints: Family<ClusterLabel, Gauge>,
     source: Mutex<Option<Arc<dyn PortSource>>>,
     programming: Mutex<Programming>,
+    /// Bytes the xDS streams keep, and their limit.
+    xds_retained: Mutex<(usize, usize)>,
+}
+
+/// A subscriber row's key: the node id as the xDS server keeps it.
+fn node_key(node: &str) -> String {
+    cut(node, MAX_NODE_ID)
+}
+
+/// A peer without its port (a client reconnects from another port).
+fn peer_host(peer: &str) -> String {
+    match peer.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().to_string(),
+        Err(_) => cut(peer, MAX_TEXT),
+    }
+}
+
+impl Subscriber {
+    fn saw_peer(&mut self, peer: &str) {
+        let host = peer_host(peer);
+        if self.peers.contains(&host) {
+            return;
+        }
+        if self.peers.len() < MAX_PEERS_PER_NODE {
+            self.peers.push(host);
+        } else {
+            self.peers_left_out += 1;
+        }
+    }
 }
 
 fn cut(s: &str, n: usize) -> String {
@@ -154,6 +204,7 @@ impl Board {
             serving_endpoints: BoardMetrics::register(registry).serving_endpoints,
             source: Mutex::new(None),
             programming: Mutex::new(Programming::default()),
+            xds_retained: Mutex::new((0, 0)),
         }
     }
 
@@ -314,7 +365,8 @@ impl Board {
         subs: &'a mut BTreeMap<String, Subscriber>,
         node: &str,
     ) -> &'a mut Subscriber {
-        if !subs.contains_key(node) && subs.len() >= MAX_SUBSCRIBERS {
+        let node = node_key(node);
+        if !subs.contains_key(&node) && subs.len() >= MAX_SUBSCRIBERS {
             // Room for a new node: the disconnected one seen longest ago goes.
             let oldest = subs
                 .iter()
@@ -326,7 +378,7 @@ impl Board {
                 subs.remove(&k);
             }
         }
-        subs.entry(cut(node, MAX_TEXT)).or_default()
+        subs.entry(node).or_default()
     }
 
     /// A stream of `node` (from `peer`) sent its first request with a node.
@@ -335,29 +387,32 @@ impl Board {
         let s = Board::subscriber(&mut subs, node);
         s.streams += 1;
         s.peer = cut(peer, MAX_TEXT);
+        s.saw_peer(peer);
         s.last_seen = Some(Instant::now());
     }
 
     /// A stream of `node` ended.
     pub fn stream_closed(&self, node: &str) {
         let mut subs = lock(&self.subscribers);
-        if let Some(s) = subs.get_mut(node) {
+        if let Some(s) = subs.get_mut(&node_key(node)) {
             s.streams = s.streams.saturating_sub(1);
             s.last_seen = Some(Instant::now());
         }
     }
 
-    /// `node` ACKed `version`.
-    pub fn acked(&self, node: &str, version: &str) {
+    /// `node` ACKed `version`, on a stream from `peer`.
+    pub fn acked(&self, node: &str, peer: &str, version: &str) {
         let mut subs = lock(&self.subscribers);
         let s = Board::subscriber(&mut subs, node);
         let now = Instant::now();
-        s.acked = Some((cut(version, MAX_TEXT), now));
+        s.acked = Some((cut(version, MAX_TEXT), now, cut(peer, MAX_TEXT)));
+        s.saw_peer(peer);
         s.last_seen = Some(now);
     }
 
-    /// `node` refused the response after `version` with `message`.
-    pub fn nacked(&self, node: &str, version: &str, message: &str) {
+    /// `node` refused the response after `version` with `message`, on a
+    /// stream from `peer`.
+    pub fn nacked(&self, node: &str, peer: &str, version: &str, message: &str) {
         let mut subs = lock(&self.subscribers);
         let s = Board::subscriber(&mut subs, node);
         let now = Instant::now();
@@ -365,8 +420,16 @@ impl Board {
             version: cut(version, MAX_TEXT),
             message: cut(message, MAX_NACK_MESSAGE),
             at: now,
+            peer: cut(peer, MAX_TEXT),
         });
+        s.saw_peer(peer);
         s.last_seen = Some(now);
+    }
+
+    /// Bytes the xDS streams keep between requests, and their limit
+    /// (`--max-retained-bytes`).
+    pub fn set_xds_retained(&self, bytes: usize, limit: usize) {
+        *lock(&self.xds_retained) = (bytes, limit);
     }
 
     /// The page as JSON.
@@ -429,13 +492,17 @@ impl Board {
                 json!({
                     "node": node,
                     "peer": s.peer,
+                    "peers": s.peers,
+                    "peers_left_out": s.peers_left_out,
                     "open_streams": s.streams,
                     "acked_version": s.acked.as_ref().map(|a| a.0.clone()),
                     "acked_seconds_ago": s.acked.as_ref().map(|a| ago(a.1)),
+                    "acked_by_peer": s.acked.as_ref().map(|a| a.2.clone()),
                     "last_nack": s.nack.as_ref().map(|n| json!({
                         "version": n.version,
                         "message": n.message,
                         "seconds_ago": ago(n.at),
+                        "peer": n.peer,
                     })),
                     "last_programmed": s.programmed.map(|(n, worst, at)| json!({
                         "changes": n,
@@ -452,6 +519,10 @@ impl Board {
             "services": ports,
             "subscribers": subscribers,
             "programming_latency": self.programming_json(),
+            "xds_retained_bytes": {
+                "held": lock(&self.xds_retained).0,
+                "limit": lock(&self.xds_retained).1,
+            },
             "bounds": {
                 "max_endpoint_rows": MAX_ENDPOINT_ROWS,
                 "endpoint_rows_left_out": left_out,
@@ -459,6 +530,7 @@ impl Board {
                 "ports_left_out": ports_left_out,
                 "max_subscribers": MAX_SUBSCRIBERS,
                 "max_text_chars": MAX_TEXT,
+                "max_node_id_chars": MAX_NODE_ID,
                 "max_nack_message_chars": MAX_NACK_MESSAGE,
             },
         })
@@ -543,14 +615,15 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
         }
         h.push_str("</table>\n");
     }
-    h.push_str("<h2>Subscribers</h2><table><tr><th>node</th><th>peer</th><th>open streams</th><th>last ACKed version</th><th>ACKed (s ago)</th><th>last changes applied (slowest)</th><th>last NACK</th></tr>\n");
+    h.push_str("<h2>Subscribers</h2><table><tr><th>node</th><th>peer</th><th>peers of this node id</th><th>open streams</th><th>last ACKed version</th><th>ACKed (s ago)</th><th>last changes applied (slowest)</th><th>last NACK</th></tr>\n");
     for s in j["subscribers"].as_array().into_iter().flatten() {
         let nack = match &s["last_nack"] {
             Value::Null => "-".to_string(),
             n => format!(
-                "<span class=\"nack\">version {} {} s ago: {}</span>",
+                "<span class=\"nack\">version {} {} s ago from {}: {}</span>",
                 esc(&n["version"]),
                 esc(&n["seconds_ago"]),
+                esc(&n["peer"]),
                 esc(&n["message"])
             ),
         };
@@ -565,15 +638,31 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
         };
         let _ = writeln!(
             h,
-            "<tr class=\"subscriber\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"programmed\">{programmed}</td><td>{nack}</td></tr>",
+            "<tr class=\"subscriber\"><td>{}</td><td>{}</td><td class=\"peers\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"programmed\">{programmed}</td><td>{nack}</td></tr>",
             esc(&s["node"]),
             esc(&s["peer"]),
+            esc(&Value::String(
+                s["peers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
             esc(&s["open_streams"]),
             esc(&s["acked_version"]),
             esc(&s["acked_seconds_ago"]),
         );
     }
     h.push_str("</table>\n");
+    let r = &j["xds_retained_bytes"];
+    let _ = writeln!(
+        h,
+        "<p id=\"retained\">xDS streams keep <b>{}</b> bytes of resource names between requests (limit {}, --max-retained-bytes).</p>",
+        esc(&r["held"]),
+        esc(&r["limit"]),
+    );
     let b = &j["bounds"];
     let _ = writeln!(
         h,
@@ -629,8 +718,8 @@ mod tests {
             .into_iter(),
         );
         b.stream_opened("envoy-1", "127.0.0.1:5000");
-        b.acked("envoy-1", "v1");
-        b.nacked("envoy-1", "v1", &"<bad>".repeat(200));
+        b.acked("envoy-1", "127.0.0.1:5000", "v1");
+        b.nacked("envoy-1", "127.0.0.1:5000", "v1", &"<bad>".repeat(200));
         let j = b.json();
         let web = &j["services"][0];
         assert_eq!(web["serves_from_tier"], "ready");
@@ -719,6 +808,69 @@ mod tests {
             b.json()["subscribers"].as_array().unwrap().len(),
             MAX_SUBSCRIBERS
         );
+    }
+
+    #[test]
+    fn node_ids_of_any_length_keep_their_own_rows() {
+        let b = Board::new(&mut Registry::default());
+        // Ids the xDS server keeps whole (up to MAX_NODE_ID characters),
+        // alike in their first MAX_TEXT characters.
+        let long = |c: char| format!("{}{c}", "n".repeat(MAX_NODE_ID - 1));
+        b.stream_opened("short", "10.0.0.1:1000");
+        for c in ['a', 'b'] {
+            b.stream_opened(&long(c), "10.0.0.2:2000");
+            b.acked(&long(c), "10.0.0.2:2000", "v1");
+        }
+        let j = b.json();
+        let rows = j["subscribers"].as_array().unwrap();
+        assert_eq!(rows.len(), 3, "each id its own row: {rows:?}");
+        assert!(rows.iter().all(|r| r["open_streams"] == 1));
+        b.stream_closed(&long('a'));
+        b.stream_closed(&long('b'));
+        let j = b.json();
+        let open: Vec<&Value> = j["subscribers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| &r["open_streams"])
+            .collect();
+        assert_eq!(open, [&json!(0), &json!(0), &json!(1)], "closes count down");
+        // At the subscriber bound, an ACK of a known long id evicts nobody.
+        for i in 0..(MAX_SUBSCRIBERS - 3) {
+            b.stream_opened(&format!("x{i}"), "10.0.0.9:1");
+        }
+        b.acked(&long('a'), "10.0.0.2:2000", "v2");
+        let j = b.json();
+        assert_eq!(j["subscribers"].as_array().unwrap().len(), MAX_SUBSCRIBERS);
+        assert!(j["subscribers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["node"] == "short"));
+    }
+
+    #[test]
+    fn a_forged_ack_or_nack_shows_its_peer_beside_the_node() {
+        let b = Board::new(&mut Registry::default());
+        b.stream_opened("envoy-1", "10.0.0.1:4000");
+        b.stream_opened("envoy-1", "10.0.0.1:4001");
+        b.acked("envoy-1", "10.0.0.1:4001", "v1");
+        let j = b.json();
+        assert_eq!(j["subscribers"][0]["peers"], json!(["10.0.0.1"]));
+        b.nacked("envoy-1", "192.0.2.7:5555", "v1", "forged");
+        let j = b.json();
+        let s = &j["subscribers"][0];
+        assert_eq!(s["peers"], json!(["10.0.0.1", "192.0.2.7"]));
+        assert_eq!(s["last_nack"]["peer"], "192.0.2.7:5555");
+        assert_eq!(s["acked_by_peer"], "10.0.0.1:4001");
+        assert!(b.html().contains("from 192.0.2.7:5555"));
+        for i in 0..10 {
+            b.acked("envoy-1", &format!("192.0.2.{i}:1"), "v1");
+        }
+        let s = &b.json()["subscribers"][0];
+        assert_eq!(s["peers"].as_array().unwrap().len(), MAX_PEERS_PER_NODE);
+        // 192.0.2.7 is kept; 0 and 1 fill the row; 7 others left out.
+        assert_eq!(s["peers_left_out"], 7);
     }
 
     #[test]

@@ -30,10 +30,12 @@ pub trait Callbacks: Send + Sync + 'static {
     fn response_started(&self, resources: usize, lags: &[Duration]);
     /// A response's every byte (`bytes`) was handed to HTTP/2.
     fn response_sent(&self, bytes: usize);
-    /// Envoy accepted `version`, `after` its response was sent.
-    fn acked(&self, node: &str, version: &str, after: Option<Duration>);
-    /// Envoy rejected `version` with `message`.
-    fn nacked(&self, node: &str, version: &str, message: &str);
+    /// Envoy accepted `version`, `after` its response was sent, on a
+    /// stream from `peer` (a node id is the client's word: the peer is
+    /// who sent it).
+    fn acked(&self, node: &str, peer: &str, version: &str, after: Option<Duration>);
+    /// Envoy rejected `version` with `message`, on a stream from `peer`.
+    fn nacked(&self, node: &str, peer: &str, version: &str, message: &str);
     /// Envoy ACKed changes that happened at `triggers` (programming latency).
     fn programmed(&self, node: &str, triggers: &[std::time::SystemTime]);
     /// Names subscribed over all streams.
@@ -46,4 +48,7 @@ pub trait Callbacks: Send + Sync + 'static {
     fn subscribers(&self, cluster: &str, n: i64);
     /// The server cut a stream (`reason`: the limit's flag).
     fn stream_reset(&self, reason: &'static str);
+    /// Bytes the streams keep between requests (`xds::retained`), and
+    /// their limit.
+    fn retained_bytes(&self, _bytes: usize, _limit: usize) {}
 }

@@ -25,6 +25,13 @@
 //! - A resource that stops being served is never sent as removed (Envoy's
 //!   EDS would keep its last hosts: `eds.cc` ignores removals); the
 //!   publisher sends it empty instead, as state of the world does.
+//! - The names to answer removed are kept until a response carries them,
+//!   bounded in bytes (`retained`): a request that would keep more ends
+//!   the stream, refused whole.
+//! - A request's names are read, hashed and sorted before the stream's
+//!   state is locked ([`DeltaStream::read_names`]); the state then takes
+//!   them in one merge ([`DeltaStream::on_read`]), so the lock the fan-out
+//!   takes is held for a merge, not for a request's worth of hashing.
 //! - Wildcard subscriptions (`*`, or none on the first request) are not
 //!   served: EDS is asked by name.
 
@@ -39,11 +46,30 @@ use crate::xds::protocol::{
     SnapshotEffect, Taken,
 };
 use crate::xds::requests::{name_str, DeltaRequestView};
+use crate::xds::retained::{
+    cut_bytes, Refusal, Retained, RetainedBudget, NAME_OVERHEAD, SUB_BYTES, TYPE_URL_KEPT,
+};
 use crate::xds::subscriptions::{Fit, Subscriptions};
 
 /// Names answered as removed in one response at most; more wait for the
 /// next.
 const REMOVED_MAX: usize = 4096;
+
+/// A delta request's names, read before the stream's state is locked.
+#[derive(Debug, Default)]
+pub struct DeltaNames {
+    /// Keys to subscribe (served now or maybe later), sorted, unique.
+    subscribe: Vec<u64>,
+    /// Keys to unsubscribe, sorted, unique.
+    unsubscribe: Vec<u64>,
+    /// Names not served now: answered removed.
+    removed: Vec<String>,
+    removed_bytes: usize,
+    unknown: usize,
+    unknown_sample: Vec<String>,
+    /// A name over `--max-name-bytes`.
+    refused: Option<Refusal>,
+}
 
 /// One delta stream's protocol state.
 #[derive(Debug)]
@@ -56,6 +82,9 @@ pub struct DeltaStream {
     /// Names subscribed that are not served: answered as removed in the
     /// next response.
     removed: Vec<String>,
+    /// Bytes of the names in `removed` (with [`NAME_OVERHEAD`] each).
+    removed_bytes: usize,
+    retained: Retained,
     due_since: Option<Instant>,
 }
 
@@ -69,8 +98,21 @@ impl DeltaStream {
             acks: Acks::default(),
             seen: SeenSnapshots { seq: snap.seq },
             removed: Vec::new(),
+            removed_bytes: 0,
+            retained: Retained::new(RetainedBudget::unbounded()),
             due_since: None,
         }
+    }
+
+    /// Keeps what the stream retains within `budget`.
+    pub fn retaining(mut self, budget: Arc<RetainedBudget>) -> DeltaStream {
+        self.retained = Retained::new(budget);
+        self
+    }
+
+    /// Bytes the stream keeps (subscriptions and names to answer removed).
+    pub fn retained(&self) -> usize {
+        self.retained.held()
     }
 
     /// The stream's subscriptions.
@@ -100,11 +142,101 @@ impl DeltaStream {
         }
     }
 
-    /// Handles one request against the current snapshot.
+    /// Reads a request's names against `snap` (no stream state: done
+    /// before the state is locked): their keys sorted, the names not served.
+    pub fn read_names(
+        names: &Names,
+        budget: &RetainedBudget,
+        req: &DeltaRequestView,
+        snap: &Snapshot,
+    ) -> DeltaNames {
+        let mut out = DeltaNames::default();
+        if req.type_url != CLA_TYPE_URL {
+            return out;
+        }
+        out.subscribe.reserve(req.resource_names_subscribe.len());
+        for n in &req.resource_names_subscribe {
+            let name = name_str(n);
+            let h = name_hash(name);
+            let served = snap.table.get(h).is_some_and(|r| r.name == name);
+            if !served {
+                if let Err(r) = budget.check_name(n.len()) {
+                    out.refused = Some(r);
+                    return out;
+                }
+                out.unknown += 1;
+                if out.unknown_sample.len() < 3 {
+                    out.unknown_sample.push(name.to_string());
+                }
+                out.removed_bytes += name.len() + NAME_OVERHEAD;
+                out.removed.push(name.to_string());
+            }
+            if served || names.may_serve(name, h) {
+                out.subscribe.push(h);
+            }
+        }
+        out.subscribe.sort_unstable();
+        out.subscribe.dedup();
+        out.unsubscribe = req
+            .resource_names_unsubscribe
+            .iter()
+            .map(|n| name_hash(name_str(n)))
+            .collect();
+        out.unsubscribe.sort_unstable();
+        out.unsubscribe.dedup();
+        out
+    }
+
+    /// Handles one request against the current snapshot (its names read
+    /// here: [`DeltaStream::read_names`] and [`DeltaStream::on_read`]).
     pub fn on_request(&mut self, req: &DeltaRequestView, snap: &Snapshot, now: Instant) -> Handled {
+        let read = DeltaStream::read_names(&self.names, &self.retained_budget(), req, snap);
+        self.on_read(req, read, snap, now)
+    }
+
+    fn retained_budget(&self) -> Arc<RetainedBudget> {
+        self.retained.budget()
+    }
+
+    /// How many names the stream subscribes once `read` is applied
+    /// (subscribed first, then unsubscribed, as `on_read` applies them).
+    fn subscribed_after(&self, read: &DeltaNames) -> usize {
+        let fresh = read
+            .subscribe
+            .iter()
+            .filter(|k| !self.subs.contains(**k))
+            .count();
+        let gone = read
+            .unsubscribe
+            .iter()
+            .filter(|k| self.subs.contains(**k) || read.subscribe.binary_search(k).is_ok())
+            .count();
+        (self.subs.len() + fresh).saturating_sub(gone)
+    }
+
+    /// Handles one request whose names `read_names` read from `snap`.
+    pub fn on_read(
+        &mut self,
+        req: &DeltaRequestView,
+        read: DeltaNames,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Handled {
         let mut handled = Handled::new();
         if req.type_url != CLA_TYPE_URL {
-            handled.kind = RequestKind::OtherType(req.type_url.clone());
+            handled.kind =
+                RequestKind::OtherType(cut_bytes(&req.type_url, TYPE_URL_KEPT).to_string());
+            return handled;
+        }
+        if let Some(r) = read.refused {
+            handled.refused = Some(r);
+            return handled;
+        }
+        // The whole request is kept, or none of it.
+        let keeps =
+            self.subscribed_after(&read) * SUB_BYTES + self.removed_bytes + read.removed_bytes;
+        if let Err(r) = self.retained.set(keeps) {
+            handled.refused = Some(r);
             return handled;
         }
         if !req.response_nonce.is_empty() {
@@ -131,38 +263,15 @@ impl DeltaStream {
         self.started = true;
         handled.names_changed =
             !req.resource_names_subscribe.is_empty() || !req.resource_names_unsubscribe.is_empty();
-        let mut keys = Vec::with_capacity(req.resource_names_subscribe.len());
-        for n in &req.resource_names_subscribe {
-            let name = name_str(n);
-            let h = name_hash(name);
-            let served = snap.table.get(h).is_some_and(|r| r.name == name);
-            if !served {
-                handled.unknown += 1;
-                if handled.unknown_sample.len() < 3 {
-                    handled.unknown_sample.push(name.to_string());
-                }
-                if self.removed.len() < REMOVED_MAX * 4 {
-                    self.removed.push(name.to_string());
-                }
-            }
-            if served || self.names.may_serve(name, h) {
-                keys.push(h);
-            }
-        }
-        keys.sort_unstable();
-        keys.dedup();
+        handled.unknown = read.unknown;
+        handled.unknown_sample = read.unknown_sample;
+        self.removed.extend(read.removed);
+        self.removed_bytes += read.removed_bytes;
         let versions = &req.initial_resource_versions;
-        self.subs.add(&keys, &snap.table, |_, r| {
+        self.subs.add(&read.subscribe, &snap.table, |_, r| {
             versions.get(&r.name).is_some_and(|v| *v == r.delta_version)
         });
-        let gone: Vec<u64> = req
-            .resource_names_unsubscribe
-            .iter()
-            .map(|n| name_hash(name_str(n)))
-            .collect();
-        if !gone.is_empty() {
-            self.subs.remove(&gone);
-        }
+        self.subs.remove(&read.unsubscribe);
         handled.due = self.refresh_due(snap, now);
         handled
     }
@@ -190,6 +299,13 @@ impl DeltaStream {
         let nonce_text = nonce.to_string();
         let cut = self.removed.len().min(REMOVED_MAX);
         let removed: Vec<String> = self.removed.drain(..cut).collect();
+        self.removed_bytes = self
+            .removed_bytes
+            .saturating_sub(removed.iter().map(|n| n.len() + NAME_OVERHEAD).sum());
+        // Giving back never fails.
+        let _ = self
+            .retained
+            .set(self.subs.len() * SUB_BYTES + self.removed_bytes);
         let overhead =
             wire::delta_message_len(&snap.version, CLA_TYPE_URL, &nonce_text, &removed, 0);
         let mut entries_len = 0;
@@ -445,5 +561,77 @@ mod tests {
         let r = take(&mut st, &s2).unwrap();
         assert_eq!(got(&r), ["a=a@2"]);
         assert_eq!(r.removed_resources, ["b"], "b is not served (yet)");
+    }
+
+    #[test]
+    fn what_a_stream_keeps_is_bounded_in_bytes_refused_whole_and_given_back() {
+        use crate::limits::names as limit;
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1)]);
+        let now = Instant::now();
+        let budget = Arc::new(RetainedBudget::new(8, 600, 500));
+        let mut st = DeltaStream::new(names(), &s).retaining(budget.clone());
+        // A name not served and longer than --max-name-bytes: refused.
+        let h = st.on_request(&req(&["a", "ninebytes"], &[], ""), &s, now);
+        assert_eq!(h.refused.unwrap().limit, limit::MAX_NAME_BYTES);
+        assert!(st.subscriptions().is_empty(), "nothing of it is kept");
+        assert_eq!(budget.total(), 0);
+        // One served name (32 bytes) and two to answer removed (2 bytes
+        // each, and their String).
+        let kept = SUB_BYTES + 2 * (2 + NAME_OVERHEAD);
+        let h = st.on_request(&req(&["a", "x1", "x2"], &[], ""), &s, now);
+        assert!(h.refused.is_none());
+        assert_eq!(st.retained(), kept);
+        assert_eq!(budget.total(), kept);
+        // 100 more names: over the stream's 600 bytes.
+        let many: Vec<String> = (0..100).map(|i| format!("u{i:02}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let h = st.on_request(&req(&many, &[], ""), &s, now);
+        assert_eq!(h.refused.unwrap().limit, limit::MAX_STREAM_RETAINED_BYTES);
+        assert_eq!(st.retained(), kept, "refused whole");
+        // Another stream, within its own 600 bytes, takes the total's 500.
+        let mut other = DeltaStream::new(names(), &s).retaining(budget.clone());
+        let h = other.on_request(&req(&many[..15], &[], ""), &s, now);
+        assert!(h.refused.is_none());
+        let h = other.on_request(&req(&many[15..16], &[], ""), &s, now);
+        assert_eq!(h.refused.unwrap().limit, limit::MAX_RETAINED_BYTES);
+        // A response answers the names removed: their bytes go back.
+        let r = take(&mut st, &s).unwrap();
+        assert_eq!(r.removed_resources, ["x1", "x2"]);
+        assert_eq!(st.retained(), SUB_BYTES);
+        // Unsubscribing gives back too; an ended stream gives back all.
+        st.on_request(&req(&[], &["a"], &r.nonce), &s, now);
+        assert_eq!(st.retained(), 0);
+        drop(other);
+        drop(st);
+        assert_eq!(budget.total(), 0);
+    }
+
+    #[test]
+    fn names_that_are_not_text_still_count() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1)]);
+        let budget = Arc::new(RetainedBudget::new(1024, 10 * NAME_OVERHEAD, usize::MAX));
+        let mut st = DeltaStream::new(names(), &s).retaining(budget);
+        let mut r = req(&[], &[], "");
+        r.resource_names_subscribe = vec![Bytes::from_static(&[0xff]); 11];
+        let h = st.on_request(&r, &s, Instant::now());
+        assert!(
+            h.refused.is_some(),
+            "11 empty names are over 10 names' worth"
+        );
+    }
+
+    #[test]
+    fn other_type_urls_are_kept_cut() {
+        let mut w = World::new();
+        let s = w.snap(&[("a", 1)]);
+        let mut st = DeltaStream::new(names(), &s);
+        let mut r = req(&[], &[], "");
+        r.type_url = "t".repeat(1 << 20);
+        match st.on_request(&r, &s, Instant::now()).kind {
+            RequestKind::OtherType(t) => assert_eq!(t.len(), TYPE_URL_KEPT),
+            k => panic!("{k:?}"),
+        }
     }
 }

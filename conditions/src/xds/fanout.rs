@@ -102,6 +102,8 @@ fn sweep(core: &Core, now: Instant) {
     }
     core.callbacks
         .subscriptions(core.subscriptions.load(Ordering::SeqCst));
+    core.callbacks
+        .retained_bytes(core.retained.total(), core.limits.max_retained_bytes);
 }
 
 /// A stream that does not read: its connection is closed (HTTP/2 gives a

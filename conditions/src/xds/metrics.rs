@@ -27,6 +27,8 @@ metric_group! {
         pushed_resources: Counter = ("xds_pushed_resources", "ClusterLoadAssignments in the responses counted by xds_pushes"),
         acks: Counter = ("xds_acks", "xDS responses Envoy accepted"),
         nacks: Counter = ("xds_nacks", "xDS responses Envoy rejected"),
+        nacks_by_peer: Family<Labels, Counter> = ("xds_nacks_by_peer_class", "xDS responses rejected, by the class of the peer that sent the NACK (loopback, private, public, unknown); the node id is the client's word, the peer is not"),
+        retained_bytes: Gauge = ("xds_retained_bytes", "Bytes the xDS streams keep between requests: subscriptions (32 bytes a name) and names to answer removed (see limit{limit=\"max-retained-bytes\"})"),
         push_lag_seconds: Histogram = ("xds_push_lag_seconds", "From a source change to a response carrying the assignment it produced started on a stream", seconds_buckets()),
         ack_seconds: Histogram = ("xds_ack_seconds", "From a response sent to Envoy's ACK (Envoy's time to apply it, plus the round trip)", seconds_buckets()),
         responses_sent: Counter = ("xds_responses_sent", "xDS responses whose every byte was handed to HTTP/2 (which holds at most the peer's window beyond what the socket took)"),
@@ -36,7 +38,7 @@ metric_group! {
         refused: Family<Labels, Counter> = ("xds_refused", "xDS streams and gRPC connections refused with RESOURCE_EXHAUSTED, by the limit (flag) that refused them"),
         subscribers: Family<OwnedLabels, Gauge> = ("xds_subscribers", "xDS streams subscribed to each cluster (EDS resource)"),
         oldest_unsent_seconds: Gauge<f64, AtomicU64> = ("xds_oldest_unsent_response_seconds", "Age of the oldest response due and not taken by its stream (a stream is cut at --send-timeout)"),
-        unknown_names: Counter = ("xds_unknown_resource_names", "Resource names requested that no --cluster defines (not kept)"),
+        unknown_names: Counter = ("xds_unknown_resource_names", "Resource names requested that no --cluster defines (a state-of-the-world stream keeps none; a delta stream keeps each until a response answers it removed, within xds_retained_bytes)"),
         largest_request_bytes: Gauge = ("xds_largest_request_bytes", "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})"),
         request_buffer_bytes: Gauge = ("xds_request_buffer_bytes", "Request bytes held beyond each message's first 64 KiB (see limit{limit=\"request-buffer-bytes\"})"),
         subscriptions: Gauge = ("xds_subscriptions", "Resource names subscribed over all xDS streams (see limit{limit=\"max-subscriptions\"})"),
@@ -111,16 +113,20 @@ impl Callbacks for MetricsCallbacks {
         self.xds.responses_sent.inc();
         self.xds.sent_bytes.inc_by(bytes as u64);
     }
-    fn acked(&self, node: &str, version: &str, after: Option<Duration>) {
+    fn acked(&self, node: &str, peer: &str, version: &str, after: Option<Duration>) {
         self.xds.acks.inc();
         if let Some(d) = after {
             self.xds.ack_seconds.observe(d.as_secs_f64());
         }
-        self.metrics.status().acked(node, version);
+        self.metrics.status().acked(node, peer, version);
     }
-    fn nacked(&self, node: &str, version: &str, message: &str) {
+    fn nacked(&self, node: &str, peer: &str, version: &str, message: &str) {
         self.xds.nacks.inc();
-        self.metrics.status().nacked(node, version, message);
+        self.xds
+            .nacks_by_peer
+            .get_or_create(&vec![("peer_class", peer_class(peer))])
+            .inc();
+        self.metrics.status().nacked(node, peer, version, message);
     }
     fn programmed(&self, node: &str, triggers: &[SystemTime]) {
         let now = SystemTime::now();
@@ -153,5 +159,61 @@ impl Callbacks for MetricsCallbacks {
             .resets
             .get_or_create(&vec![("reason", reason)])
             .inc();
+    }
+    fn retained_bytes(&self, bytes: usize, limit: usize) {
+        self.xds.retained_bytes.set(bytes as i64);
+        self.metrics.status().set_xds_retained(bytes, limit);
+    }
+}
+
+/// The class of a peer address, for a metric's label: `loopback`,
+/// `private` (RFC 1918, shared 100.64/10, link-local, IPv6 unique local:
+/// inside a cluster), `public`, or `unknown` (no address).
+pub fn peer_class(peer: &str) -> &'static str {
+    use std::net::{IpAddr, SocketAddr};
+    let Ok(addr) = peer.parse::<SocketAddr>() else {
+        return "unknown";
+    };
+    let ip = match addr.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        ip if ip.is_loopback() => "loopback",
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            if v4.is_private() || v4.is_link_local() || (a == 100 && (64..128).contains(&b)) {
+                "private"
+            } else {
+                "public"
+            }
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            if (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80 {
+                "private"
+            } else {
+                "public"
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn peers_are_classed_by_address() {
+        assert_eq!(peer_class("127.0.0.1:5000"), "loopback");
+        assert_eq!(peer_class("[::1]:5000"), "loopback");
+        assert_eq!(peer_class("10.1.2.3:5000"), "private");
+        assert_eq!(peer_class("100.64.0.1:1"), "private");
+        assert_eq!(peer_class("[fd00::1]:1"), "private");
+        assert_eq!(peer_class("[::ffff:192.168.0.1]:1"), "private");
+        assert_eq!(peer_class("192.0.2.7:1"), "public");
+        assert_eq!(peer_class("[2001:db8::1]:1"), "public");
+        assert_eq!(peer_class("-"), "unknown");
     }
 }

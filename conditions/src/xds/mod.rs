@@ -10,7 +10,9 @@
 //! ```
 //!
 //! Bounded by design: a stream holds its protocol state (16 bytes per name
-//! subscribed, `--max-subscriptions` over all) and at most one response in
+//! subscribed, `--max-subscriptions` over all; every byte it keeps between
+//! requests within `--max-stream-retained-bytes`, `--max-retained-bytes`
+//! over all) and at most one response in
 //! flight, whose resource bytes are shared with every other stream
 //! (`eds::response_bytes`); responses are built only when HTTP/2 has room
 //! for them (the body is polled only then), so a stream that does not read
@@ -23,6 +25,8 @@
 //! - `protocol`: what both protocols share (names served, ACK bookkeeping,
 //!   responses as the transport takes them).
 //! - `subscriptions`: one stream's names, what it was sent, what is due.
+//! - `retained`: the bytes streams keep between requests, bounded per
+//!   stream and over all.
 //! - `sotw`, `delta`: each protocol's rules, without a network.
 //! - `requests`: requests cut from a stream's bytes.
 //! - `callbacks`: what the server reports (metrics, the status page).
@@ -36,6 +40,7 @@ pub mod fanout;
 pub mod metrics;
 pub mod protocol;
 pub mod requests;
+pub mod retained;
 pub mod server;
 pub mod sotw;
 pub mod subscriptions;

@@ -30,6 +30,7 @@ use crate::eds::publish::{name_hash, Resource, Snapshot};
 use crate::eds::response_bytes as wire;
 use crate::model::cluster::parse_template;
 use crate::xds::delta::DeltaStream;
+use crate::xds::retained::Refusal;
 use crate::xds::sotw::SotwStream;
 use crate::xds::subscriptions::Subscriptions;
 
@@ -133,6 +134,9 @@ pub struct Handled {
     pub applied: Vec<SystemTime>,
     /// Resources due again because the client re-added a watch (`sotw`).
     pub resent: usize,
+    /// The request is over a byte limit (`retained`): nothing of it was
+    /// taken, and the stream ends with RESOURCE_EXHAUSTED.
+    pub refused: Option<Refusal>,
 }
 
 impl Handled {
@@ -146,6 +150,7 @@ impl Handled {
             due: false,
             applied: Vec::new(),
             resent: 0,
+            refused: None,
         }
     }
 }
@@ -340,6 +345,14 @@ impl StreamState {
         match self {
             StreamState::Sotw(s) => s.subscriptions().len(),
             StreamState::Delta(s) => s.subscriptions().len(),
+        }
+    }
+
+    /// Bytes the stream keeps between requests (`retained`).
+    pub fn retained(&self) -> usize {
+        match self {
+            StreamState::Sotw(s) => s.retained(),
+            StreamState::Delta(s) => s.retained(),
         }
     }
 

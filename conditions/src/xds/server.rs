@@ -36,13 +36,15 @@ use crate::xds::callbacks::Callbacks;
 use crate::xds::delta::DeltaStream;
 use crate::xds::protocol::{Handled, Names, RequestKind, StreamState, Taken};
 use crate::xds::requests::{self, DeltaRequestView, MessageError, RequestView};
+use crate::xds::retained::{Refusal, RetainedBudget};
 use crate::xds::sotw::SotwStream;
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
 /// response goes out as the peer's window allows, not all queued at once.
 const CHUNK: usize = 64 * 1024;
-/// A node id is kept for the logs up to this length.
-const NODE_ID_MAX: usize = 256;
+/// A node id is kept for the logs up to this length (the status page's
+/// key: the same length).
+const NODE_ID_MAX: usize = crate::telemetry::status::MAX_NODE_ID;
 /// How long a request message waits for room in `--request-buffer-bytes`
 /// before its stream ends.
 const REQUEST_BUFFER_WAIT: Duration = Duration::from_secs(2);
@@ -72,6 +74,8 @@ pub(crate) struct Core {
     pub(crate) request_budget: Arc<Semaphore>,
     /// Names subscribed over all streams (`--max-subscriptions`).
     pub(crate) subscriptions: AtomicUsize,
+    /// Bytes the streams keep between requests (`--max-retained-bytes`).
+    pub(crate) retained: Arc<RetainedBudget>,
 }
 
 /// The open streams.
@@ -189,6 +193,17 @@ impl XdsServer {
             limit::REQUEST_BUFFER_BYTES_PER_PEER,
             limits.request_buffer_bytes_per_peer as i64,
         );
+        callbacks.limit_set(limit::MAX_NAME_BYTES, limits.max_name_bytes as i64);
+        callbacks.limit_set(
+            limit::MAX_STREAM_RETAINED_BYTES,
+            limits.max_stream_retained_bytes as i64,
+        );
+        callbacks.limit_set(limit::MAX_RETAINED_BYTES, limits.max_retained_bytes as i64);
+        let retained = Arc::new(RetainedBudget::new(
+            limits.max_name_bytes,
+            limits.max_stream_retained_bytes,
+            limits.max_retained_bytes,
+        ));
         XdsServer {
             core: Arc::new(Core {
                 snapshots,
@@ -199,6 +214,7 @@ impl XdsServer {
                 streams: Streams::default(),
                 request_budget,
                 subscriptions: AtomicUsize::new(0),
+                retained,
             }),
         }
     }
@@ -392,9 +408,13 @@ fn open_stream(
         state: Mutex::new({
             let snap = core.snapshots.borrow().clone();
             if delta {
-                StreamState::Delta(DeltaStream::new(core.names.clone(), &snap))
+                StreamState::Delta(
+                    DeltaStream::new(core.names.clone(), &snap).retaining(core.retained.clone()),
+                )
             } else {
-                StreamState::Sotw(SotwStream::new(core.names.clone(), &snap))
+                StreamState::Sotw(
+                    SotwStream::new(core.names.clone(), &snap).retaining(core.retained.clone()),
+                )
             }
         }),
         counted: AtomicUsize::new(0),
@@ -705,6 +725,17 @@ fn count_subscriptions(core: &Core, shared: &StreamShared, now: usize) -> Result
     Ok(())
 }
 
+/// A request over a byte limit ends its stream.
+fn refused(core: &Core, refusal: &Option<Refusal>) -> Result<(), Status> {
+    match refusal {
+        Some(r) => {
+            core.callbacks.limit_hit(r.limit);
+            Err(Status::resource_exhausted(r.message.clone()))
+        }
+        None => Ok(()),
+    }
+}
+
 /// One state-of-the-world request; `Err(status)` ends the stream.
 fn handle_sotw(core: &Core, shared: &StreamShared, req: &RequestView) -> Result<Handled, Status> {
     let max = core.limits.max_resource_names;
@@ -725,6 +756,7 @@ fn handle_sotw(core: &Core, shared: &StreamShared, req: &RequestView) -> Result<
         };
         (h, state.subscribed())
     };
+    refused(core, &h.refused)?;
     count_subscriptions(core, shared, subscribed)?;
     Ok(h)
 }
@@ -745,16 +777,19 @@ fn handle_delta(
     }
     identify(core, shared, &req.node);
     let snap = core.snapshots.borrow().clone();
+    // Read and sorted before the lock that the fan-out takes.
+    let read = DeltaStream::read_names(&core.names, &core.retained, req, &snap);
     let (h, subscribed) = {
         let mut state = shared.state();
         let h = match &mut *state {
-            StreamState::Delta(s) => s.on_request(req, &snap, Instant::now()),
+            StreamState::Delta(s) => s.on_read(req, read, &snap, Instant::now()),
             StreamState::Sotw(_) => {
                 return Err(Status::internal("not a state-of-the-world stream"))
             }
         };
         (h, state.subscribed())
     };
+    refused(core, &h.refused)?;
     if subscribed > max {
         core.callbacks.limit_hit(limit::MAX_RESOURCE_NAMES);
         return Err(Status::resource_exhausted(format!(
@@ -776,17 +811,18 @@ fn report(core: &Core, shared: &StreamShared, h: &Handled, other_types: &mut BTr
             }
         }
         RequestKind::Ack { version } => {
-            core.callbacks.acked(&node, version, h.ack_after);
+            core.callbacks
+                .acked(&node, &shared.peer, version, h.ack_after);
             if !h.applied.is_empty() {
                 core.callbacks.programmed(&node, &h.applied);
             }
             tracing::debug!(node = %node, version = %version, "xDS ACK");
         }
         RequestKind::Nack { version, message } => {
-            core.callbacks.nacked(&node, version, message);
+            core.callbacks.nacked(&node, &shared.peer, version, message);
             if let Some(left_out) = NACK_LOG.allow() {
                 let message: String = message.chars().take(1024).collect();
-                tracing::warn!(node = %node, version = %version, error = %message, left_out, "xDS NACK: Envoy rejected an assignment");
+                tracing::warn!(node = %node, peer = %shared.peer, version = %version, error = %message, left_out, "xDS NACK: Envoy rejected an assignment");
             }
         }
         RequestKind::Repeated { version } => {
@@ -993,10 +1029,10 @@ mod tests {
             self.push(format!("started {resources}"));
         }
         fn response_sent(&self, _: usize) {}
-        fn acked(&self, node: &str, _: &str, _: Option<Duration>) {
+        fn acked(&self, node: &str, _: &str, _: &str, _: Option<Duration>) {
             self.push(format!("acked {node}"));
         }
-        fn nacked(&self, _: &str, _: &str, _: &str) {}
+        fn nacked(&self, _: &str, _: &str, _: &str, _: &str) {}
         fn programmed(&self, _: &str, triggers: &[SystemTime]) {
             self.push(format!("programmed {}", triggers.len()));
         }
@@ -1291,6 +1327,45 @@ mod tests {
         );
         assert!(rec.has("limit_hit first-request-timeout"));
         assert!(rec.has("limit_hit request-receive-timeout"));
+    }
+
+    #[tokio::test]
+    async fn a_delta_stream_over_a_byte_limit_ends_and_gives_its_bytes_back() {
+        let limits = XdsLimits {
+            max_name_bytes: 16,
+            ..XdsLimits::default()
+        };
+        let (s, _tx, rec, _table) = server(limits);
+        let mut c = open(&s, &format!("/{ADS}/DeltaAggregatedResources")).await;
+        c.send(&DeltaDiscoveryRequest {
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe: vec!["a".into(), "nope".into()],
+            ..Default::default()
+        })
+        .await;
+        let r = DeltaDiscoveryResponse::decode(c.next().await.unwrap()).unwrap();
+        assert_eq!(r.removed_resources, ["nope"]);
+        assert!(s.core.retained.total() > 0);
+        c.send(&DeltaDiscoveryRequest {
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe: vec!["n".repeat(17)],
+            response_nonce: r.nonce,
+            ..Default::default()
+        })
+        .await;
+        let status = c.next().await.unwrap_err();
+        assert!(
+            status.starts_with("8 ") && status.contains("--max-name-bytes"),
+            "{status}"
+        );
+        assert!(rec.has("limit_hit max-name-bytes"));
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            s.core.retained.total(),
+            0,
+            "the ended stream's bytes are back"
+        );
     }
 
     #[tokio::test]

@@ -61,6 +61,7 @@ use crate::xds::protocol::{
     SnapshotEffect, Taken,
 };
 use crate::xds::requests::{name_str, names_fingerprint, RequestView};
+use crate::xds::retained::{cut_bytes, Retained, RetainedBudget, SUB_BYTES, TYPE_URL_KEPT};
 use crate::xds::subscriptions::{Fit, Subscriptions};
 
 /// One state-of-the-world stream's protocol state.
@@ -79,6 +80,7 @@ pub struct SotwStream {
     /// A stale request came while a response was in flight: its ACK is
     /// answered with every subscribed resource.
     resend_at_ack: bool,
+    retained: Retained,
 }
 
 impl SotwStream {
@@ -93,7 +95,19 @@ impl SotwStream {
             seen: SeenSnapshots { seq: snap.seq },
             due_since: None,
             resend_at_ack: false,
+            retained: Retained::new(RetainedBudget::unbounded()),
         }
+    }
+
+    /// Keeps what the stream retains within `budget`.
+    pub fn retaining(mut self, budget: Arc<RetainedBudget>) -> SotwStream {
+        self.retained = Retained::new(budget);
+        self
+    }
+
+    /// Bytes the stream keeps (its subscriptions).
+    pub fn retained(&self) -> usize {
+        self.retained.held()
     }
 
     /// The stream's subscriptions.
@@ -129,7 +143,8 @@ impl SotwStream {
     pub fn on_request(&mut self, req: &RequestView, snap: &Snapshot, now: Instant) -> Handled {
         let mut handled = Handled::new();
         if req.type_url != CLA_TYPE_URL {
-            handled.kind = RequestKind::OtherType(req.type_url.clone());
+            handled.kind =
+                RequestKind::OtherType(cut_bytes(&req.type_url, TYPE_URL_KEPT).to_string());
             return handled;
         }
         // Every subscribed resource goes again (a watch was re-added).
@@ -192,6 +207,10 @@ impl SotwStream {
                 }
                 keys.sort_unstable();
                 keys.dedup();
+                if let Err(r) = self.retained.set(keys.len() * SUB_BYTES) {
+                    handled.refused = Some(r);
+                    return handled;
+                }
                 self.subs.set(&keys, &snap.table);
                 self.names_seen = Some((fp, handled.unknown));
             }
@@ -690,6 +709,30 @@ mod tests {
         assert_eq!(h.unknown, 10_000);
         assert_eq!(h.unknown_sample.len(), 3);
         assert_eq!(st.subscriptions().len(), 0);
+    }
+
+    #[test]
+    fn subscriptions_are_kept_within_the_byte_limits() {
+        use crate::limits::names as limit;
+        let mut w = World::new();
+        let s = w.snap("v1", true, &[("a", 1), ("b", 2), ("c", 3)]);
+        let budget = Arc::new(RetainedBudget::new(64, 2 * SUB_BYTES, usize::MAX));
+        let mut st = SotwStream::new(names(), &s).retaining(budget.clone());
+        assert!(st
+            .on_request(&req(&["a", "b"], "", ""), &s, now())
+            .refused
+            .is_none());
+        assert_eq!(st.retained(), 2 * SUB_BYTES);
+        let h = st.on_request(&req(&["a", "b", "c"], "", ""), &s, now());
+        assert_eq!(h.refused.unwrap().limit, limit::MAX_STREAM_RETAINED_BYTES);
+        assert_eq!(st.subscriptions().len(), 2, "refused whole");
+        assert!(st
+            .on_request(&req(&["a"], "", ""), &s, now())
+            .refused
+            .is_none());
+        assert_eq!(budget.total(), SUB_BYTES);
+        drop(st);
+        assert_eq!(budget.total(), 0);
     }
 
     #[test]

@@ -129,7 +129,8 @@ impl Subscriptions {
         added
     }
 
-    /// Adds `keys` (delta subscribe); `known`: what the client says it
+    /// Adds `keys` (delta subscribe; sorted, unique), in one merge with
+    /// what is subscribed: O(n + k). `known`: what the client says it
     /// already has of some (a version the table's resource has now counts
     /// as sent). A key already subscribed is sent again unless `known`
     /// says the client has it: a client may have forgotten a resource it
@@ -143,26 +144,40 @@ impl Subscriptions {
         known: impl Fn(u64, &Resource) -> bool,
     ) -> Vec<u64> {
         let mut fresh = Vec::new();
+        if keys.is_empty() {
+            return fresh;
+        }
+        let old = std::mem::take(&mut self.subs);
+        let mut subs = Vec::with_capacity(old.len() + keys.len());
+        let mut o = old.into_iter().peekable();
         for &k in keys {
-            let sent = table
-                .get(k)
+            while let Some(s) = o.next_if(|s| s.hash < k) {
+                subs.push(s);
+            }
+            let current = table.get(k);
+            let sent = current
+                .as_ref()
                 .filter(|r| known(k, r))
                 .map_or(0, |r| r.version);
-            let i = match self.find(k) {
-                Ok(i) => {
-                    self.forget_sent(i, sent);
-                    i
-                }
-                Err(i) => {
-                    self.subs.insert(i, Sub { hash: k, sent });
+            let mut sub = match o.next_if(|s| s.hash == k) {
+                // Kept due if it was.
+                Some(s) => Sub {
+                    hash: k,
+                    sent: sent | (s.sent & DUE),
+                },
+                None => {
                     fresh.push(k);
-                    i
+                    Sub { hash: k, sent }
                 }
             };
-            if table.get(k).is_some_and(|r| r.version != sent) {
-                self.mark(i, 0);
+            if current.is_some_and(|r| r.version != sent) && !sub.is_due() {
+                sub.sent |= DUE;
+                self.due.push((k, 0));
             }
+            subs.push(sub);
         }
+        subs.extend(o);
+        self.subs = subs;
         fresh
     }
 
@@ -193,14 +208,17 @@ impl Subscriptions {
         self.due.len()
     }
 
-    /// Removes `keys` (delta unsubscribe).
+    /// Removes `keys` (delta unsubscribe; any order, repeats allowed):
+    /// O((n + d) log k), whatever the order of `keys`.
     pub fn remove(&mut self, keys: &[u64]) {
-        for k in keys {
-            if let Ok(i) = self.find(*k) {
-                self.subs.remove(i);
-            }
+        if keys.is_empty() {
+            return;
         }
-        self.due.retain(|(h, _)| !keys.contains(h));
+        let mut gone = keys.to_vec();
+        gone.sort_unstable();
+        gone.dedup();
+        self.subs.retain(|s| gone.binary_search(&s.hash).is_err());
+        self.due.retain(|(h, _)| gone.binary_search(h).is_err());
     }
 
     /// Resources of a snapshot changed (`changed`, by key): those this
@@ -473,5 +491,195 @@ mod tests {
         put(&t, &[("b", 7)]);
         assert_eq!(s.on_changed(&keys(&["b"]), &t), 0);
         assert_eq!(s.len(), 2);
+    }
+}
+
+/// The fast set operations against a naive model (a map and a set, one
+/// key at a time), over any sequence of subscribes, unsubscribes, whole
+/// sets, changes and takes.
+#[cfg(test)]
+mod model {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::eds::publish::{name_hash, Snapshot};
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Instant;
+
+    /// Names drawn from a small universe, so that operations meet.
+    const UNIVERSE: u8 = 24;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Delta subscribe; the client says it has the current version of `known`.
+        Add(Vec<u8>, Vec<u8>),
+        Remove(Vec<u8>),
+        Set(Vec<u8>),
+        /// New versions of these names published.
+        Change(Vec<u8>),
+        /// The transport takes everything due.
+        Take,
+        Resend,
+    }
+
+    fn names() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(0..UNIVERSE, 0..12)
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (names(), names()).prop_map(|(a, k)| Op::Add(a, k)),
+            names().prop_map(Op::Remove),
+            names().prop_map(Op::Set),
+            names().prop_map(Op::Change),
+            Just(Op::Take),
+            Just(Op::Resend),
+        ]
+    }
+
+    fn key(n: u8) -> u64 {
+        name_hash(&format!("n{n}"))
+    }
+
+    fn sorted(ns: &[u8]) -> Vec<u64> {
+        let mut k: Vec<u64> = ns.iter().map(|n| key(*n)).collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    }
+
+    /// The naive model: what each subscribed key was sent, and what is due.
+    #[derive(Default)]
+    struct Naive {
+        sent: BTreeMap<u64, u64>,
+        due: BTreeSet<u64>,
+    }
+
+    impl Naive {
+        fn behind(&self, k: u64, table: &Table) -> bool {
+            table
+                .get(k)
+                .is_some_and(|r| self.sent.get(&k).is_some_and(|s| *s != r.version))
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn fast_subscriptions_match_the_naive_model(
+            served in proptest::collection::vec(0..UNIVERSE, 0..16),
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let table = Snapshot::empty().table.clone();
+            let mut version = 1u64;
+            let publish = |table: &Table, ns: &[u8], version: &mut u64| {
+                for n in ns {
+                    *version += 1;
+                    table.put(
+                        &[Arc::new(Resource::new(&format!("n{n}"), *version, b"x", 0, Instant::now()))],
+                        &[],
+                    );
+                }
+            };
+            publish(&table, &served, &mut version);
+            let mut fast = Subscriptions::default();
+            let mut naive = Naive::default();
+            for op in ops {
+                match op {
+                    Op::Add(ns, known) => {
+                        let keys = sorted(&ns);
+                        let known = sorted(&known);
+                        let fresh = fast.add(&keys, &table, |k, _| known.binary_search(&k).is_ok());
+                        let mut want_fresh = Vec::new();
+                        for k in &keys {
+                            let sent = table
+                                .get(*k)
+                                .filter(|_| known.binary_search(k).is_ok())
+                                .map_or(0, |r| r.version);
+                            if naive.sent.insert(*k, sent).is_none() {
+                                want_fresh.push(*k);
+                            }
+                            if naive.behind(*k, &table) {
+                                naive.due.insert(*k);
+                            }
+                        }
+                        prop_assert_eq!(fresh, want_fresh);
+                    }
+                    Op::Remove(ns) => {
+                        // In the request's order, repeats included.
+                        let keys: Vec<u64> = ns.iter().map(|n| key(*n)).collect();
+                        fast.remove(&keys);
+                        for k in &keys {
+                            naive.sent.remove(k);
+                            naive.due.remove(k);
+                        }
+                    }
+                    Op::Set(ns) => {
+                        let keys = sorted(&ns);
+                        let added = fast.set(&keys, &table);
+                        let mut sent = BTreeMap::new();
+                        for k in &keys {
+                            sent.insert(*k, naive.sent.get(k).copied().unwrap_or(0));
+                        }
+                        let kept = keys.iter().filter(|k| naive.sent.contains_key(k)).count();
+                        prop_assert_eq!(added, keys.len() - kept);
+                        naive.sent = sent;
+                        naive.due.retain(|k| naive.sent.contains_key(k));
+                        for k in &keys {
+                            if naive.behind(*k, &table) {
+                                naive.due.insert(*k);
+                            }
+                        }
+                    }
+                    Op::Change(ns) => {
+                        publish(&table, &ns, &mut version);
+                        let changed = sorted(&ns);
+                        fast.on_changed(&changed, &table);
+                        for k in &changed {
+                            if naive.behind(*k, &table) {
+                                naive.due.insert(*k);
+                            }
+                        }
+                    }
+                    Op::Resend => {
+                        fast.resend_all(&table);
+                        for (k, s) in naive.sent.iter_mut() {
+                            *s = 0;
+                            if table.get(*k).is_some() {
+                                naive.due.insert(*k);
+                            }
+                        }
+                    }
+                    Op::Take => {
+                        let chosen = fast.take(&table, |_| Fit::Yes, &mut vec![]);
+                        let got: BTreeSet<u64> = chosen.iter().map(|c| c.resource.hash).collect();
+                        prop_assert_eq!(got.len(), chosen.len(), "each resource once");
+                        let mut want = BTreeSet::new();
+                        for k in std::mem::take(&mut naive.due) {
+                            if let Some(r) = table.get(k) {
+                                if naive.sent.get(&k) != Some(&r.version) {
+                                    naive.sent.insert(k, r.version);
+                                    want.insert(k);
+                                }
+                            }
+                        }
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                // After every operation: the same keys, each sent the same
+                // version, the same due.
+                let keys: Vec<u64> = fast.keys().collect();
+                let want: Vec<u64> = naive.sent.keys().copied().collect();
+                prop_assert_eq!(&keys, &want);
+                prop_assert!(keys.windows(2).all(|w| w[0] < w[1]), "sorted, unique");
+                for (k, s) in &naive.sent {
+                    prop_assert_eq!(fast.sent(*k), *s);
+                }
+                let due: BTreeSet<u64> = fast.due.iter().map(|(h, _)| *h).collect();
+                prop_assert_eq!(due.len(), fast.due.len(), "due once each");
+                let marked: BTreeSet<u64> = fast.subs.iter().filter(|s| s.is_due()).map(|s| s.hash).collect();
+                prop_assert_eq!(&due, &marked, "the due list and the due bits agree");
+                prop_assert_eq!(&due, &naive.due);
+            }
+        }
     }
 }
