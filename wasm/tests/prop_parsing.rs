@@ -20,7 +20,7 @@ use serving_picker_wasm::codec;
 use serving_picker_wasm::config::{
     parse_config, BeforeFirstSnapshot, OnNoServing, PluginConfig, SelectionConfig,
 };
-use serving_picker_wasm::plans::build_plans;
+use serving_picker_wasm::plans::{build_plans, DRAINING_WEIGHT};
 use serving_picker_wasm::table::{Decision, RoutingTable};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -675,8 +675,14 @@ fn check_table(plans: &[ClusterPlan], alternates: usize, previous: Option<Routin
         last.entry(p.cluster.as_str()).or_insert(p);
     }
     for (name, plan) in &last {
-        let hosts: HashSet<&str> = plan.hosts.iter().map(|h| h.address.as_str()).collect();
-        let n = plan.hosts.len();
+        // Hosts at DRAINING_WEIGHT are kept for the stream drain, never picked.
+        let pickable: Vec<_> = plan
+            .hosts
+            .iter()
+            .filter(|h| h.weight != DRAINING_WEIGHT)
+            .collect();
+        let hosts: HashSet<&str> = pickable.iter().map(|h| h.address.as_str()).collect();
+        let n = pickable.len();
         for _ in 0..(2 * n + 3).min(200) {
             match table.decide(name) {
                 Decision::Pick { host, tier, .. } => {
