@@ -2,4 +2,5 @@
 
 mod abi;
 mod lb_policy;
+mod metadata_churn;
 mod upgrade;
