@@ -201,7 +201,8 @@ fn one(files: usize, envoy: &Path, companion: &Path) {
     let p50 = lat.get(lat.len() / 2).copied().unwrap_or_default();
     let max = lat.last().copied().unwrap_or_default();
     let m = http_get(metrics, "/metrics");
-    let rescans = metric(&m, "serving_picker_conditions_source_file_rescans_total");
+    // Absent (a companion without the counter): 0.
+    let rescans = metric(&m, "serving_picker_conditions_source_file_rescans_total").max(0.0) as u64;
     let rss = probe::status_mb(pid, "VmRSS");
     println!(
         "bench-slices-dir | {files:>6} files | CPU at rest {:.2}% of a core over {} s | \
