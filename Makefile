@@ -345,6 +345,14 @@ bench-conditions: build envoy
 bench-churn:
 	cargo bench -p serving-picker-conditions --bench churn
 
+# The slice-file source at rest and on a change (conditions/benches/slices_dir.rs): the companion
+# with --slices-dir holding 10 and 10,000 files beside a real Envoy: its CPU at rest from
+# /proc/<pid>/stat, change -> Envoy p50/max, CPU per change, full rescans. Knobs
+# SLICES_DIR_FILES (10,10000), SLICES_DIR_REST_SECONDS (20), SLICES_DIR_CHANGES (10).
+.PHONY: bench-slices-dir
+bench-slices-dir: build envoy
+	cargo bench -p serving-picker-conditions --bench slices_dir
+
 # One companion at Kubernetes' scalability limits (conditions/benches/cluster.rs): an API server
 # double with 10,000 Services and 150,000 endpoints (paged lists, watch, a 410), the companion with
 # --manage, subscribers 100 x 10,000 and 1,000 x 100 over state of the world and delta, 50 pod

@@ -13,22 +13,26 @@
 //! minor, or another build of a supported one) still exports every callback
 //! the module calls when it gets this far: the module is linked with
 //! `-z now`, so the dynamic linker resolves every callback when Envoy opens
-//! it and a missing one fails that `dlopen`, naming the symbol. It loads,
-//! under upstream's promise that a module built for Envoy 1.N loads in
-//! 1.(N+1) (envoyproxy/envoy#43219), with a warning line and the gauge
-//! `serving_picker.envoy.untested` at 1. Refused (a null answer, which makes
+//! it and a missing one fails that `dlopen`, naming the symbol. Its minor is
+//! then read from the executable (Envoy's version number, a string of its
+//! `.rodata`): a tested minor (another build) or the next one after the
+//! newest tested loads, under upstream's promise that a module built for
+//! Envoy 1.N loads in 1.(N+1) (envoyproxy/envoy#43219), with a warning line
+//! and the gauge `serving_picker.envoy.untested` at 1. A later minor, or one
+//! that cannot be read, is outside that promise and refused unless
+//! `SERVING_PICKER_ENVOY_CHECK=any`. Refused (a null answer, which makes
 //! Envoy fail the configuration that loads the module: "Failed to initialize
-//! dynamic module") are only an Envoy that lacks a callback the module calls
-//! (named in the line) or has no load-balancing policy for modules, and, with
-//! `SERVING_PICKER_ENVOY_CHECK=strict`, every Envoy that is not a tested
-//! release.
+//! dynamic module") are also an Envoy that lacks a callback the module calls
+//! (named in the line) or has no load-balancing policy for modules, and,
+//! with `SERVING_PICKER_ENVOY_CHECK=strict`, every Envoy that is not a
+//! tested release.
 
 use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use object::{Object, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSymbol};
 
 /// One Envoy minor the module is tested with.
 #[derive(Debug, PartialEq, Eq)]
@@ -124,11 +128,17 @@ pub const UNTESTED_GAUGE: &str = "serving_picker.envoy.untested";
 /// What `SERVING_PICKER_ENVOY_CHECK` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckMode {
-    /// `warn`, the default: a tested release loads; any other Envoy that
-    /// exports every callback the module calls loads with a warning.
+    /// `warn`, the default: a tested release loads; another Envoy that
+    /// exports every callback the module calls loads with a warning when
+    /// its minor is a tested one or the next (upstream's promise), and is
+    /// refused beyond.
     Warn,
     /// `strict`: only a tested release loads.
     Strict,
+    /// `any`: every Envoy that exports every callback the module calls
+    /// loads (with the warning when untested), whatever its minor: the
+    /// operator's choice, past upstream's promise.
+    Any,
 }
 
 /// The mode `SERVING_PICKER_ENVOY_CHECK` names (unset or empty: `warn`), or
@@ -137,10 +147,118 @@ pub fn check_mode(value: Option<&str>) -> Result<CheckMode, String> {
     match value {
         None | Some("") | Some("warn") => Ok(CheckMode::Warn),
         Some("strict") => Ok(CheckMode::Strict),
+        Some("any") => Ok(CheckMode::Any),
         Some(other) => Err(format!(
-            "serving_picker: {CHECK_VAR}={other:?} is neither \"warn\" nor \"strict\": warn"
+            "serving_picker: {CHECK_VAR}={other:?} is none of \"warn\", \"strict\", \"any\": warn"
         )),
     }
+}
+
+/// The minor of the newest tested release (40 for "1.40").
+pub fn newest_minor() -> u32 {
+    minor_of(NEWEST.minor).unwrap_or(0)
+}
+
+/// The minor of "1.NN".
+fn minor_of(version: &str) -> Option<u32> {
+    version.strip_prefix("1.")?.parse().ok()
+}
+
+/// The first minor with the load-balancing policy for modules: version
+/// numbers below it in an executable are other libraries' (c-ares is 1.34).
+const FIRST_MINOR: u32 = 38;
+
+/// The Envoy minors named by NUL-terminated version numbers in `bytes`
+/// (`\01.40.0\0`, `\01.41.0-dev\0`: how Envoy's `BUILD_VERSION_NUMBER` sits
+/// in `.rodata`), from 1.38 on.
+pub fn minors_in(bytes: &[u8]) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    let mut at = 0;
+    while let Some(i) = bytes
+        .get(at..)
+        .and_then(|b| b.windows(3).position(|w| w == b"\x001."))
+    {
+        let start = at + i + 3;
+        at = start;
+        if let Some(minor) = version_at(bytes.get(start..).unwrap_or_default()) {
+            if minor >= FIRST_MINOR {
+                out.insert(minor);
+            }
+        }
+    }
+    out
+}
+
+/// `MINOR.PATCH[-dev]\0` at the start of `rest`: the minor.
+fn version_at(rest: &[u8]) -> Option<u32> {
+    let digits = |b: &[u8]| b.iter().take_while(|c| c.is_ascii_digit()).count();
+    let m = digits(rest);
+    if m == 0 || m > 3 || rest.get(m) != Some(&b'.') {
+        return None;
+    }
+    let p = digits(rest.get(m + 1..)?);
+    if p == 0 || p > 3 {
+        return None;
+    }
+    let mut end = m + 1 + p;
+    if rest.get(end..end + 4) == Some(b"-dev") {
+        end += 4;
+    }
+    if rest.get(end) != Some(&0) {
+        return None;
+    }
+    std::str::from_utf8(rest.get(..m)?).ok()?.parse().ok()
+}
+
+/// The one Envoy minor `minors` names; `None` when there is none, or more
+/// than one (another library's version number beside Envoy's).
+pub fn one_minor(minors: &BTreeSet<u32>) -> Option<u32> {
+    match minors.len() {
+        1 => minors.iter().next().copied(),
+        _ => None,
+    }
+}
+
+/// The Envoy minors an executable's `.rodata` names ([`minors_in`]), read
+/// in chunks of 1 MiB (Envoy's is about 10 MB).
+pub fn envoy_minors(executable: &Path) -> Result<BTreeSet<u32>, String> {
+    envoy_minors_in_chunks(executable, 1 << 20)
+}
+
+fn envoy_minors_in_chunks(executable: &Path, chunk: usize) -> Result<BTreeSet<u32>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let name = executable.display();
+    let file = std::fs::File::open(executable).map_err(|e| format!("cannot open {name}: {e}"))?;
+    let (offset, size) = {
+        let cache = object::ReadCache::new(&file);
+        let elf = object::File::parse(&cache).map_err(|e| format!("cannot parse {name}: {e}"))?;
+        elf.section_by_name(".rodata")
+            .and_then(|s| s.file_range())
+            .ok_or_else(|| format!("{name} has no .rodata"))?
+    };
+    let mut file = file;
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("cannot read {name}: {e}"))?;
+    let mut section = file.take(size);
+    let mut out = BTreeSet::new();
+    // A version number across two chunks is read whole: each chunk starts
+    // with the last bytes of the one before.
+    const OVERLAP: usize = 16;
+    let mut buf = vec![0u8; chunk.max(OVERLAP) + OVERLAP];
+    let mut kept = 0;
+    loop {
+        let n = section
+            .read(buf.get_mut(kept..).unwrap_or_default())
+            .map_err(|e| format!("cannot read {name}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        let filled = kept + n;
+        out.extend(minors_in(buf.get(..filled).unwrap_or_default()));
+        kept = filled.min(OVERLAP);
+        buf.copy_within(filled - kept..filled, 0);
+    }
+    Ok(out)
 }
 
 /// Count and FNV-1a hash of a set of callback names (each followed by a
@@ -163,11 +281,14 @@ pub enum Seen {
     /// A release this module knows.
     Release(&'static EnvoyRelease),
     /// Not a tested release (a later one, or another build): how many
-    /// callbacks it exports, whether any is the load-balancing policy's, and
-    /// which of the module's imports it lacks.
+    /// callbacks it exports, whether any is the load-balancing policy's,
+    /// which of the module's imports it lacks, and its minor.
     Unknown {
         /// How many callbacks it exports.
         callbacks: usize,
+        /// Its minor (41 for 1.41), read from the executable; `None` when
+        /// that could not be read or was not one number.
+        minor: Option<u32>,
         /// Whether one of them is a load-balancing policy callback.
         lb_policy: bool,
         /// The module's imports it does not export (the module would not load).
@@ -188,6 +309,7 @@ pub fn identify(exported: &BTreeSet<String>) -> Seen {
     }
     Seen::Unknown {
         callbacks: count,
+        minor: None,
         lb_policy: exported.iter().any(|n| n.starts_with(LB_CALLBACK_PREFIX)),
         missing: IMPORTED
             .iter()
@@ -244,19 +366,39 @@ fn tested_list() -> String {
 pub fn verdict(seen: &Seen, mode: CheckMode, build: &str) -> Verdict {
     let this = format!("serving_picker {build}");
     let abi = |r: &EnvoyRelease| r.abi_version.to_string_lossy().into_owned();
-    let untested = |what: String| {
+    let newest = newest_minor();
+    let untested = |what: String, minor: Option<u32>| {
+        let promised = minor.is_some_and(|m| m <= newest + 1);
         if mode == CheckMode::Strict {
             Verdict::Refuse(format!(
                 "{this} refuses to load: {what}; {CHECK_VAR}=strict loads it only into a tested release: {}",
                 tested_list()
             ))
+        } else if mode == CheckMode::Warn && !promised {
+            let which = match minor {
+                Some(m) => format!("this Envoy is 1.{m}"),
+                None => "this Envoy's minor cannot be read from its executable".into(),
+            };
+            Verdict::Refuse(format!(
+                "{this} refuses to load: {what}; {which}, and upstream promises only that a module for \
+                 Envoy 1.N loads in 1.(N+1): tested through {}, so through 1.{}. Tested: {}; \
+                 {CHECK_VAR}=any loads it into any Envoy that has every callback it calls",
+                NEWEST.minor,
+                newest + 1,
+                tested_list()
+            ))
         } else {
+            let why = if promised {
+                "upstream promises that a module for Envoy 1.N loads in 1.(N+1)".to_string()
+            } else {
+                format!("past upstream's promise (1.N loads in 1.(N+1)), as {CHECK_VAR}=any asks")
+            };
             Verdict::Load {
                 abi_version: NEWEST.abi_version,
                 tested: false,
                 message: format!(
                     "{this} loads into an Envoy it is not tested with: {what}. Every callback it calls is there; \
-                     upstream promises that a module for Envoy 1.N loads in 1.(N+1). It answers ABI {} (Envoy {}'s). \
+                     {why}. It answers ABI {} (Envoy {}'s). \
                      Tested: {}; gauge {UNTESTED_GAUGE} = 1 ({CHECK_VAR}=strict refuses such an Envoy)",
                     abi(NEWEST),
                     NEWEST.minor,
@@ -285,19 +427,44 @@ pub fn verdict(seen: &Seen, mode: CheckMode, build: &str) -> Verdict {
             "{this} refuses to load: this Envoy does not export callbacks the module calls: {}",
             missing.join(", ")
         )),
-        Seen::Unknown { callbacks, .. } => untested(format!(
-            "its {callbacks} callbacks are none of the tested releases' sets (a later release or another build)"
-        )),
-        Seen::Unreadable(why) => untested(format!(
-            "the running Envoy could not be identified ({why})"
-        )),
+        Seen::Unknown {
+            callbacks, minor, ..
+        } => untested(
+            format!(
+                "its {callbacks} callbacks are none of the tested releases' sets (a later release or another build{})",
+                match minor {
+                    Some(m) => format!("; its version number says 1.{m}"),
+                    None => String::new(),
+                }
+            ),
+            *minor,
+        ),
+        Seen::Unreadable(why) => untested(
+            format!("the running Envoy could not be identified ({why})"),
+            None,
+        ),
     }
 }
 
-/// The running Envoy (`/proc/self/exe`), identified.
+/// The running Envoy (`/proc/self/exe`), identified; for a callback set no
+/// tested release has, its minor is read from the executable.
 pub fn running_envoy() -> Seen {
-    match exported_callbacks(Path::new("/proc/self/exe")) {
-        Ok(exported) => identify(&exported),
+    let exe = Path::new("/proc/self/exe");
+    match exported_callbacks(exe) {
+        Ok(exported) => match identify(&exported) {
+            Seen::Unknown {
+                callbacks,
+                minor: _,
+                lb_policy,
+                missing,
+            } => Seen::Unknown {
+                callbacks,
+                minor: envoy_minors(exe).ok().as_ref().and_then(one_minor),
+                lb_policy,
+                missing,
+            },
+            seen => seen,
+        },
         Err(e) => Seen::Unreadable(e),
     }
 }
@@ -369,6 +536,7 @@ mod tests {
             identify(&newer),
             Seen::Unknown {
                 callbacks: KNOWN[2].callbacks + 1,
+                minor: None,
                 lb_policy: true,
                 missing: vec![]
             }
@@ -438,13 +606,18 @@ mod tests {
         assert_eq!(KNOWN[2].abi_version, c"v0.2.0");
     }
 
-    #[test]
-    fn another_envoy_with_every_callback_loads_with_a_warning_unless_strict() {
-        let later = Seen::Unknown {
+    fn other_set(minor: Option<u32>) -> Seen {
+        Seen::Unknown {
             callbacks: 900,
+            minor,
             lb_policy: true,
             missing: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn another_envoy_with_every_callback_loads_with_a_warning_unless_strict() {
+        let later = other_set(Some(41));
         let (abi, tested, m) = loaded(verdict(&later, CheckMode::Warn, "0.1.0"));
         assert_eq!(abi, NEWEST.abi_version);
         assert!(!tested);
@@ -457,13 +630,100 @@ mod tests {
             "{m}"
         );
         assert!(m.contains(UNTESTED_GAUGE), "{m}");
+        assert!(m.contains("its version number says 1.41"), "{m}");
+        assert!(
+            m.contains("upstream promises that a module for Envoy 1.N loads in 1.(N+1)"),
+            "{m}"
+        );
         let m = refused(verdict(&later, CheckMode::Strict, "0.1.0"));
         assert!(m.contains("SERVING_PICKER_ENVOY_CHECK=strict"), "{m}");
-        // Unreadable: the same (reaching program_init proves that every
-        // callback resolved, the module being linked with -z now).
+        // `any` loads it too; a tested minor's other build loads in warn.
+        assert!(!loaded(verdict(&later, CheckMode::Any, "0.1.0")).1);
+        for minor in [38, 39, 40] {
+            let (abi, tested, _) = loaded(verdict(&other_set(Some(minor)), CheckMode::Warn, "0"));
+            assert_eq!((abi, tested), (NEWEST.abi_version, false), "1.{minor}");
+        }
+        // Unreadable: loads only with `any` (reaching program_init proves
+        // that every callback resolved, the module being linked with -z now,
+        // but not that upstream's promise covers this Envoy).
         let unreadable = Seen::Unreadable("x".into());
-        assert!(!loaded(verdict(&unreadable, CheckMode::Warn, "0.1.0")).1);
+        assert!(refused(verdict(&unreadable, CheckMode::Warn, "0.1.0")).contains("cannot be read"));
+        assert!(!loaded(verdict(&unreadable, CheckMode::Any, "0.1.0")).1);
         assert!(refused(verdict(&unreadable, CheckMode::Strict, "0.1.0")).contains("(x)"));
+    }
+
+    #[test]
+    fn past_the_next_minor_only_any_loads_it() {
+        assert_eq!(newest_minor(), 40);
+        for seen in [other_set(Some(42)), other_set(Some(50)), other_set(None)] {
+            let m = refused(verdict(&seen, CheckMode::Warn, "0.1.0"));
+            assert!(
+                m.contains("upstream promises only that a module for Envoy 1.N loads in 1.(N+1): tested through 1.40, so through 1.41"),
+                "{m}"
+            );
+            assert!(m.contains("SERVING_PICKER_ENVOY_CHECK=any loads it"), "{m}");
+            let (abi, tested, m) = loaded(verdict(&seen, CheckMode::Any, "0.1.0"));
+            assert_eq!(abi, NEWEST.abi_version);
+            assert!(!tested);
+            assert!(m.contains("past upstream's promise"), "{m}");
+            assert!(m.contains(UNTESTED_GAUGE), "{m}");
+            assert!(refused(verdict(&seen, CheckMode::Strict, "0.1.0")).contains("=strict"));
+        }
+        assert!(refused(verdict(&other_set(Some(42)), CheckMode::Warn, "0"))
+            .contains("this Envoy is 1.42"));
+        // A tested release loads in every mode, `any` included.
+        assert!(loaded(verdict(&Seen::Release(NEWEST), CheckMode::Any, "0")).1);
+    }
+
+    #[test]
+    fn the_minor_is_read_from_the_version_number_in_rodata() {
+        let rodata = b"name\x001.40.0\x00 so a non-default value\x00";
+        assert_eq!(minors_in(rodata), BTreeSet::from([40]));
+        assert_eq!(minors_in(b"x\x001.41.0-dev\x00y"), BTreeSet::from([41]));
+        assert_eq!(minors_in(b"\x001.38.2\x00"), BTreeSet::from([38]));
+        // Not version numbers, or other libraries' (below 1.38).
+        for bytes in [
+            &b"\x001.40.0x\x00"[..],
+            b"\x001.40\x00",
+            b"a1.40.0\x00",
+            b"\x001.40.0",
+            b"\x001..0\x00",
+            b"\x001.34.5\x00",
+            b"\x001.4000.0\x00",
+        ] {
+            assert!(minors_in(bytes).is_empty(), "{bytes:?}");
+        }
+        // One number is the minor; none or two are unknown.
+        assert_eq!(one_minor(&BTreeSet::from([41])), Some(41));
+        assert_eq!(one_minor(&BTreeSet::new()), None);
+        assert_eq!(one_minor(&BTreeSet::from([40, 64])), None);
+    }
+
+    #[test]
+    fn the_minor_is_read_across_chunk_boundaries_of_an_executable() {
+        // An ELF with a .rodata holding a version number across a chunk
+        // boundary: this test binary's own file, patched in a copy, read in
+        // chunks of 64 bytes.
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        let (offset, size) = elf
+            .section_by_name(".rodata")
+            .and_then(|s| s.file_range())
+            .unwrap();
+        let before = envoy_minors(&exe).unwrap();
+        let mut patched = bytes.clone();
+        assert!(size > 256);
+        let at = offset as usize + 128 - 5;
+        patched[at..at + 11].copy_from_slice(b"\x001.47.3-dev");
+        patched[at + 11] = 0;
+        let path = std::env::temp_dir().join(format!("sp-rodata-{}", std::process::id()));
+        std::fs::write(&path, &patched).unwrap();
+        let after = envoy_minors_in_chunks(&path, 64).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(!before.contains(&47), "{before:?}");
+        assert!(after.contains(&47), "{after:?}");
+        assert!(envoy_minors(Path::new("/nonexistent")).is_err());
     }
 
     #[test]
@@ -471,6 +731,7 @@ mod tests {
         for mode in [CheckMode::Warn, CheckMode::Strict] {
             let lacking = Seen::Unknown {
                 callbacks: 10,
+                minor: Some(40),
                 lb_policy: true,
                 missing: vec!["envoy_dynamic_module_callback_log"],
             };
@@ -483,6 +744,7 @@ mod tests {
             );
             let no_lb = Seen::Unknown {
                 callbacks: 10,
+                minor: Some(40),
                 lb_policy: false,
                 missing: vec!["envoy_dynamic_module_callback_lb_get_hosts_count"],
             };
@@ -500,6 +762,7 @@ mod tests {
         assert_eq!(check_mode(Some("")), Ok(CheckMode::Warn));
         assert_eq!(check_mode(Some("warn")), Ok(CheckMode::Warn));
         assert_eq!(check_mode(Some("strict")), Ok(CheckMode::Strict));
+        assert_eq!(check_mode(Some("any")), Ok(CheckMode::Any));
         assert!(check_mode(Some("off")).unwrap_err().contains("\"off\""));
     }
 
@@ -519,7 +782,7 @@ mod tests {
         assert!(exported_callbacks(Path::new("/nonexistent")).is_err());
         let seen = identify(&BTreeSet::new());
         assert!(
-            matches!(seen, Seen::Unknown { callbacks: 0, lb_policy: false, ref missing } if missing.len() == IMPORTED.len())
+            matches!(seen, Seen::Unknown { callbacks: 0, lb_policy: false, ref missing, .. } if missing.len() == IMPORTED.len())
         );
     }
 }

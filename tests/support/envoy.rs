@@ -534,7 +534,12 @@ fn spawn_envoy(
     let mut cmd = Command::new(bin);
     cmd.arg("-c")
         .arg(bootstrap)
-        .args(["--concurrency", "2", "--disable-hot-restart"])
+        // Two workers unless the test asks for another count.
+        .args(if extra_args.iter().any(|a| a == "--concurrency") {
+            &["--disable-hot-restart"][..]
+        } else {
+            &["--concurrency", "2", "--disable-hot-restart"][..]
+        })
         .args([
             "-l",
             "info",

@@ -15,6 +15,20 @@ use serving_picker_core::contract::Tier;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 
+/// Whether `proxy_get_header_map_value`'s status says the header is there.
+/// Envoy answers OK with the first value whenever the header has one, and
+/// an empty first value comes back as a null pointer and no bytes: presence
+/// is the status alone, never the bytes, so a client's `""` followed by a
+/// second value is still seen (and stripped).
+pub fn header_answer_present(status: u32) -> bool {
+    status == HEADER_ANSWER_OK
+}
+
+/// The ABI's `WasmResult::Ok`.
+pub const HEADER_ANSWER_OK: u32 = 0;
+/// The ABI's `WasmResult::NotFound`: what Envoy answers for an absent header.
+pub const HEADER_ANSWER_NOT_FOUND: u32 = 1;
+
 /// What a request asks of its host (Envoy through proxy-wasm, or a fake).
 pub trait RequestHost {
     /// The cluster the route chose (`xds.cluster_name`).

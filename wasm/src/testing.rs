@@ -58,7 +58,14 @@ impl crate::steer::RequestHost for FakeRequest {
     }
 
     fn has_header(&mut self, name: &str) -> bool {
-        self.headers.iter().any(|(n, _)| n == name)
+        // As Envoy answers `proxy_get_header_map_value`: OK with the first
+        // value (no bytes when it is empty), NotFound without one.
+        let first = self.headers.iter().find(|(n, _)| n == name);
+        let status = match first {
+            Some(_) => crate::steer::HEADER_ANSWER_OK,
+            None => crate::steer::HEADER_ANSWER_NOT_FOUND,
+        };
+        crate::steer::header_answer_present(status)
     }
 
     fn remove_header(&mut self, name: &str) -> bool {

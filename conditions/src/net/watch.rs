@@ -1,4 +1,5 @@
-//! One way to watch files, for the slice directory and the TLS files: the
+//! How the TLS files are watched (the slice directory has its own watch,
+//! `source::files_watch`, which names the files that changed): the
 //! directories' changes through inotify (`notify`), debounced by
 //! `notify-debouncer-mini` so that a burst (a rename into place, a Secret
 //! volume's `..data` symlink swap) is one wake-up, plus a wake-up every

@@ -4,39 +4,109 @@
 //! are skipped, so a file written beside and renamed into place is read
 //! once, whole).
 //!
-//! The directory is watched (`net::watch`: inotify, debounced, and a rescan
-//! every two seconds as a safety net). The first scan sends every slice as
-//! a full list; then only the files that changed are read, and their slices
-//! are sent one by one (applied, with the file's trigger-time annotation,
-//! or deleted), so a change costs the same among 10,000 files as among ten.
+//! The directory is watched (`files_watch`: inotify names the files that
+//! changed; the safety net is one `stat` of the directory every two seconds
+//! and a scan of the whole directory every five minutes). The first scan
+//! sends every slice as a full list; then only the files events name are
+//! read (a `stat` each, and the file when it moved), and their slices are
+//! sent one by one (applied, with the file's trigger-time annotation, or
+//! deleted): a change does not list the directory.
 //! A file that does not parse is logged (once per version of it) and its
 //! last good content is kept; a file that is removed takes its slices with
 //! it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::model::slice::{Slice, SliceKey};
-use crate::net::watch::DirWatch;
+use crate::source::files_watch::{SliceWatch, Wake};
 use crate::source::kube::Keep;
 use crate::source::metrics::SourceMetrics;
 use crate::source::{Change, Update};
 
-const RESCAN_EVERY: Duration = Duration::from_secs(2);
-/// Events that come together (a rename is several) are read as one.
-const DEBOUNCE: Duration = Duration::from_millis(20);
+/// The largest slice file read, in bytes: a `kubectl get endpointslices -o
+/// yaml` List of 10,000 slices of 100 endpoints each (about 330 bytes an
+/// endpoint, with its conditions, node, zone and pod reference) is about
+/// 330 MB. A larger file is refused whole (its last good content kept).
+pub const MAX_FILE_BYTES: u64 = 512 * 1024 * 1024;
+
+/// The YAML parser's budget, sized from the byte cap rather than from
+/// serde-saphyr's defaults (250,000 nodes, 1,000,000 events: a List of
+/// about 100 slices of 100 endpoints). A node takes at least two bytes of
+/// YAML (`[a,b]`: three nodes in five bytes), so these never refuse a file
+/// under the byte cap that a reader would call real; they bound what a
+/// hostile file can make the parser do per byte.
+#[derive(Clone, Copy, Debug)]
+pub struct YamlLimits {
+    /// YAML nodes (scalars, sequences, mappings) in one file.
+    pub max_nodes: usize,
+    /// Parser events in one file.
+    pub max_events: usize,
+    /// YAML documents (`---`) in one file.
+    pub max_documents: usize,
+}
+
+impl YamlLimits {
+    /// The limits for files of at most `max_file_bytes`.
+    pub const fn for_bytes(max_file_bytes: u64) -> YamlLimits {
+        let bytes = max_file_bytes as usize;
+        YamlLimits {
+            max_nodes: bytes / 2,
+            max_events: bytes,
+            max_documents: bytes / 4,
+        }
+    }
+}
+
+/// The limits the companion reads slice files with.
+pub const YAML_LIMITS: YamlLimits = YamlLimits::for_bytes(MAX_FILE_BYTES);
 
 /// Parses one file's text into EndpointSlice objects.
 pub fn parse(text: &str, json: bool) -> Result<Vec<EndpointSlice>, String> {
+    parse_within(text, json, YAML_LIMITS)
+}
+
+/// [`parse`] with the YAML budget `limits`; a breach is refused with the
+/// limit named.
+pub fn parse_within(
+    text: &str,
+    json: bool,
+    limits: YamlLimits,
+) -> Result<Vec<EndpointSlice>, String> {
     let docs: Vec<Value> = if json {
         vec![serde_json::from_str(text).map_err(|e| format!("JSON: {e}"))?]
     } else {
-        serde_saphyr::from_multiple::<Value>(text).map_err(|e| format!("YAML: {e}"))?
+        let options = serde_saphyr::options! {
+            budget: serde_saphyr::budget! {
+                max_nodes: limits.max_nodes,
+                max_events: limits.max_events,
+                max_documents: limits.max_documents,
+                max_total_scalar_bytes: limits.max_events,
+            },
+        };
+        serde_saphyr::from_multiple_with_options::<Value>(text, options).map_err(|e| {
+            // A breach may come wrapped (with a snippet of the input): the
+            // text says it either way.
+            let text = e.to_string();
+            if matches!(e, serde_saphyr::Error::Budget { .. }) || text.contains("budget breached") {
+                let breach = text
+                    .lines()
+                    .find_map(|l| l.split_once("budget breached: ").map(|(_, b)| b.trim()))
+                    .unwrap_or("a limit");
+                format!(
+                    "YAML: over the slice-file parser budget ({breach}; limits: max_nodes {}, \
+                     max_events {}, max_documents {}, sized for files of at most {} bytes)",
+                    limits.max_nodes, limits.max_events, limits.max_documents, MAX_FILE_BYTES
+                )
+            } else {
+                format!("YAML: {text}")
+            }
+        })?
     };
     let mut out = Vec::new();
     for doc in docs {
@@ -133,9 +203,30 @@ pub struct Directory {
     holders: HashMap<SliceKey, BTreeSet<PathBuf>>,
     /// What was last sent of each slice.
     sent: HashMap<SliceKey, Slice>,
+    /// The largest file read ([`MAX_FILE_BYTES`]).
+    max_file_bytes: u64,
 }
 
-fn counts(path: &Path) -> bool {
+/// A file's text, refused (with the cap named) when it holds more than
+/// `max` bytes, whatever its size said a moment before.
+fn read_capped(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("read: {e}"))?;
+    let mut text = String::new();
+    file.take(max.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(|e| format!("read: {e}"))?;
+    if text.len() as u64 > max {
+        return Err(format!(
+            "more than {max} bytes: over the slice-file byte cap (MAX_FILE_BYTES); \
+             split it into several files"
+        ));
+    }
+    Ok(text)
+}
+
+/// Whether a path is a slice file: `*.yaml|yml|json`, not a dot file.
+pub fn counts(path: &Path) -> bool {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     if name.starts_with('.') {
         return false;
@@ -156,7 +247,14 @@ impl Directory {
             select: None,
             holders: HashMap::new(),
             sent: HashMap::new(),
+            max_file_bytes: MAX_FILE_BYTES,
         }
+    }
+
+    /// Reads files of at most `max` bytes (tests use a small cap).
+    pub fn with_max_file_bytes(mut self, max: u64) -> Directory {
+        self.max_file_bytes = max;
+        self
     }
 
     /// Only the slices `select` keeps (as `--manage` selects through the
@@ -189,16 +287,51 @@ impl Directory {
                 _ => {}
             }
         }
-        let keys = |f: &FileState| -> Vec<SliceKey> {
-            f.slices.iter().map(|(s, _)| s.key.clone()).collect()
-        };
-        let mut changed: Vec<(PathBuf, Vec<SliceKey>)> = Vec::new();
         let gone: Vec<PathBuf> = self
             .files
             .keys()
             .filter(|p| !present.contains_key(*p))
             .cloned()
             .collect();
+        Ok(self.read_files(present, gone))
+    }
+
+    /// Reads `paths` only (the files events named; each in this directory
+    /// and counting): a `stat` each, the file when it moved; one that is
+    /// no longer a file is gone.
+    fn scan_paths(&mut self, paths: &[PathBuf]) -> Vec<(PathBuf, Vec<SliceKey>)> {
+        let mut present = BTreeMap::new();
+        let mut gone = Vec::new();
+        for path in paths {
+            if path.parent() != Some(self.dir.as_path()) || !counts(path) {
+                continue;
+            }
+            match std::fs::metadata(path) {
+                Ok(m) if m.is_file() => {
+                    present.insert(path.clone(), signature(&m));
+                }
+                _ => {
+                    if self.files.contains_key(path) {
+                        gone.push(path.clone());
+                    }
+                }
+            }
+        }
+        self.read_files(present, gone)
+    }
+
+    /// Forgets the files `gone`, reads each of `present` whose signature
+    /// moved: each file whose good content changed (or that is gone), with
+    /// the slices it held before.
+    fn read_files(
+        &mut self,
+        present: BTreeMap<PathBuf, Signature>,
+        gone: Vec<PathBuf>,
+    ) -> Vec<(PathBuf, Vec<SliceKey>)> {
+        let keys = |f: &FileState| -> Vec<SliceKey> {
+            f.slices.iter().map(|(s, _)| s.key.clone()).collect()
+        };
+        let mut changed: Vec<(PathBuf, Vec<SliceKey>)> = Vec::new();
         for path in gone {
             if let Some(f) = self.files.remove(&path) {
                 changed.push((path, keys(&f)));
@@ -208,11 +341,9 @@ impl Directory {
             if self.files.get(&path).is_some_and(|f| f.seen == sig) {
                 continue;
             }
-            let text = std::fs::read_to_string(&path);
+            let text = read_capped(&path, self.max_file_bytes);
             let json = path.extension().and_then(|e| e.to_str()) == Some("json");
-            let parsed = text
-                .map_err(|e| format!("read: {e}"))
-                .and_then(|t| parse(&t, json));
+            let parsed = text.and_then(|t| parse(&t, json));
             match parsed {
                 Ok(objects) => {
                     let origin = path.display().to_string();
@@ -247,7 +378,7 @@ impl Directory {
                 }
             }
         }
-        Ok(changed)
+        changed
     }
 
     /// Every good slice (a slice named in several files: the last file by
@@ -291,6 +422,18 @@ impl Directory {
     /// files that changed, each applied (with its trigger time) or deleted.
     pub fn changes(&mut self) -> std::io::Result<Vec<Update>> {
         let changed = self.scan_files()?;
+        Ok(self.updates(changed))
+    }
+
+    /// As [`Directory::changes`], reading only `paths` (the files events
+    /// named) instead of listing the directory.
+    pub fn changes_in(&mut self, paths: &[PathBuf]) -> Vec<Update> {
+        let changed = self.scan_paths(paths);
+        self.updates(changed)
+    }
+
+    /// The single updates for the files that changed.
+    fn updates(&mut self, changed: Vec<(PathBuf, Vec<SliceKey>)>) -> Vec<Update> {
         let mut touched: BTreeSet<SliceKey> = BTreeSet::new();
         for (path, before) in changed {
             for k in before {
@@ -336,7 +479,7 @@ impl Directory {
                 }
             }
         }
-        Ok(out)
+        out
     }
 }
 
@@ -350,6 +493,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut directory = Directory::new(&dir, metrics.clone()).selecting(select);
     metrics.started("file");
+    // Watched before the first list: a change during it is an event after it.
+    let mut watch = SliceWatch::start(&dir, counts)
+        .map_err(|e| anyhow::anyhow!("--slices-dir {}: cannot watch: {e}", dir.display()))?;
     let first = directory
         .full_list()
         .map_err(|e| anyhow::anyhow!("--slices-dir {}: {e}", dir.display()))?;
@@ -358,18 +504,20 @@ pub async fn run(
     if updates.send(first).await.is_err() {
         return Ok(());
     }
-    let (mut changes, not_watched) = DirWatch::start([dir.clone()], DEBOUNCE, RESCAN_EVERY);
-    if let Some(n) = not_watched.into_iter().next() {
-        anyhow::bail!(
-            "--slices-dir {}: cannot watch: {}",
-            n.dir.display(),
-            n.error
-        );
-    }
     tracing::info!(dir = %dir.display(), "watching slice files");
     loop {
-        changes.next().await;
-        match directory.changes() {
+        let read = match watch.next().await {
+            Ok(Wake::Quiet) => Ok(Vec::new()),
+            Ok(Wake::Paths(paths)) => Ok(directory.changes_in(&paths)),
+            Ok(Wake::Rescan(why)) => {
+                metrics.file_rescan(why.label());
+                let read = directory.changes();
+                watch.scanned();
+                read
+            }
+            Err(e) => Err(e),
+        };
+        match read {
             Ok(list) if list.is_empty() => metrics.progress(false),
             Ok(list) => {
                 metrics.progress(true);
@@ -449,6 +597,122 @@ endpoints:
         assert!(parse(&wrong_type, false).is_err());
         let beta = ONE.replace("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1");
         assert!(parse(&beta, false).unwrap_err().contains("v1beta1"));
+    }
+
+    /// A `kubectl get endpointslices -o yaml` List of `slices` slices of
+    /// `endpoints` endpoints each, as kubectl prints it.
+    fn kubectl_list(slices: usize, endpoints: usize) -> String {
+        let mut out = String::from(
+            "apiVersion: v1\nkind: List\nmetadata:\n  resourceVersion: \"\"\nitems:\n",
+        );
+        for s in 0..slices {
+            out.push_str("- addressType: IPv4\n  apiVersion: discovery.k8s.io/v1\n  endpoints:\n");
+            for e in 0..endpoints {
+                out.push_str(&format!(
+                    "  - addresses:\n    - 10.{}.{}.{}\n    conditions:\n      ready: true\n      serving: true\n      terminating: false\n    nodeName: node-{e}\n    targetRef:\n      kind: Pod\n      name: web-{s}-{e}\n      namespace: shop\n      uid: 1f0e3a52-9b7c-4d1e-8f2a-3c4d5e6f7a8b\n    zone: zone-a\n",
+                    s / 250, s % 250, e % 250
+                ));
+            }
+            out.push_str(&format!(
+                "  kind: EndpointSlice\n  metadata:\n    labels:\n      kubernetes.io/service-name: web-{s}\n    name: web-{s}-abcde\n    namespace: shop\n  ports:\n  - name: http\n    port: 8080\n    protocol: TCP\n"
+            ));
+        }
+        out
+    }
+
+    #[test]
+    fn a_real_list_over_serde_saphyrs_default_budget_is_read() {
+        // 1,000 slices x 20 endpoints: 26 YAML nodes an endpoint, about
+        // 540,000 in all, over the 250,000 of serde-saphyr's default budget.
+        let text = kubectl_list(1_000, 20);
+        assert!(
+            serde_saphyr::from_multiple::<Value>(&text).is_err(),
+            "the default budget refuses it (else this test proves nothing)"
+        );
+        let slices = parse(&text, false).unwrap();
+        assert_eq!(slices.len(), 1_000);
+        assert_eq!(slices[999].endpoints.len(), 20);
+        // Bytes per endpoint as kubectl prints them: what MAX_FILE_BYTES is sized by
+        // (10,000 slices x 100 endpoints fit).
+        let per_endpoint = text.len() as u64 / 20_000;
+        assert!(
+            10_000 * 100 * per_endpoint < MAX_FILE_BYTES,
+            "{per_endpoint} bytes an endpoint"
+        );
+        // ... and their nodes (26 an endpoint) fit the budget sized from the cap.
+        const { assert!(YAML_LIMITS.max_nodes >= 10_000 * 100 * 30) };
+    }
+
+    #[test]
+    fn a_file_over_the_budget_or_the_byte_cap_is_refused_naming_the_limit() {
+        let text = kubectl_list(10, 20);
+        let small = YamlLimits {
+            max_nodes: 1_000,
+            ..YAML_LIMITS
+        };
+        let e = parse_within(&text, false, small).unwrap_err();
+        assert!(e.contains("max_nodes 1000"), "{e}");
+        assert!(e.contains("Nodes"), "{e}");
+        assert!(parse_within(&text, false, YAML_LIMITS).is_ok());
+
+        let dir = std::env::temp_dir().join(format!("spc-files-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("web.yaml"), ONE).unwrap();
+        let cap = ONE.len() as u64 + 10;
+        let mut d = Directory::new(&dir, SourceMetrics::register(&mut Default::default()))
+            .with_max_file_bytes(cap);
+        assert!(d.scan().unwrap());
+        assert_eq!(d.slices().len(), 1);
+        // Over the cap: refused, the last good content kept.
+        std::fs::write(
+            dir.join("web.yaml"),
+            format!("{ONE}\n# {}\n", "x".repeat(20)),
+        )
+        .unwrap();
+        assert!(!d.scan().unwrap());
+        assert_eq!(d.slices().len(), 1);
+        let e = read_capped(&dir.join("web.yaml"), cap).unwrap_err();
+        assert!(e.contains(&format!("more than {cap} bytes")), "{e}");
+        assert!(e.contains("MAX_FILE_BYTES"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn changes_in_reads_only_the_files_named() {
+        let dir = std::env::temp_dir().join(format!("spc-files-named-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.yaml"), ONE).unwrap();
+        std::fs::write(dir.join("b.yaml"), ONE.replace("web-1", "web-2")).unwrap();
+        let mut d = Directory::new(&dir, SourceMetrics::register(&mut Default::default()));
+        assert_eq!(kinds(&[d.full_list().unwrap()]), ["replace 2"]);
+        std::fs::write(dir.join("a.yaml"), ONE.replace("10.0.0.1", "10.0.0.7")).unwrap();
+        std::fs::write(
+            dir.join("b.yaml"),
+            ONE.replace("web-1", "web-2")
+                .replace("10.0.0.1", "10.0.0.8"),
+        )
+        .unwrap();
+        // Only a.yaml named: only web-1 read; b.yaml waits for its own event or a scan.
+        assert_eq!(kinds(&d.changes_in(&[dir.join("a.yaml")])), ["apply web-1"]);
+        assert!(
+            d.changes_in(&[dir.join("a.yaml")]).is_empty(),
+            "unchanged since"
+        );
+        // Paths outside the directory, dot files and other names are not read.
+        let outside = std::env::temp_dir().join("b.yaml");
+        assert!(d
+            .changes_in(&[outside, dir.join(".b.yaml"), dir.join("b.txt")])
+            .is_empty());
+        assert_eq!(kinds(&d.changes().unwrap()), ["apply web-2"]);
+        // A named file that is gone takes its slices.
+        std::fs::remove_file(dir.join("a.yaml")).unwrap();
+        assert_eq!(
+            kinds(&d.changes_in(&[dir.join("a.yaml")])),
+            ["delete web-1"]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

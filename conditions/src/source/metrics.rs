@@ -19,6 +19,7 @@ metric_group! {
         source_errors: Family<Labels, Counter> = ("source_errors", "Source errors, by kind (watch, file)"),
         last_success: Gauge<f64, AtomicU64> = ("source_last_success_timestamp_seconds", "Unix time of the source's last success: a full list or a watch event (Kubernetes API), a read of the slice directory (files); 0 before the first"),
         last_change: Gauge<f64, AtomicU64> = ("source_last_change_timestamp_seconds", "Unix time of the last EndpointSlice change the source saw after its first list (a watch event, a changed slice file); 0 before"),
+        file_rescans: Family<Labels, Counter> = ("source_file_rescans", "Scans of the whole --slices-dir after the first, by reason (events_lost: the watcher's queue overflowed or failed; directory_changed: its mtime moved without an event; period: every 5 minutes); other changes read only the files inotify names"),
     }
 }
 
@@ -45,6 +46,13 @@ impl SourceMetrics {
         if changed {
             self.last_change.set(now);
         }
+    }
+
+    /// One scan of the whole slice directory (`source_file_rescans{reason}`).
+    pub fn file_rescan(&self, reason: &'static str) {
+        self.file_rescans
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
     }
 
     /// One error of the source (`source_errors{kind}`: `watch`, `file`).

@@ -4,6 +4,7 @@
 //! single changes, and report in `metrics`.
 
 pub mod files;
+pub mod files_watch;
 pub mod kube;
 pub mod metrics;
 

@@ -508,3 +508,80 @@ fn the_parser_sees_what_it_should() {
         ]
     );
 }
+
+/// A copy of `envoy` whose version number (the one `\01.N.P\0` string of
+/// its `.rodata`) says `version` instead of `release` (same length).
+fn with_version_number(envoy: &Path, release: &str, version: &str) -> PathBuf {
+    assert_eq!(release.len(), version.len());
+    let mut bytes = std::fs::read(envoy).unwrap();
+    let needle = format!("\0{release}\0");
+    let at: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle.as_bytes())
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "{release} as a string of {}", envoy.display());
+    bytes[at[0] + 1..at[0] + 1 + version.len()].copy_from_slice(version.as_bytes());
+    let copy = envoy.with_file_name(format!("envoy-{version}"));
+    std::fs::write(&copy, &bytes).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}
+
+/// With another callback set, the module reads the Envoy's minor from its
+/// version number: the next minor after the newest tested one loads (with
+/// the warning, upstream's promise); the one after is refused in `warn`
+/// (the default), naming the minor and `SERVING_PICKER_ENVOY_CHECK=any`,
+/// which loads it.
+#[test]
+fn a_minor_past_the_next_is_refused_unless_the_operator_opts_in() {
+    let minor = envoy_minor();
+    let recorded = std::fs::read_to_string(
+        support::repo_root().join(format!("native/abi/envoy-{minor}.callbacks")),
+    )
+    .unwrap();
+    let unused = recorded
+        .lines()
+        .find(|n| n.starts_with(CALLBACK_PREFIX) && !IMPORTED.contains(n) && !n.contains("_lb_"))
+        .unwrap();
+    let (_dir, other) =
+        envoy_with_renamed_callback("native-abi-later-minor", unused, &renamed(unused));
+    let release = envoy_release();
+    let newest: u32 = KNOWN.last().unwrap().minor[2..].parse().unwrap();
+    let so = native_module();
+    let next = with_version_number(&other, &release, &format!("1.{}.0", newest + 1));
+    let (ok, out) = validate_native(&next, so.parent().unwrap(), &[]);
+    assert!(ok, "the next minor should load:\n{out}");
+    assert!(
+        out.contains(&format!("its version number says 1.{}", newest + 1)),
+        "{out}"
+    );
+    assert!(
+        out.contains("upstream promises that a module for Envoy 1.N loads in 1.(N+1)"),
+        "{out}"
+    );
+    let later = with_version_number(&other, &release, &format!("1.{}.0", newest + 2));
+    let (ok, out) = validate_native(&later, so.parent().unwrap(), &[]);
+    assert!(!ok, "two minors past should be refused:\n{out}");
+    assert!(
+        out.contains(&format!("this Envoy is 1.{}", newest + 2)),
+        "{out}"
+    );
+    assert!(
+        out.contains("SERVING_PICKER_ENVOY_CHECK=any loads it"),
+        "{out}"
+    );
+    assert!(out.contains("Failed to initialize dynamic module"), "{out}");
+    let (ok, out) = validate_native(
+        &later,
+        so.parent().unwrap(),
+        &[("SERVING_PICKER_ENVOY_CHECK", "any")],
+    );
+    assert!(ok, "any should load it:\n{out}");
+    assert!(out.contains("past upstream's promise"), "{out}");
+    assert!(
+        out.contains(&format!("gauge {UNTESTED_GAUGE} = 1")),
+        "{out}"
+    );
+}

@@ -3,4 +3,5 @@
 mod abi;
 pub(crate) mod drain;
 mod lb_policy;
+mod metadata_churn;
 mod upgrade;

@@ -1,6 +1,7 @@
 //! The proxy-wasm filter alone.
 
 mod behaviour;
+mod client_header;
 mod deploy_shapes;
 mod drain;
 mod ecds;

@@ -84,6 +84,9 @@ fn owned(data: *mut u8, size: usize) -> Option<Vec<u8>> {
     Some(unsafe { Vec::from_raw_parts(data, size, size) })
 }
 
+/// The first value of a header; `None` only when the header is absent (or the
+/// call failed). An empty first value is `Some` of no bytes: the host hands
+/// back a null pointer for it, with status OK, and that still means present.
 pub fn header(map: MapType, name: &str) -> Option<Vec<u8>> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: valid pointers to a string and two out-parameters.
@@ -91,10 +94,22 @@ pub fn header(map: MapType, name: &str) -> Option<Vec<u8>> {
         get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size)
     };
     if status == OK {
-        owned(data, size)
+        Some(owned(data, size).unwrap_or_default())
     } else {
         None
     }
+}
+
+/// Whether a header is there, whatever its first value (an empty one included).
+pub fn has_header(map: MapType, name: &str) -> bool {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: valid pointers to a string and two out-parameters.
+    let status = unsafe {
+        get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size)
+    };
+    // The value, if any, is the module's to free.
+    drop(owned(data, size));
+    crate::steer::header_answer_present(status)
 }
 
 pub fn remove_header(map: MapType, name: &str) -> bool {

@@ -25,7 +25,7 @@ impl RequestHost for EnvoyRequest {
     }
 
     fn has_header(&mut self, name: &str) -> bool {
-        hostcalls::header(MapType::HttpRequestHeaders, name).is_some()
+        hostcalls::has_header(MapType::HttpRequestHeaders, name)
     }
 
     fn remove_header(&mut self, name: &str) -> bool {

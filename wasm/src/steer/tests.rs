@@ -408,3 +408,53 @@ fn counters_are_taken_once_and_named_in_order() {
         "every counter has its own name"
     );
 }
+
+#[test]
+fn an_empty_first_value_does_not_hide_the_client_header_on_any_passthrough() {
+    // The header sent twice, the first value empty: every pass-through path
+    // removes both values (Envoy routes on the first, a backend may read any).
+    let with_empty_first = |cluster: Option<&str>| {
+        FakeRequest {
+            cluster: cluster.map(|c| c.as_bytes().to_vec()),
+            ..FakeRequest::default()
+        }
+        .with_header(HEADER, "")
+        .with_header(HEADER, "10.0.0.9:80")
+    };
+    let config = PluginConfig {
+        clusters: Some(vec!["ready".into(), "gone".into(), "other".into()]),
+        on_no_serving: OnNoServing::Passthrough,
+        ..PluginConfig::default()
+    };
+    let s = steering(config, Some(&snapshot()));
+    // Unmanaged, managed but unknown, no serving endpoint, no cluster name.
+    for cluster in [Some("unlisted"), Some("other"), Some("gone"), None] {
+        let mut req = with_empty_first(cluster);
+        assert_eq!(s.request(&mut req, true), Verdict::Continue, "{cluster:?}");
+        assert!(
+            req.values(HEADER).is_empty(),
+            "{cluster:?}: {:?}",
+            req.values(HEADER)
+        );
+    }
+    assert_eq!(s.counts.override_header_stripped.get(), 4);
+    // A stale snapshot and a configuration that does not parse pass everything through.
+    assert!(s.set_stale(true));
+    let mut req = with_empty_first(Some("ready"));
+    assert_eq!(s.request(&mut req, true), Verdict::Continue);
+    assert!(req.values(HEADER).is_empty());
+    let s = Steering::config_invalid(HEADER.into());
+    let mut req = with_empty_first(Some("ready"));
+    assert_eq!(s.request(&mut req, true), Verdict::Continue);
+    assert!(req.values(HEADER).is_empty());
+    assert_eq!(s.counts.override_header_stripped.get(), 1);
+}
+
+#[test]
+fn presence_is_the_host_status_never_the_bytes() {
+    assert!(header_answer_present(HEADER_ANSWER_OK));
+    assert!(!header_answer_present(HEADER_ANSWER_NOT_FOUND));
+    let mut req = FakeRequest::to("x").with_header(HEADER, "");
+    assert!(req.has_header(HEADER));
+    assert!(!req.has_header("x-other"));
+}
