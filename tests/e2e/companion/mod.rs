@@ -6,6 +6,7 @@ mod envoy_gateway;
 mod handshake_flood;
 mod monitoring;
 mod prometheus;
+mod replicas;
 mod release;
 mod sessions;
 mod soak;
