@@ -207,14 +207,17 @@ impl Eg {
         self.try_modify_raw(cla).unwrap()
     }
 
-    /// As `modify_raw`, the call's error when it fails.
-    pub(super) fn try_modify_raw(&self, cla: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+    /// As `modify_raw`, the call's status when it fails.
+    pub(super) fn try_modify_raw(&self, cla: Vec<u8>) -> Result<Vec<u8>, String> {
         let mut c = self.client.clone();
         let req = RawPostEndpointsModifyRequest {
             load_assignment: Some(cla.into()),
             post_endpoints_context: Some(Vec::new().into()),
         };
-        let r = self.rt.block_on(c.post_endpoints_modify_raw(req))?;
+        let r = self
+            .rt
+            .block_on(c.post_endpoints_modify_raw(req))
+            .map_err(|e| format!("{e:?}"))?;
         Ok(r.load_assignment
             .expect("an answer carries the assignment")
             .to_vec())
