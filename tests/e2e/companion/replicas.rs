@@ -17,8 +17,8 @@
 //! slices; the test plays EG. EG's grpc-go channel dials the Service and
 //! reconnects to a replica that runs; the test models that as its client
 //! switching to the other replica's address once the first is killed. The
-//! replicas answer the same calls with the same assignment, before and
-//! after the kill.
+//! replicas answer the same request bytes with the same answer bytes,
+//! before and after the kill.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -26,7 +26,6 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use prost::Message;
 use support::companion::{
     eds_from_companions, envoy_hosts, plain_round_robin, Companion, SliceDir, XdsApi,
@@ -276,13 +275,6 @@ fn replica_killed_under_churn_eds_delta() {
     failover_under_churn(XdsApi::DeltaEds);
 }
 
-/// A hook answer as a message. Compared decoded, not as bytes: the
-/// metadata's `google.protobuf.Struct` fields are a map that each process
-/// encodes in its own order, so equal answers may differ in bytes.
-fn decoded(bytes: &[u8]) -> ClusterLoadAssignment {
-    ClusterLoadAssignment::decode(bytes).unwrap()
-}
-
 /// EG's hook on two replicas: the same answers from either; one killed
 /// between calls, the calls that follow (on the other, as EG's channel
 /// reconnects to a replica that runs) get the answers the killed one gave.
@@ -295,19 +287,19 @@ fn eg_hook_calls_move_to_the_other_replica() {
     let a = Eg::connect(first.listen);
     let b = Eg::connect(second.listen);
 
-    // Before the kill: each state asked of both, byte-identical answers.
-    let mut answers = Vec::new();
+    // Before the kill: each state asked of both (until both have read the
+    // slices), then the same request bytes to both: the same answer bytes.
+    let mut asked = Vec::new();
     for i in 0..4 {
         let (eps, _) = state(&pool, i);
         slices.set_endpoints(EG_SERVICE, &eps);
-        let from_a = ask(&a, &eps, TIERED, &format!("state {i}, first replica"));
-        let from_b = ask(&b, &eps, TIERED, &format!("state {i}, second replica"));
-        assert_eq!(
-            decoded(&from_a),
-            decoded(&from_b),
-            "state {i}: the replicas answer differently"
-        );
-        answers.push(from_a);
+        ask(&a, &eps, TIERED, &format!("state {i}, first replica"));
+        ask(&b, &eps, TIERED, &format!("state {i}, second replica"));
+        let sent = eg_cla(EG_SERVICE, &eps).encode_to_vec();
+        let from_a = a.try_modify_raw(sent.clone()).unwrap();
+        let from_b = b.try_modify_raw(sent.clone()).unwrap();
+        assert_eq!(from_a, from_b, "state {i}: the replicas answer differently");
+        asked.push((sent, from_a));
     }
 
     let managed_before = second.metric(MANAGED);
@@ -318,17 +310,14 @@ fn eg_hook_calls_move_to_the_other_replica() {
         "a call to the killed replica fails (EG's channel then reconnects)"
     );
     // The calls that follow go to the other replica: the states seen
-    // before get the same assignment, and new changes are followed.
+    // before get the same bytes, and new changes are followed.
     for i in 0..8 {
         let (eps, _) = state(&pool, i);
         slices.set_endpoints(EG_SERVICE, &eps);
-        let got = ask(&b, &eps, TIERED, &format!("state {i} after the kill"));
-        if let Some(before) = answers.get(i) {
-            assert_eq!(
-                decoded(&got),
-                decoded(before),
-                "state {i}: not the killed replica's answer"
-            );
+        ask(&b, &eps, TIERED, &format!("state {i} after the kill"));
+        if let Some((sent, before)) = asked.get(i) {
+            let got = b.try_modify_raw(sent.clone()).unwrap();
+            assert_eq!(&got, before, "state {i}: not the killed replica's answer");
         }
     }
     let managed = second.metric(MANAGED);
