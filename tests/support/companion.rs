@@ -403,6 +403,17 @@ pub enum XdsApi {
 /// A bootstrap hook: a STATIC HTTP/2 cluster to the companion, and every
 /// EDS cluster's endpoints from it.
 pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, &Path) + 'static {
+    eds_from_companions(&[addr], api)
+}
+
+/// As `eds_from_companion`, with every address a host of the one xDS
+/// cluster: replicas behind one Service as Envoy sees them (its gRPC
+/// stream goes to one host, and to another when that one fails).
+pub fn eds_from_companions(
+    addrs: &[SocketAddr],
+    api: XdsApi,
+) -> impl Fn(&mut Value, &Path) + 'static {
+    let addrs = addrs.to_vec();
     move |bootstrap: &mut Value, _dir: &Path| {
         let grpc = json!([{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]);
         let clusters = bootstrap["static_resources"]["clusters"]
@@ -433,11 +444,13 @@ pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, 
                     "explicit_http_config": {"http2_protocol_options": {}}
                 }
             },
-            "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {
-                    "address": addr.ip().to_string(), "port_value": addr.port()
-                }}}}
-            ]}]}
+            "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints":
+                addrs.iter().map(|addr| json!(
+                    {"endpoint": {"address": {"socket_address": {
+                        "address": addr.ip().to_string(), "port_value": addr.port()
+                    }}}}
+                )).collect::<Vec<Value>>()
+            }]}
         }));
         if matches!(api, XdsApi::Ads | XdsApi::DeltaAds) {
             bootstrap["dynamic_resources"] = json!({"ads_config": {
@@ -446,6 +459,30 @@ pub fn eds_from_companion(addr: SocketAddr, api: XdsApi) -> impl Fn(&mut Value, 
             }});
         }
     }
+}
+
+/// The addresses of cluster `name`'s hosts as Envoy's admin `/clusters`
+/// lists them now (an empty set when it lists none, or cannot be read).
+pub fn envoy_hosts(envoy: &Envoy, name: &str) -> std::collections::BTreeSet<SocketAddr> {
+    let r = envoy.admin_get("/clusters?format=json");
+    let Ok(j) = serde_json::from_str::<Value>(&r.body) else {
+        return Default::default();
+    };
+    j["cluster_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == name)
+        .flat_map(|c| c["host_statuses"].as_array().into_iter().flatten())
+        .filter_map(|h| {
+            let a = &h["address"]["socket_address"];
+            let ip: std::net::IpAddr = a["address"].as_str()?.parse().ok()?;
+            Some(SocketAddr::new(
+                ip,
+                u16::try_from(a["port_value"].as_u64()?).ok()?,
+            ))
+        })
+        .collect()
 }
 
 /// A bootstrap hook: cluster `name` on Envoy's plain round robin (no

@@ -46,7 +46,7 @@ use support::envoy::fresh_dir;
 use support::ports::free_port;
 use support::*;
 
-const SERVICE: &str = "web";
+pub(super) const SERVICE: &str = "web";
 const ROUTE: &str = "app";
 const PATH: &str = "/x";
 const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
@@ -56,15 +56,15 @@ fn cluster() -> String {
 }
 
 /// The companion in `envoy-gateway` mode over a slice directory.
-struct EgCompanion {
+pub(super) struct EgCompanion {
     child: Child,
-    listen: SocketAddr,
+    pub(super) listen: SocketAddr,
     metrics: SocketAddr,
     log: PathBuf,
 }
 
 impl EgCompanion {
-    fn start(slices: &Path, extra: &[&str]) -> EgCompanion {
+    pub(super) fn start(slices: &Path, extra: &[&str]) -> EgCompanion {
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let log = fresh_dir("eg-companion").join("companion.log");
@@ -108,7 +108,7 @@ impl EgCompanion {
         support::http::request(self.metrics, "GET", path, &[], Duration::from_secs(2))
     }
 
-    fn metric(&self, line_prefix: &str) -> f64 {
+    pub(super) fn metric(&self, line_prefix: &str) -> f64 {
         let body = self.get("/metrics").body;
         body.lines()
             .filter(|l| l.starts_with(line_prefix))
@@ -118,6 +118,12 @@ impl EgCompanion {
 
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, nothing flushed: a crash.
+    pub(super) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -130,7 +136,7 @@ impl Drop for EgCompanion {
 }
 
 /// The test's Envoy Gateway: a gRPC client of the hook.
-struct Eg {
+pub(super) struct Eg {
     rt: tokio::runtime::Runtime,
     client: EnvoyGatewayExtensionClient,
 }
@@ -182,7 +188,7 @@ impl Eg {
         Ok(eg)
     }
 
-    fn connect(addr: SocketAddr) -> Eg {
+    pub(super) fn connect(addr: SocketAddr) -> Eg {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -198,15 +204,23 @@ impl Eg {
 
     /// PostEndpointsModify: EG's assignment bytes -> the answer's bytes.
     fn modify_raw(&self, cla: Vec<u8>) -> Vec<u8> {
+        self.try_modify_raw(cla).unwrap()
+    }
+
+    /// As `modify_raw`, the call's status when it fails.
+    pub(super) fn try_modify_raw(&self, cla: Vec<u8>) -> Result<Vec<u8>, String> {
         let mut c = self.client.clone();
         let req = RawPostEndpointsModifyRequest {
             load_assignment: Some(cla.into()),
             post_endpoints_context: Some(Vec::new().into()),
         };
-        let r = self.rt.block_on(c.post_endpoints_modify_raw(req)).unwrap();
-        r.load_assignment
+        let r = self
+            .rt
+            .block_on(c.post_endpoints_modify_raw(req))
+            .map_err(|e| format!("{e:?}"))?;
+        Ok(r.load_assignment
             .expect("an answer carries the assignment")
-            .to_vec()
+            .to_vec())
     }
 }
 
@@ -216,7 +230,7 @@ fn cond(v: &Option<Value>) -> Option<bool> {
 
 /// What EG >= 1.6 sends for these endpoints of `service` (one backendRef,
 /// Service port 80; EG's drain rule).
-fn eg_cla(service: &str, eps: &[Endpoint]) -> ClusterLoadAssignment {
+pub(super) fn eg_cla(service: &str, eps: &[Endpoint]) -> ClusterLoadAssignment {
     let r = BackendRef {
         service: ServiceKey {
             namespace: NAMESPACE.into(),
@@ -298,7 +312,7 @@ fn answer_is_right(cla: &ClusterLoadAssignment, eps: &[Endpoint], priorities: bo
 /// Asks the hook until its answer is right (the companion's file watcher
 /// may not have read the slice change yet: EG would translate again on its
 /// next change; here the test asks again). Returns the answer's bytes.
-fn ask(eg: &Eg, eps: &[Endpoint], priorities: bool, what: &str) -> Vec<u8> {
+pub(super) fn ask(eg: &Eg, eps: &[Endpoint], priorities: bool, what: &str) -> Vec<u8> {
     let sent = eg_cla(SERVICE, eps).encode_to_vec();
     let start = Instant::now();
     let mut asks = 0;

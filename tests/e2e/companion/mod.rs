@@ -7,6 +7,7 @@ mod handshake_flood;
 mod monitoring;
 mod prometheus;
 mod release;
+mod replicas;
 mod sessions;
 mod soak;
 mod status_page;
