@@ -274,10 +274,11 @@ soak: build envoy
 	scripts/soak.sh
 
 # The fuzz targets (proptest, stable Rust), each with its named invariants: the wasm filter's
-# parsers, the native policy over fuzzed host sources, the companion's slice files, index and
-# Envoy Gateway field editor. `make test` runs each briefly (PROPTEST_CASES); here, long.
+# parsers, the native policy over fuzzed host sources, the companion's slice files, index, xDS
+# stream state machine and Envoy Gateway field editor. `make test` runs each briefly (PROPTEST_CASES); here, long.
 FUZZ_TARGETS := -p serving-picker-wasm --test prop_parsing, -p serving-picker-native --lib fuzz::, \
   -p serving-picker-conditions --lib model::fuzz::, -p serving-picker-conditions --lib envoy_gateway::fuzz::, \
+  -p serving-picker-conditions --lib xds::fuzz::, \
   -p serving-picker-conditions --test fuzz_slice_files
 fuzz:
 	@IFS=','; for t in $(FUZZ_TARGETS); do \

@@ -37,6 +37,8 @@
 pub mod callbacks;
 pub mod delta;
 pub mod fanout;
+#[cfg(test)]
+mod fuzz;
 pub mod metrics;
 pub mod protocol;
 pub mod requests;
