@@ -87,7 +87,8 @@ pub async fn run(
     let source_task = run::spawn_source(slices, updates_tx, source_metrics);
 
     let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics)
-        .with_native_lb_metrics(native_lb_metrics);
+        .with_native_lb_metrics(native_lb_metrics)
+        .with_connections(plumbing.connections.clone(), metrics.clone());
     let svc = proto::EnvoyGatewayExtensionServer::new(hook)
         .max_decoding_message_size(args.max_message_size)
         .max_encoding_message_size(args.max_message_size);
@@ -143,6 +144,7 @@ fn hook_config(args: &Args) -> HookConfig {
         max_message_size: args.max_message_size,
         native_lb: args.native_lb_policy,
         native_lb_max_clusters: args.native_lb_max_clusters,
+        native_lb_max_verdict_bytes: args.native_lb_max_verdict_bytes,
         ..HookConfig::default()
     }
 }
