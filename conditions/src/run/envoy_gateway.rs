@@ -120,6 +120,14 @@ fn check(args: &Args) -> anyhow::Result<()> {
     if args.native_lb_policy && args.native_lb_max_clusters == 0 {
         anyhow::bail!("--native-lb-max-clusters must be at least 1 with --native-lb-policy");
     }
+    let one_verdict = crate::envoy_gateway::verdicts::MAX_KEY_BYTES
+        + crate::envoy_gateway::verdicts::ENTRY_OVERHEAD_BYTES;
+    if args.native_lb_policy && args.native_lb_max_verdict_bytes < one_verdict {
+        anyhow::bail!(
+            "--native-lb-max-verdict-bytes {} is less than one verdict of the longest name ({one_verdict})",
+            args.native_lb_max_verdict_bytes
+        );
+    }
     if args.max_concurrent_calls == 0 {
         anyhow::bail!("--max-concurrent-calls must be at least 1");
     }
