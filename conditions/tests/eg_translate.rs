@@ -77,10 +77,18 @@ struct Server {
     shared: Arc<Shared>,
     registry: prometheus_client::registry::Registry,
     client: EnvoyGatewayExtensionClient,
+    addr: SocketAddr,
     rt: tokio::runtime::Runtime,
 }
 
 fn server(native_lb: bool) -> Server {
+    server_with(HookConfig {
+        native_lb,
+        ..HookConfig::default()
+    })
+}
+
+fn server_with(config: HookConfig) -> Server {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -90,10 +98,6 @@ fn server(native_lb: bool) -> Server {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = HookMetrics::register(&mut registry);
     let native = NativeLbMetrics::register(&mut registry);
-    let config = HookConfig {
-        native_lb,
-        ..HookConfig::default()
-    };
     let hook =
         HookService::new(shared.clone(), config, None, metrics).with_native_lb_metrics(native);
     let listener = rt
@@ -114,6 +118,7 @@ fn server(native_lb: bool) -> Server {
         shared,
         registry,
         client,
+        addr,
         rt,
     }
 }
@@ -123,8 +128,27 @@ impl Server {
         apply_updates(&self.shared, vec![Update::now(Change::Replace(slices))]);
     }
 
+    /// A client on a connection of its own (another EG replica, or EG
+    /// after a reconnect).
+    fn connect(&self) -> EnvoyGatewayExtensionClient {
+        self.rt
+            .block_on(EnvoyGatewayExtensionClient::connect(format!(
+                "http://{}",
+                self.addr
+            )))
+            .unwrap()
+    }
+
     fn endpoints(&self, cla: &ClusterLoadAssignment) -> ClusterLoadAssignment {
-        let mut c = self.client.clone();
+        self.endpoints_on(&self.client, cla)
+    }
+
+    fn endpoints_on(
+        &self,
+        client: &EnvoyGatewayExtensionClient,
+        cla: &ClusterLoadAssignment,
+    ) -> ClusterLoadAssignment {
+        let mut c = client.clone();
         let r = self
             .rt
             .block_on(c.post_endpoints_modify_raw(RawPostEndpointsModifyRequest {
@@ -142,8 +166,35 @@ impl Server {
         serving_picker_conditions::envoy_gateway::proto::RawPostTranslateModifyResponse,
         tonic::Status,
     > {
-        let mut c = self.client.clone();
+        self.translate_on(&self.client, req)
+    }
+
+    fn translate_on(
+        &self,
+        client: &EnvoyGatewayExtensionClient,
+        req: RawPostTranslateModifyRequest,
+    ) -> Result<
+        serving_picker_conditions::envoy_gateway::proto::RawPostTranslateModifyResponse,
+        tonic::Status,
+    > {
+        let mut c = client.clone();
         self.rt.block_on(c.post_translate_modify_raw(req))
+    }
+
+    /// Whether the answer to a PostTranslateModify of `cluster` alone put
+    /// the module on it (else it came back byte for byte).
+    fn sets(&self, client: &EnvoyGatewayExtensionClient, cluster: &Cluster) -> bool {
+        let req = request(std::slice::from_ref(cluster), &[]);
+        let sent = req.clusters[0].clone();
+        let got = self.translate_on(client, req).unwrap().clusters[0].clone();
+        if got == sent {
+            return false;
+        }
+        assert_eq!(
+            policy_name(&Cluster::decode(got).unwrap()),
+            POLICY_EXTENSION
+        );
+        true
     }
 
     fn metric(&self, line: &str) -> u64 {
@@ -269,7 +320,7 @@ fn the_native_policy_goes_on_exactly_the_clusters_the_hook_wrote() {
     assert_eq!(outcome("no_verdict"), 1, "never-asked");
     assert_eq!(outcome("not_eds"), 1, "the DNS cluster");
     assert_eq!(s.metric("eg_translate_calls_total{result=\"modified\"}"), 1);
-    assert_eq!(s.metric("eg_native_lb_verdicts"), 5);
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 0, "taken by the call");
 
     // The Service loses its label (its slices leave the index): the next
     // translation's PostEndpointsModify leaves app's assignment as EG's,
@@ -334,4 +385,179 @@ fn a_request_with_a_field_this_version_does_not_know_is_refused() {
             .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert_eq!(s.metric("eg_translate_calls_total{result=\"refused\"}"), 1);
+}
+
+/// The managed Service `web` and its route `app`'s assignment and cluster.
+fn web_app(s: &Server) -> (Vec<ClusterLoadAssignment>, Cluster) {
+    let web = [("10.0.0.1", READY), ("10.0.0.2", SERVING_TERMINATING)];
+    s.full_list(vec![slice("web", &web)]);
+    (
+        rule_assignments("shop", "app", 0, &[backend("web", &web)], false),
+        eg_rule_cluster(&rule_cluster("shop", "app", 0)),
+    )
+}
+
+/// Two EG replicas translate at once, on two connections, their calls
+/// interleaved: each PostTranslateModify sees only its own connection's
+/// verdicts, and takes them (the next translation starts from none).
+#[test]
+fn a_verdict_counts_only_for_the_translation_on_its_connection() {
+    let s = server(true);
+    let (app, app_cluster) = web_app(&s);
+    let (a, b) = (s.connect(), s.connect());
+    for cla in &app {
+        s.endpoints_on(&a, cla);
+    }
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 1);
+    assert_eq!(s.metric("eg_native_lb_verdict_connections"), 1);
+    assert!(s.metric("eg_native_lb_verdict_bytes") > 0);
+    // B's translation never asked about app: no verdict on B.
+    assert!(!s.sets(&b, &app_cluster), "B gets nothing of A's");
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 1, "A's still waits");
+    for cla in &app {
+        s.endpoints_on(&b, cla);
+    }
+    assert!(s.sets(&a, &app_cluster), "A's own verdict");
+    assert!(s.sets(&b, &app_cluster), "B's own verdict");
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 0);
+    assert_eq!(s.metric("eg_native_lb_verdict_bytes"), 0);
+    // The next translation on A: its call about app never came.
+    assert!(!s.sets(&a, &app_cluster), "a missing call is no");
+    assert_eq!(
+        s.metric("eg_native_lb_clusters_total{outcome=\"no_verdict\"}"),
+        2
+    );
+}
+
+/// Two translations interleaved on one connection (not what EG does: one
+/// connection per EG process, one translation at a time): the first
+/// PostTranslateModify takes every verdict of the connection; the second
+/// finds none and leaves its clusters as EG wrote them.
+#[test]
+fn two_translations_on_one_connection_never_share_a_stale_yes() {
+    let s = server(true);
+    let (web, api) = ([("10.0.0.1", READY)], [("10.0.1.1", READY)]);
+    s.full_list(vec![slice("web", &web), slice("api", &api)]);
+    let app = rule_assignments("shop", "app", 0, &[backend("web", &web)], false);
+    let other = rule_assignments("shop", "api", 0, &[backend("api", &api)], false);
+    // Translation 1 asks about app, translation 2 about api, then each
+    // calls PostTranslateModify.
+    for cla in app.iter().chain(&other) {
+        s.endpoints(cla);
+    }
+    let app_cluster = eg_rule_cluster(&rule_cluster("shop", "app", 0));
+    let api_cluster = eg_rule_cluster(&rule_cluster("shop", "api", 0));
+    assert!(s.sets(&s.client, &app_cluster));
+    assert!(!s.sets(&s.client, &api_cluster), "taken by the first");
+}
+
+/// The companion restarts between the two hooks (or EG reconnects): the
+/// PostTranslateModify arrives on a connection, or in a process, with no
+/// verdicts, and every cluster keeps EG's policy.
+#[test]
+fn a_restart_or_a_reconnect_between_the_hooks_means_no() {
+    let s = server(true);
+    let (app, app_cluster) = web_app(&s);
+    for cla in &app {
+        s.endpoints(cla);
+    }
+    let reconnected = s.connect();
+    assert!(!s.sets(&reconnected, &app_cluster));
+    let restarted = server(true);
+    web_app(&restarted);
+    assert!(!restarted.sets(&restarted.client, &app_cluster));
+    assert!(
+        s.sets(&s.client, &app_cluster),
+        "the first connection's own"
+    );
+}
+
+/// A call over a limit is answered with EG's assignment and records no
+/// verdict; one about a cluster name over 1 KiB records none either.
+#[test]
+fn a_call_refused_over_a_limit_leaves_no_verdict() {
+    let s = server_with(HookConfig {
+        native_lb: true,
+        max_bytes_held: 64,
+        ..HookConfig::default()
+    });
+    let (app, app_cluster) = web_app(&s);
+    for cla in &app {
+        assert_eq!(&s.endpoints(cla), cla, "EG's own back");
+    }
+    assert!(s.metric("eg_hook_calls_total{result=\"over_bytes\"}") >= 1);
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 0);
+    assert!(!s.sets(&s.client, &app_cluster));
+
+    let s = server(true);
+    let long = "r".repeat(1100);
+    let web = [("10.0.0.1", READY)];
+    s.full_list(vec![slice("web", &web)]);
+    for cla in rule_assignments("shop", &long, 0, &[backend("web", &web)], false) {
+        s.endpoints(&cla);
+    }
+    assert_eq!(s.metric("eg_native_lb_verdict_keys_too_long_total"), 1);
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 0);
+    assert!(!s.sets(&s.client, &eg_rule_cluster(&rule_cluster("shop", &long, 0))));
+}
+
+/// `--native-lb-max-clusters` bounds the verdicts of every connection
+/// together: one over it is not kept (counted), its cluster keeps EG's
+/// policy.
+#[test]
+fn the_verdict_count_is_bounded() {
+    let s = server_with(HookConfig {
+        native_lb: true,
+        native_lb_max_clusters: 1,
+        ..HookConfig::default()
+    });
+    let web = [("10.0.0.1", READY)];
+    s.full_list(vec![slice("web", &web)]);
+    for route in ["one", "two"] {
+        for cla in rule_assignments("shop", route, 0, &[backend("web", &web)], false) {
+            s.endpoints(&cla);
+        }
+    }
+    assert_eq!(s.metric("eg_native_lb_verdicts"), 1);
+    assert_eq!(s.metric("eg_native_lb_verdicts_refused_total"), 1);
+    let one = eg_rule_cluster(&rule_cluster("shop", "one", 0));
+    let two = eg_rule_cluster(&rule_cluster("shop", "two", 0));
+    let sent = request(&[one, two], &[]);
+    let answer = s.translate_raw(sent.clone()).unwrap();
+    assert_ne!(answer.clusters[0], sent.clusters[0], "one: set");
+    assert_eq!(answer.clusters[1], sent.clusters[1], "two: EG's");
+}
+
+/// A team's load balancer on a cluster the companion wrote whole: kept,
+/// counted by shape.
+#[test]
+fn a_teams_load_balancer_is_kept_and_counted() {
+    let s = server(true);
+    let (app, mut app_cluster) = web_app(&s);
+    for cla in &app {
+        s.endpoints(cla);
+    }
+    let p = app_cluster.load_balancing_policy.as_mut().unwrap();
+    let Some(t) = p.policies[0].typed_extension_config.as_mut() else {
+        panic!("EG's cluster has a policy")
+    };
+    t.name = "envoy.load_balancing_policies.maglev".into();
+    t.typed_config = Some(envoy_types::pb::google::protobuf::Any {
+        type_url: "type.googleapis.com/envoy.extensions.load_balancing_policies.maglev.v3.Maglev"
+            .into(),
+        value: vec![],
+    });
+    assert!(!s.sets(&s.client, &app_cluster));
+    assert_eq!(
+        s.metric("eg_native_lb_clusters_total{outcome=\"team_policy\"}"),
+        1
+    );
+    assert_eq!(
+        s.metric("eg_native_lb_team_policies_total{shape=\"maglev\"}"),
+        1
+    );
+    assert_eq!(
+        s.metric("eg_native_lb_team_policies_total{shape=\"round_robin\"}"),
+        0
+    );
 }

@@ -48,8 +48,10 @@ pub mod prepared;
 pub mod proto;
 pub mod reread_budget;
 pub mod service;
+pub mod team_policy;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod verdicts;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -143,6 +145,11 @@ pub struct Args {
     /// the limit keeps Envoy Gateway's policy (counted).
     #[arg(long, value_name = "N", default_value_t = native_lb::DEFAULT_MAX_VERDICTS)]
     pub native_lb_max_clusters: usize,
+    /// Bytes the cluster verdicts waiting for PostTranslateModify may hold
+    /// (each name plus 64); a verdict over the limit is not kept and its
+    /// cluster keeps Envoy Gateway's policy (counted).
+    #[arg(long, value_name = "BYTES", default_value_t = verdicts::DEFAULT_MAX_BYTES)]
+    pub native_lb_max_verdict_bytes: usize,
     /// Connection and metrics-port limits (`limits`).
     #[command(flatten)]
     pub limits: crate::limits::ServeLimits,

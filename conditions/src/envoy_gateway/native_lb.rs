@@ -13,8 +13,11 @@
 //! v1.8.3). So every PostEndpointsModify answer leaves a **verdict** for its
 //! cluster name, and PostTranslateModify sets the policy on an EDS cluster
 //! (named by its `eds_cluster_config.service_name`, else its name) whose
-//! verdict is fresh and says yes. A cluster is eligible when the hook wrote
-//! its whole assignment:
+//! verdict, recorded on the same connection since its last
+//! PostTranslateModify (`verdicts`: the same translation), says yes, and
+//! whose load balancer is EG's default (`team_policy`: a team's
+//! BackendTrafficPolicy is never replaced). A cluster is eligible when the
+//! hook wrote its whole assignment:
 //! - every locality names a managed Service (no unmanaged Service, no
 //!   `Backend`, no locality without EG's metadata), and all of them one
 //!   backendRef: the module balances by host weight, so backendRef weights
@@ -25,11 +28,12 @@
 //!   before the first list, or too big).
 //!
 //! Anything else keeps EG's policy, which with the tiered output follows the
-//! behaviour table too: a missed or stale verdict costs the module's
-//! extras (topology hints, instant changes), never a wrong pick. A verdict
-//! lives [`VERDICT_TTL`]: enough for one translation's calls, and short
-//! enough that an old verdict of another replica's connection does not
-//! outlive the change behind it.
+//! behaviour table too: a missing verdict costs the module's extras
+//! (topology hints, instant changes). The module never lands on an
+//! assignment the companion did not write in the same translation
+//! (`verdicts`; tests: `verdicts::tests`, `conditions/tests/eg_translate.rs`
+//! `a_verdict_counts_only_for_the_translation_on_its_connection`,
+//! `a_call_refused_over_a_limit_leaves_no_verdict`).
 //!
 //! **On the wire.** EG takes the answer's lists as the final ones
 //! (`processExtensionPostTranslationHook`): a cluster missing from the answer
@@ -39,10 +43,6 @@
 //! envoy-sessions.yaml ships). A request with a field this version does not
 //! know is refused (an error: EG with `failOpen` keeps its own resources)
 //! rather than answered without it.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
 use envoy_types::pb::envoy::config::cluster::v3::{
@@ -62,6 +62,7 @@ use prost::{DecodeError, Message};
 
 use super::field_edit::{fields, len_field_size, put_len_head, Malformed};
 use super::hook::Answer;
+use super::team_policy::{self, Shape};
 use crate::telemetry::metric_group;
 use crate::telemetry::metrics::Labels;
 
@@ -70,8 +71,6 @@ pub const POLICY_EXTENSION: &str = "envoy.load_balancing_policies.dynamic_module
 /// The module (`lib<name>.so` in `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`) and
 /// its policy name.
 pub const MODULE_NAME: &str = "serving_picker";
-/// How long a PostEndpointsModify verdict stands.
-pub const VERDICT_TTL: Duration = Duration::from_secs(300);
 /// Cluster verdicts remembered at most (`--native-lb-max-clusters`).
 pub const DEFAULT_MAX_VERDICTS: usize = 65_536;
 
@@ -160,6 +159,8 @@ pub enum ClusterOutcome {
     NoVerdict,
     /// Not an EDS cluster (DNS, static, dynamic forward proxy): never ours.
     NotEds,
+    /// Its load balancer is not EG's default: a team set it (`team_policy`).
+    TeamPolicy(Shape),
     /// EG's `common_lb_config` has a locality or hashing setting that
     /// cannot go with a `load_balancing_policy`: left as EG wrote it.
     Unexpected,
@@ -169,11 +170,12 @@ pub enum ClusterOutcome {
 
 impl ClusterOutcome {
     /// Every outcome, in the order the metric's label values are created.
-    pub const ALL: [ClusterOutcome; 6] = [
+    pub const ALL: [ClusterOutcome; 7] = [
         ClusterOutcome::Set,
         ClusterOutcome::NotEligible,
         ClusterOutcome::NoVerdict,
         ClusterOutcome::NotEds,
+        ClusterOutcome::TeamPolicy(Shape::Other),
         ClusterOutcome::Unexpected,
         ClusterOutcome::Undecodable,
     ];
@@ -185,6 +187,7 @@ impl ClusterOutcome {
             ClusterOutcome::NotEligible => "not_eligible",
             ClusterOutcome::NoVerdict => "no_verdict",
             ClusterOutcome::NotEds => "not_eds",
+            ClusterOutcome::TeamPolicy(_) => "team_policy",
             ClusterOutcome::Unexpected => "unexpected_lb_config",
             ClusterOutcome::Undecodable => "undecodable",
         }
@@ -220,8 +223,24 @@ fn assignment_name(cluster: &[u8]) -> Result<Option<String>, Malformed> {
     Ok(Some(text.to_string()))
 }
 
-/// The cluster with the native policy, if `verdict` (by assignment name)
-/// says so; `None`: unchanged (send EG's bytes).
+/// The name of the encoded cluster `cluster` (empty when it has none or
+/// does not decode), cut to 256 characters.
+pub fn cluster_name(cluster: &[u8]) -> String {
+    fields(cluster)
+        .flatten()
+        .find(|f| f.number == CLUSTER_NAME && f.wire_type == WireType::LengthDelimited)
+        .map(|f| {
+            String::from_utf8_lossy(f.payload)
+                .chars()
+                .take(256)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The cluster with the native policy, if its load balancer is EG's default
+/// and `verdict` (by assignment name) says so; `None`: unchanged (send
+/// EG's bytes).
 pub fn apply(
     cluster: &[u8],
     verdict: impl Fn(&str) -> Option<bool>,
@@ -232,6 +251,10 @@ pub fn apply(
         Ok(None) => return (None, ClusterOutcome::NotEds),
         Ok(Some(name)) => name,
     };
+    match team_policy::shape(cluster) {
+        Shape::Default => {}
+        team => return (None, ClusterOutcome::TeamPolicy(team)),
+    }
     match verdict(&name) {
         None => return (None, ClusterOutcome::NoVerdict),
         Some(false) => return (None, ClusterOutcome::NotEligible),
@@ -269,62 +292,6 @@ pub fn apply(
         out.extend_from_slice(&policy.override_host_status);
     }
     (Some(out), ClusterOutcome::Set)
-}
-
-/// The verdicts PostEndpointsModify leaves for PostTranslateModify, by
-/// assignment name; bounded.
-#[derive(Debug)]
-pub struct Verdicts {
-    map: Mutex<HashMap<String, (bool, Instant)>>,
-    max: usize,
-    ttl: Duration,
-}
-
-impl Verdicts {
-    /// At most `max` verdicts, each fresh for `ttl` (a stale one may be dropped for a new cluster).
-    pub fn new(max: usize, ttl: Duration) -> Verdicts {
-        Verdicts {
-            map: Mutex::new(HashMap::new()),
-            max,
-            ttl,
-        }
-    }
-
-    /// Records a verdict; false when the table is full of fresh verdicts
-    /// (that cluster then keeps EG's policy).
-    pub fn record(&self, cluster: &str, eligible: bool, now: Instant) -> bool {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(v) = map.get_mut(cluster) {
-            *v = (eligible, now);
-            return true;
-        }
-        if map.len() >= self.max {
-            let ttl = self.ttl;
-            map.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
-            if map.len() >= self.max {
-                return false;
-            }
-        }
-        map.insert(cluster.to_string(), (eligible, now));
-        true
-    }
-
-    /// The fresh verdict of `cluster`, if any.
-    pub fn lookup(&self, cluster: &str, now: Instant) -> Option<bool> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let (eligible, at) = map.get(cluster)?;
-        (now.saturating_duration_since(*at) < self.ttl).then_some(*eligible)
-    }
-
-    /// How many verdicts are remembered, fresh or not.
-    pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// None is.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// `PostTranslateModifyRequest` as the server takes it: every resource as
@@ -409,11 +376,19 @@ metric_group! {
              --native-lb-policy off, every resource sent back; refused: a field this version does not know; \
              over_calls, over_bytes, answer_too_big: every resource sent back)"),
         clusters: Family<Labels, Counter> = ("eg_native_lb_clusters", "Clusters of PostTranslateModify calls, by outcome (set, not_eligible, \
-             no_verdict, not_eds, unexpected_lb_config, undecodable)"),
+             no_verdict, not_eds, team_policy: a load balancer other than Envoy Gateway's default, kept; unexpected_lb_config, undecodable)"),
+        team_policies: Family<Labels, Counter> = ("eg_native_lb_team_policies", "Clusters of PostTranslateModify calls that keep the load balancer \
+             a BackendTrafficPolicy (or a Service's topology setting) gave them, by shape (slow_start, prefer_local, round_robin, random, \
+             maglev, ring_hash, backend_utilization, endpoint_override, panic_threshold, least_request_settings, other)"),
         verdicts: Gauge = ("eg_native_lb_verdicts", "Cluster verdicts PostEndpointsModify left for PostTranslateModify (limit: eg_native_lb_max_verdicts)"),
         max_verdicts: Gauge = ("eg_native_lb_max_verdicts", "Cluster verdicts remembered at most (--native-lb-max-clusters); \
              a cluster over it keeps Envoy Gateway's policy"),
-        verdicts_refused: Counter = ("eg_native_lb_verdicts_refused", "Verdicts not remembered: the table was full of fresh ones"),
+        verdicts_refused: Counter = ("eg_native_lb_verdicts_refused", "Verdicts not remembered: the table was full (count or bytes)"),
+        verdict_bytes: Gauge = ("eg_native_lb_verdict_bytes", "Bytes the verdicts waiting for PostTranslateModify count for (limit: eg_native_lb_max_verdict_bytes)"),
+        max_verdict_bytes: Gauge = ("eg_native_lb_max_verdict_bytes", "Bytes the verdicts may hold (--native-lb-max-verdict-bytes); \
+             a verdict over it is not kept and its cluster keeps Envoy Gateway's policy"),
+        verdict_connections: Gauge = ("eg_native_lb_verdict_connections", "Connections with verdicts waiting for their PostTranslateModify"),
+        verdict_keys_too_long: Counter = ("eg_native_lb_verdict_keys_too_long", "Verdicts not kept: the cluster name is over 1 KiB"),
     }
 }
 
@@ -436,6 +411,21 @@ impl NativeLbMetrics {
         }
         for o in ClusterOutcome::ALL {
             drop(self.clusters.get_or_create(&vec![("outcome", o.name())]));
+        }
+        for shape in Shape::TEAM {
+            drop(
+                self.team_policies
+                    .get_or_create(&vec![("shape", shape.name())]),
+            );
+        }
+    }
+
+    /// `n` clusters of a call kept a team's load balancer of `shape`.
+    pub fn team_policy(&self, shape: Shape, n: u64) {
+        if n > 0 {
+            self.team_policies
+                .get_or_create(&vec![("shape", shape.name())])
+                .inc_by(n);
         }
     }
 
@@ -607,25 +597,6 @@ mod tests {
             apply(&src[..src.len() - 2], |_| Some(true), &policy).1,
             ClusterOutcome::Undecodable
         );
-    }
-
-    #[test]
-    fn verdicts_expire_and_are_bounded() {
-        let v = Verdicts::new(2, Duration::from_secs(10));
-        let t0 = Instant::now();
-        assert!(v.record("a", true, t0));
-        assert!(v.record("b", false, t0));
-        assert_eq!(v.lookup("a", t0), Some(true));
-        assert_eq!(v.lookup("b", t0), Some(false));
-        assert_eq!(v.lookup("c", t0), None);
-        // Full of fresh verdicts: a new cluster is refused, a known one updated.
-        assert!(!v.record("c", true, t0 + Duration::from_secs(1)));
-        assert!(v.record("b", true, t0 + Duration::from_secs(5)));
-        assert_eq!(v.lookup("a", t0 + Duration::from_secs(11)), None, "stale");
-        // A stale one makes room.
-        assert!(v.record("c", true, t0 + Duration::from_secs(11)));
-        assert_eq!(v.len(), 2);
-        assert_eq!(v.lookup("b", t0 + Duration::from_secs(11)), Some(true));
     }
 
     #[test]

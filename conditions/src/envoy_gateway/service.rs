@@ -32,9 +32,11 @@
 //! counted.
 //!
 //! PostTranslateModify (`native_lb`): with `--native-lb-policy`, each
-//! PostEndpointsModify answer leaves a verdict for its cluster, and
-//! PostTranslateModify puts the module's policy on the clusters whose
-//! verdict says so; every other resource goes back as EG sent it. Without
+//! admitted PostEndpointsModify answer leaves a verdict for its cluster on
+//! its connection (`verdicts`), and the connection's next
+//! PostTranslateModify takes them and puts the module's policy on the
+//! clusters whose verdict says so and whose load balancer is EG's default
+//! (`team_policy`); every other resource goes back as EG sent it. Without
 //! the flag, and over the same limits, every resource goes back unchanged.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -52,20 +54,27 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::hook::{self, Modified};
 use super::intake::{ByteBudget, Held, Intake, IntakeLimits, IntakeMetrics, Received};
-use super::native_lb::{self, ClusterOutcome, NativeLbMetrics, NativePolicy, Verdicts};
+use super::native_lb::{self, ClusterOutcome, NativeLbMetrics, NativePolicy};
 use super::prepared::PreparedIndex;
 use super::proto::{
     EnvoyGatewayExtension, EnvoyGatewayExtensionServer, RawPostEndpointsModifyRequest,
     RawPostEndpointsModifyResponse, RawPostTranslateModifyRequest, RawPostTranslateModifyResponse,
 };
 use super::reread_budget::RereadBudget;
+use super::team_policy::Shape;
+use super::verdicts::{self, ConnKey, Recorded, Verdicts};
 use crate::eds::assignment::Output;
 use crate::model::slice::{ServiceKey, Slice, SliceKey};
+use crate::net::listener::Connections;
 use crate::source::metrics::SourceMetrics;
 use crate::source::Change;
 use crate::telemetry::metric_group;
-use crate::telemetry::metrics::{unix_now, Labels};
-use crate::telemetry::ratelog::PerKey;
+use crate::telemetry::metrics::{unix_now, Labels, Metrics};
+use crate::telemetry::ratelog::{LogBudget, PerKey};
+
+/// A cluster that keeps a team's load balancer: logged at most 5 at once,
+/// then one a minute (every translation sends them again; counted by shape).
+static TEAM_POLICY_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(60));
 
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]
@@ -329,6 +338,8 @@ pub struct HookConfig {
     pub native_lb: bool,
     /// Cluster verdicts remembered at most (`--native-lb-max-clusters`).
     pub native_lb_max_clusters: usize,
+    /// Bytes the verdicts may hold (`--native-lb-max-verdict-bytes`).
+    pub native_lb_max_verdict_bytes: usize,
 }
 
 impl Default for HookConfig {
@@ -344,6 +355,7 @@ impl Default for HookConfig {
             receive_timeout: DEFAULT_RECEIVE_TIMEOUT,
             native_lb: false,
             native_lb_max_clusters: native_lb::DEFAULT_MAX_VERDICTS,
+            native_lb_max_verdict_bytes: verdicts::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -356,6 +368,9 @@ struct NativeLb {
     metrics: Option<NativeLbMetrics>,
     /// EG sent its secrets: logged once (the shipped values leave them out).
     secrets_logged: AtomicBool,
+    /// The listener's connections (a call's connection), and the
+    /// plumbing's metrics (the status page).
+    connections: Option<(Arc<Connections>, Arc<Metrics>)>,
 }
 
 /// A call's share of the limits, given back when the call is answered.
@@ -429,9 +444,13 @@ impl HookService {
             bytes: ByteBudget::new(config.max_bytes_held, metrics.bytes_held.clone()),
             native_lb: NativeLb {
                 policy: NativePolicy::new(&config.output.metadata_namespace),
-                verdicts: Verdicts::new(config.native_lb_max_clusters, native_lb::VERDICT_TTL),
+                verdicts: Verdicts::new(
+                    config.native_lb_max_clusters,
+                    config.native_lb_max_verdict_bytes,
+                ),
                 metrics: None,
                 secrets_logged: AtomicBool::new(false),
+                connections: None,
             },
             shared,
             config,
@@ -449,13 +468,55 @@ impl HookService {
         metrics
             .max_verdicts
             .set(self.config.native_lb_max_clusters as i64);
+        metrics
+            .max_verdict_bytes
+            .set(self.config.native_lb_max_verdict_bytes as i64);
         self.native_lb.metrics = Some(metrics);
         self
     }
 
-    /// Leaves PostTranslateModify the verdict of the assignment `raw` (with
-    /// `--native-lb-policy`): eligible when `answer` (the one sent) says so.
-    fn verdict(&self, raw: &[u8], answer: Option<&hook::Answer>) {
+    /// Calls are told apart by the listener's connection (verdicts bound to
+    /// it, `verdicts`); the status page shows the clusters that keep a
+    /// team's load balancer.
+    pub fn with_connections(
+        mut self,
+        connections: Arc<Connections>,
+        metrics: Arc<Metrics>,
+    ) -> HookService {
+        self.native_lb.connections = Some((connections, metrics));
+        self
+    }
+
+    /// The connection `request` came on: the listener's record of it, else
+    /// its peer address, else (in process) the local caller.
+    pub fn connection_of<T>(&self, request: &tonic::Request<T>) -> ConnKey {
+        if let Some(conn) = self
+            .native_lb
+            .connections
+            .as_ref()
+            .and_then(|(c, _)| c.of(request))
+        {
+            return ConnKey::conn(&conn);
+        }
+        request
+            .remote_addr()
+            .map_or_else(ConnKey::local, ConnKey::peer)
+    }
+
+    fn verdict_gauges(&self) {
+        let n = &self.native_lb;
+        if let Some(m) = &n.metrics {
+            m.verdicts.set(n.verdicts.len() as i64);
+            m.verdict_bytes.set(n.verdicts.bytes() as i64);
+            m.verdict_connections.set(n.verdicts.connections() as i64);
+        }
+    }
+
+    /// Leaves the connection's next PostTranslateModify the verdict of the
+    /// assignment `raw` (with `--native-lb-policy`): eligible when `answer`
+    /// (the one sent) says so. A call not admitted (`admitted` false)
+    /// records nothing, and turns a yes of the same batch to no.
+    fn verdict(&self, conn: &ConnKey, raw: &[u8], answer: Option<&hook::Answer>, admitted: bool) {
         if !self.config.native_lb {
             return;
         }
@@ -463,15 +524,25 @@ impl HookService {
         if name.is_empty() {
             return;
         }
-        let eligible = answer.is_some_and(native_lb::eligible);
         let n = &self.native_lb;
-        let kept = n.verdicts.record(&name, eligible, Instant::now());
+        if !admitted {
+            n.verdicts.revoke(conn, &name);
+            return;
+        }
+        let eligible = answer.is_some_and(native_lb::eligible);
+        let recorded = n.verdicts.record(conn, &name, eligible);
         if let Some(m) = &n.metrics {
-            m.verdicts.set(n.verdicts.len() as i64);
-            if !kept {
-                m.verdicts_refused.inc();
+            match recorded {
+                Recorded::Kept => {}
+                Recorded::Full => {
+                    m.verdicts_refused.inc();
+                }
+                Recorded::KeyTooLong => {
+                    m.verdict_keys_too_long.inc();
+                }
             }
         }
+        self.verdict_gauges();
     }
 
     /// A call of `request_len` bytes within the limits, or the limit it is
@@ -581,13 +652,23 @@ impl HookService {
         &self,
         req: RawPostEndpointsModifyRequest,
     ) -> RawPostEndpointsModifyResponse {
-        self.answer_received(req, None).await
+        self.answer_on(&ConnKey::local(), req).await
     }
 
-    /// [`Self::answer`], the request's bytes already taken from the budget
-    /// as it arrived (`received`) or not.
+    /// [`HookService::answer`] for a call that came on `conn`.
+    pub async fn answer_on(
+        &self,
+        conn: &ConnKey,
+        req: RawPostEndpointsModifyRequest,
+    ) -> RawPostEndpointsModifyResponse {
+        self.answer_received(conn, req, None).await
+    }
+
+    /// [`Self::answer_on`], the request's bytes already taken from the
+    /// budget as it arrived (`received`) or not.
     async fn answer_received(
         &self,
+        conn: &ConnKey,
         req: RawPostEndpointsModifyRequest,
         received: Option<Held>,
     ) -> RawPostEndpointsModifyResponse {
@@ -603,12 +684,13 @@ impl HookService {
         let answer = match self.edit(&raw, started, received).await {
             Ok(modified) => {
                 self.metrics.call("managed");
-                self.verdict(&raw, Some(&modified.answer));
+                self.verdict(conn, &raw, Some(&modified.answer), true);
                 modified.assignment.map_or(raw, Bytes::from)
             }
             Err(result) => {
                 self.metrics.call(result);
-                self.verdict(&raw, None);
+                let admitted = !matches!(result, "not_ready" | "over_calls" | "over_bytes");
+                self.verdict(conn, &raw, None, admitted);
                 raw
             }
         };
@@ -745,17 +827,31 @@ impl HookService {
         &self,
         req: RawPostTranslateModifyRequest,
     ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
-        self.translate_received(req, None).await
+        self.translate_on(&ConnKey::local(), req).await
     }
 
-    /// [`Self::translate`], the request's bytes already taken from the
+    /// [`HookService::translate`] for a call that came on `conn`: it takes
+    /// the verdicts `conn` recorded since its last PostTranslateModify,
+    /// whatever the answer.
+    pub async fn translate_on(
+        &self,
+        conn: &ConnKey,
+        req: RawPostTranslateModifyRequest,
+    ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
+        self.translate_received(conn, req, None).await
+    }
+
+    /// [`Self::translate_on`], the request's bytes already taken from the
     /// budget as it arrived (`received`) or not.
     async fn translate_received(
         &self,
+        conn: &ConnKey,
         req: RawPostTranslateModifyRequest,
         received: Option<Held>,
     ) -> Result<RawPostTranslateModifyResponse, tonic::Status> {
         let n = &self.native_lb;
+        let batch = n.verdicts.take(conn);
+        self.verdict_gauges();
         let count = |result: &'static str| {
             if let Some(m) = &n.metrics {
                 m.call(result);
@@ -795,20 +891,26 @@ impl HookService {
                 return Ok(echo(req));
             }
         };
-        let now = Instant::now();
         let mut outcomes = [0u64; ClusterOutcome::ALL.len()];
+        let mut teams: BTreeMap<Shape, (u64, Bytes)> = BTreeMap::new();
         let clusters: Vec<Bytes> = req
             .clusters
             .iter()
             .map(|c| {
-                let (edited, outcome) =
-                    native_lb::apply(c, |name| n.verdicts.lookup(name, now), &n.policy);
-                if let Some(k) = ClusterOutcome::ALL.iter().position(|o| *o == outcome) {
+                let (edited, outcome) = native_lb::apply(c, |name| batch.get(name), &n.policy);
+                if let Some(k) = ClusterOutcome::ALL
+                    .iter()
+                    .position(|o| o.name() == outcome.name())
+                {
                     outcomes[k] += 1;
+                }
+                if let ClusterOutcome::TeamPolicy(shape) = outcome {
+                    teams.entry(shape).or_insert((0, c.clone())).0 += 1;
                 }
                 edited.map_or_else(|| c.clone(), Bytes::from)
             })
             .collect();
+        self.team_policies(&teams);
         let set = outcomes[0];
         let answer = RawPostTranslateModifyResponse {
             clusters,
@@ -828,6 +930,9 @@ impl HookService {
             for (o, k) in ClusterOutcome::ALL.iter().zip(outcomes) {
                 m.cluster(*o, k);
             }
+            for (shape, (k, _)) in &teams {
+                m.team_policy(*shape, *k);
+            }
         }
         count(if set > 0 { "modified" } else { "unchanged" });
         tracing::debug!(
@@ -839,18 +944,45 @@ impl HookService {
     }
 }
 
+impl HookService {
+    /// The clusters of a translation that keep a team's load balancer, by
+    /// shape (with one of them): logged at a bounded rate and shown on the
+    /// status page.
+    fn team_policies(&self, teams: &BTreeMap<Shape, (u64, Bytes)>) {
+        let rows: Vec<(&'static str, u64, String)> = teams
+            .iter()
+            .map(|(shape, (k, c))| (shape.name(), *k, native_lb::cluster_name(c)))
+            .collect();
+        if let Some((_, metrics)) = &self.native_lb.connections {
+            metrics.status().set_team_policies(&rows);
+        }
+        if rows.is_empty() {
+            return;
+        }
+        if let Some(left_out) = TEAM_POLICY_LOG.allow() {
+            tracing::info!(
+                shapes = ?rows,
+                left_out,
+                "clusters keep the load balancer a BackendTrafficPolicy (or a Service's topology setting) gave them: no native form on them (shape, clusters, one of them; counted in eg_native_lb_team_policies_total)"
+            );
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl EnvoyGatewayExtension for HookService {
     async fn post_endpoints_modify(
         &self,
         request: tonic::Request<RawPostEndpointsModifyRequest>,
     ) -> Result<tonic::Response<RawPostEndpointsModifyResponse>, tonic::Status> {
+        let conn = self.connection_of(&request);
         let received = request
             .extensions()
             .get::<Received>()
             .and_then(Received::take);
         Ok(tonic::Response::new(
-            self.answer_received(request.into_inner(), received).await,
+            self.answer_received(&conn, request.into_inner(), received)
+                .await,
         ))
     }
 
@@ -858,11 +990,12 @@ impl EnvoyGatewayExtension for HookService {
         &self,
         request: tonic::Request<RawPostTranslateModifyRequest>,
     ) -> Result<tonic::Response<RawPostTranslateModifyResponse>, tonic::Status> {
+        let conn = self.connection_of(&request);
         let received = request
             .extensions()
             .get::<Received>()
             .and_then(Received::take);
-        self.translate_received(request.into_inner(), received)
+        self.translate_received(&conn, request.into_inner(), received)
             .await
             .map(tonic::Response::new)
     }

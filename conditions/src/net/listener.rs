@@ -157,7 +157,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn new(peer: SocketAddr, seq: u64) -> Conn {
+    pub(crate) fn new(peer: SocketAddr, seq: u64) -> Conn {
         Conn {
             peer,
             seq,
@@ -171,6 +171,11 @@ impl Conn {
             read_waker: AtomicWaker::new(),
             write_waker: AtomicWaker::new(),
         }
+    }
+
+    /// Its number: unique among the process's connections.
+    pub fn id(&self) -> u64 {
+        self.seq
     }
 
     /// Over `--max-connections`: every call is refused.

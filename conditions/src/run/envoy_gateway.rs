@@ -87,7 +87,8 @@ pub async fn run(
     let source_task = run::spawn_source(slices, updates_tx, source_metrics);
 
     let hook = HookService::new(shared, hook_config(&args), Some(reread), hook_metrics)
-        .with_native_lb_metrics(native_lb_metrics);
+        .with_native_lb_metrics(native_lb_metrics)
+        .with_connections(plumbing.connections.clone(), metrics.clone());
     // Requests counted in --max-bytes-held as they arrive, refused over
     // --max-message-size or --receive-timeout-ms (`intake`).
     let svc = hook.into_server();
@@ -122,6 +123,14 @@ fn check(args: &Args) -> anyhow::Result<()> {
     if args.receive_timeout_ms == 0 {
         anyhow::bail!("--receive-timeout-ms must be at least 1");
     }
+    let one_verdict = crate::envoy_gateway::verdicts::MAX_KEY_BYTES
+        + crate::envoy_gateway::verdicts::ENTRY_OVERHEAD_BYTES;
+    if args.native_lb_policy && args.native_lb_max_verdict_bytes < one_verdict {
+        anyhow::bail!(
+            "--native-lb-max-verdict-bytes {} is less than one verdict of the longest name ({one_verdict})",
+            args.native_lb_max_verdict_bytes
+        );
+    }
     if args.max_concurrent_calls == 0 {
         anyhow::bail!("--max-concurrent-calls must be at least 1");
     }
@@ -147,6 +156,7 @@ fn hook_config(args: &Args) -> HookConfig {
         receive_timeout: Duration::from_millis(args.receive_timeout_ms),
         native_lb: args.native_lb_policy,
         native_lb_max_clusters: args.native_lb_max_clusters,
+        native_lb_max_verdict_bytes: args.native_lb_max_verdict_bytes,
         ..HookConfig::default()
     }
 }

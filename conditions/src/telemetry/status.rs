@@ -158,6 +158,9 @@ pub struct Board {
     programming: Mutex<Programming>,
     /// Bytes the xDS streams keep, and their limit.
     xds_retained: Mutex<(usize, usize)>,
+    /// Envoy Gateway's last PostTranslateModify: the clusters that keep a
+    /// team's load balancer, by shape (clusters, one of them).
+    team_policies: Mutex<Vec<(&'static str, u64, String)>>,
 }
 
 /// A subscriber row's key: the node id as the xDS server keeps it.
@@ -205,7 +208,17 @@ impl Board {
             source: Mutex::new(None),
             programming: Mutex::new(Programming::default()),
             xds_retained: Mutex::new((0, 0)),
+            team_policies: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The clusters of the last PostTranslateModify that keep a team's
+    /// load balancer: (shape, clusters, one of them); one row per shape.
+    pub fn set_team_policies(&self, rows: &[(&'static str, u64, String)]) {
+        *lock(&self.team_policies) = rows
+            .iter()
+            .map(|(shape, n, c)| (*shape, *n, cut(c, MAX_TEXT)))
+            .collect();
     }
 
     /// Reads the ports from `source` when the page is asked for, rather
@@ -523,6 +536,9 @@ impl Board {
                 "held": lock(&self.xds_retained).0,
                 "limit": lock(&self.xds_retained).1,
             },
+            "native_lb_team_policies": lock(&self.team_policies).iter().map(|(shape, n, c)| json!({
+                "shape": shape, "clusters": n, "example": c,
+            })).collect::<Vec<_>>(),
             "bounds": {
                 "max_endpoint_rows": MAX_ENDPOINT_ROWS,
                 "endpoint_rows_left_out": left_out,
@@ -583,6 +599,22 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{ba
         esc(&p["max_seconds"]),
         esc(&p["changes_acked"]),
     );
+    if let Some(rows) = j["native_lb_team_policies"]
+        .as_array()
+        .filter(|r| !r.is_empty())
+    {
+        h.push_str("<h2>Clusters that keep a team's load balancer (no native form)</h2>\n<table id=\"team-policies\"><tr><th>shape</th><th>clusters</th><th>one of them</th></tr>\n");
+        for r in rows {
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r["shape"]),
+                esc(&r["clusters"]),
+                esc(&r["example"])
+            );
+        }
+        h.push_str("</table>\n");
+    }
     h.push_str("<h2>Managed Service ports</h2>\n");
     for p in j["services"].as_array().into_iter().flatten() {
         let _ = writeln!(
@@ -795,6 +827,31 @@ mod tests {
         assert_eq!(j["services"].as_array().unwrap().len(), MAX_PORT_ROWS);
         assert_eq!(j["bounds"]["ports_left_out"], 5);
         assert_eq!(j["services"][0]["endpoints"][0]["tier"], "ready");
+    }
+
+    #[test]
+    fn clusters_that_keep_a_teams_load_balancer_are_shown() {
+        let b = Board::new(&mut Registry::default());
+        assert!(!b.html().contains("team-policies"), "nothing to show");
+        let long = "c".repeat(400);
+        b.set_team_policies(&[("maglev", 3, "<x>".into()), ("slow_start", 1, long)]);
+        let j = b.json();
+        assert_eq!(j["native_lb_team_policies"][0]["shape"], "maglev");
+        assert_eq!(j["native_lb_team_policies"][0]["clusters"], 3);
+        assert_eq!(
+            j["native_lb_team_policies"][1]["example"]
+                .as_str()
+                .unwrap()
+                .len(),
+            MAX_TEXT
+        );
+        let h = b.html();
+        assert!(
+            h.contains("<td>maglev</td><td>3</td><td>&lt;x&gt;</td>"),
+            "{h}"
+        );
+        b.set_team_policies(&[]);
+        assert!(!b.html().contains("team-policies"));
     }
 
     #[test]

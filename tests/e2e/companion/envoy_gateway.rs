@@ -764,8 +764,27 @@ fn translate(
     clusters: &[Cluster],
     what: &str,
 ) -> (Vec<u8>, Vec<Vec<u8>>) {
-    let cla = ask(eg, eps, true, what);
+    // Until the index has the change: earlier translations on this
+    // connection, closed by a PostTranslateModify of no cluster (a verdict
+    // counts only for its connection's next PostTranslateModify).
+    ask(eg, eps, true, what);
     let mut c = eg.client.clone();
+    let none = PostTranslateModifyRequest {
+        post_translate_context: Some(Default::default()),
+        ..Default::default()
+    };
+    let none = RawPostTranslateModifyRequest::decode(none.encode_to_vec().as_slice()).unwrap();
+    eg.rt.block_on(c.post_translate_modify_raw(none)).unwrap();
+    // This translation: one PostEndpointsModify, then PostTranslateModify.
+    let cla = eg.modify_raw(eg_cla(SERVICE, eps).encode_to_vec());
+    assert!(
+        answer_is_right(
+            &ClusterLoadAssignment::decode(cla.as_slice()).unwrap(),
+            eps,
+            true
+        ),
+        "{what}: the index settled"
+    );
     let req = PostTranslateModifyRequest {
         post_translate_context: Some(Default::default()),
         clusters: clusters.to_vec(),
