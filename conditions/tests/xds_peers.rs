@@ -192,7 +192,7 @@ fn wait_served(r: &Received) {
 }
 
 /// A gRPC stream of ADS on `conn` that sends HEADERS and nothing else: the
-/// grpc-message of its refusal, or `None` and the stream, kept open.
+/// gRPC status of its refusal, or the stream, kept open.
 async fn headers_only(conn: &Connection) -> Result<Held, String> {
     conn.unfinished_call(
         "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
