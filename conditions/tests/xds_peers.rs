@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serving_picker_xds_load::probe::{self, free_port};
 use serving_picker_xds_load::{
-    connect_from, raise_fd_limit, subscribe, Connection, Received, Subscription,
+    connect_from, raise_fd_limit, subscribe, Connection, Held, Received, Subscription,
 };
 
 #[path = "../../tests/support/pki.rs"]
@@ -191,31 +191,14 @@ fn wait_served(r: &Received) {
     assert!(r.version() > 0, "not served: {:?}", r.ended());
 }
 
-/// Something kept open (a stream's halves, a socket) until dropped.
-type Held = Box<dyn std::any::Any + Send>;
-
 /// A gRPC stream of ADS on `conn` that sends HEADERS and nothing else: the
-/// grpc-message of its refusal, or `None` and the stream, kept open.
+/// gRPC status of its refusal, or the stream, kept open.
 async fn headers_only(conn: &Connection) -> Result<Held, String> {
-    let req = http::Request::builder()
-        .method("POST")
-        .uri("http://xds/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let mut client = conn
-        .client
-        .clone()
-        .ready()
-        .await
-        .map_err(|e| e.to_string())?;
-    let (resp, send) = client.send_request(req, false).map_err(|e| e.to_string())?;
-    let resp = resp.await.map_err(|e| e.to_string())?;
-    if let Some(m) = resp.headers().get("grpc-message") {
-        return Err(m.to_str().unwrap_or("").to_string());
-    }
-    Ok(Box::new((send, resp.into_body())))
+    conn.unfinished_call(
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+        None,
+    )
+    .await
 }
 
 /// 16 connections x 128 ADS streams from one address that send HEADERS and

@@ -370,6 +370,61 @@ impl Connection {
         send.send_data(sub.request_frame("", ""), false)?;
         Ok((send, resp))
     }
+
+    /// A gRPC call to `path` (`/package.Service/Method`) that sends HEADERS
+    /// and `body` (nothing, or a message cut short) and never ends: `Ok`
+    /// with the stream's halves, held open until dropped, when the server
+    /// answers with headers that are not a gRPC status; `Err` with the
+    /// status (`grpc-status N: message`) when it refuses at once.
+    pub async fn unfinished_call(&self, path: &str, body: Option<Bytes>) -> Result<Held, String> {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://xds{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .map_err(|e| e.to_string())?;
+        let mut client = self
+            .client
+            .clone()
+            .ready()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (resp, mut send) = client.send_request(req, false).map_err(|e| e.to_string())?;
+        if let Some(b) = body {
+            send.send_data(b, false).map_err(|e| e.to_string())?;
+        }
+        let resp = resp.await.map_err(|e| e.to_string())?;
+        if let Some(status) = grpc_status(resp.headers()) {
+            return Err(status);
+        }
+        Ok(Box::new((send, resp.into_body())))
+    }
+
+    /// A stream of `sub`'s API with its first request complete, then a
+    /// message that announces `announced` bytes and sends `sent` of them:
+    /// the stream, held open until dropped.
+    pub async fn half_sent_request(
+        &self,
+        sub: &Subscription,
+        announced: u32,
+        sent: usize,
+    ) -> Result<Held, Error> {
+        let (mut send, resp) = self.stream(sub).await?;
+        send.send_data(grpc_prefix(announced), false)?;
+        send.send_data(Bytes::from(vec![0x0a; sent]), false)?;
+        Ok(Box::new((send, resp)))
+    }
+}
+
+/// Something kept open (a stream's halves) until dropped.
+pub type Held = Box<dyn std::any::Any + Send>;
+
+/// The 5-byte gRPC message prefix (not compressed) announcing `len` bytes.
+pub fn grpc_prefix(len: u32) -> Bytes {
+    let mut head = vec![0u8];
+    head.extend_from_slice(&len.to_be_bytes());
+    Bytes::from(head)
 }
 
 /// A TCP connection to `addr` from `local` (any port).

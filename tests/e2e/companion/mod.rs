@@ -4,6 +4,7 @@
 mod chain;
 mod envoy_gateway;
 mod handshake_flood;
+mod hostile_clients;
 mod monitoring;
 mod prometheus;
 mod release;
