@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio::time::{Interval, MissedTickBehavior};
@@ -105,14 +104,8 @@ pub fn stamp(dir: &Path) -> std::io::Result<Stamp> {
 }
 
 /// Whether an event of this kind can mean a file's content or presence
-/// changed: not an open, a read or a close without writing.
-pub fn is_change(kind: &EventKind) -> bool {
-    match kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) => false,
-        _ => true,
-    }
-}
+/// changed (the TLS files' watch reads events the same way).
+pub use crate::net::watch::is_change;
 
 /// The slice directory's watch.
 pub struct SliceWatch {
@@ -240,6 +233,7 @@ impl SliceWatch {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use notify::event::{AccessKind, AccessMode, EventKind};
 
     fn counts(p: &Path) -> bool {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
