@@ -143,6 +143,21 @@ impl Server {
         self.endpoints_on(&self.client, cla)
     }
 
+    /// A call that may be refused (over a limit, as it arrives).
+    fn try_endpoints(
+        &self,
+        cla: &ClusterLoadAssignment,
+    ) -> Result<ClusterLoadAssignment, tonic::Status> {
+        let mut c = self.client.clone();
+        let r = self
+            .rt
+            .block_on(c.post_endpoints_modify_raw(RawPostEndpointsModifyRequest {
+                load_assignment: Some(Bytes::from(cla.encode_to_vec())),
+                post_endpoints_context: Some(Bytes::new()),
+            }))?;
+        Ok(ClusterLoadAssignment::decode(r.load_assignment.unwrap()).unwrap())
+    }
+
     fn endpoints_on(
         &self,
         client: &EnvoyGatewayExtensionClient,
@@ -482,12 +497,28 @@ fn a_call_refused_over_a_limit_leaves_no_verdict() {
         ..HookConfig::default()
     });
     let (app, app_cluster) = web_app(&s);
+    // Over the bytes budget: refused as it arrives (RESOURCE_EXHAUSTED), or
+    // answered with EG's own when the budget is taken later.
     for cla in &app {
-        assert_eq!(&s.endpoints(cla), cla, "EG's own back");
+        match s.try_endpoints(cla) {
+            Ok(got) => assert_eq!(&got, cla, "EG's own back"),
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
+        }
     }
-    assert!(s.metric("eg_hook_calls_total{result=\"over_bytes\"}") >= 1);
+    assert!(
+        s.metric("eg_hook_calls_total{result=\"over_bytes\"}")
+            + s.metric("eg_hook_refused_total{reason=\"over_bytes\"}")
+            >= 1
+    );
     assert_eq!(s.metric("eg_native_lb_verdicts"), 0);
-    assert!(!s.sets(&s.client, &app_cluster));
+    // PostTranslateModify: refused over the same budget, or EG's cluster
+    // back as sent; never the module.
+    let req = request(std::slice::from_ref(&app_cluster), &[]);
+    let sent = req.clusters[0].clone();
+    match s.translate_raw(req) {
+        Ok(answer) => assert_eq!(answer.clusters[0], sent),
+        Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
+    }
 
     let s = server(true);
     let long = "r".repeat(1100);
