@@ -1,5 +1,6 @@
 //! `make drain-picture`: long-lived streams through a pod's termination, side by side. Prints a
-//! table, asserts nothing (the tests that assert are tests/e2e/wasm/drain.rs).
+//! table, asserts nothing (the tests that assert are tests/e2e/wasm/drain.rs and
+//! tests/e2e/native/drain.rs).
 //!
 //! Two pods (`support::streams::StreamBackend`), A then B; clients hold 100 gRPC
 //! server-streaming calls, 20 websockets and 20 HTTP/2 downloads through one real Envoy, all on
@@ -9,50 +10,61 @@
 //! messages missed in between. Rows 3 and 4 (A the only serving choice, then B not serving):
 //! the streams that ended early (none should).
 //!
-//! A setup is one [`Setup`] row: how its Envoy is built and what it is given at row 5. The
-//! native form's stream filter is not in this runner yet: add it as a `Setup` whose `envoy`
-//! builds the native form's listener.
+//! A setup is one [`Setup`] row: how its Envoy is built and how it is given each row's
+//! endpoints. The native form's Envoy and the companion's tiered EDS output come from the
+//! harness (`support::drain_setups`), shared with tests/e2e/native/drain.rs.
 //!
 //! Knobs: DRAIN_WINDOW_MS (3000), DRAIN_GRACE_MS (6000).
 
 use std::time::{Duration, Instant};
 
+use support::drain_setups::{drain_envoy, set_both, set_both_tiered, window_policy, H1, H2};
 use support::streams::{envoy_hook, Kind, Moved, Reconnect, StreamBackend, StreamClient};
 use support::{wait_until, Endpoint, Envoy, EnvoyBuilder};
-
-const H2: &str = "grpc";
-const H1: &str = "ws";
 
 #[derive(Clone, Copy, Debug)]
 enum Setup {
     /// Plain Envoy given only ready endpoints (A leaves EDS when it turns terminating, as Istio
     /// and kube-proxy-like control planes publish): round robin, no filter.
     PlainReadyOnly,
+    /// Plain Envoy on the conditions companion's tiered output: ready endpoints at priority 0,
+    /// serving+terminating ones at priority 1, overprovisioning factor 100000; no module.
+    PlainTiered,
     /// The wasm form without `drain_window_ms`.
     WasmNoWindow,
     /// The wasm form with `drain_window_ms`.
     WasmDrain,
+    /// The native form: the load-balancing policy with `drain_window_ms`, the stream-drain
+    /// HTTP filter `serving_picker_drain` beside it.
+    NativeDrain,
 }
 
 impl Setup {
     fn name(self) -> &'static str {
         match self {
             Setup::PlainReadyOnly => "plain Envoy, only ready endpoints",
+            Setup::PlainTiered => "plain Envoy, companion's tiered output",
             Setup::WasmNoWindow => "wasm form, no drain_window_ms",
             Setup::WasmDrain => "wasm form, drain_window_ms",
+            Setup::NativeDrain => "native form, drain_window_ms",
         }
     }
 
     fn envoy(self, a: &StreamBackend, window: Duration) -> Envoy {
+        let eps = [Endpoint::serving(a.addr())];
         let config = match self {
-            Setup::PlainReadyOnly => None,
+            Setup::NativeDrain => {
+                let envoy = drain_envoy("drain-picture", &window_policy(window), &eps);
+                wait_for_a(&envoy);
+                return envoy;
+            }
+            Setup::PlainReadyOnly | Setup::PlainTiered => None,
             Setup::WasmNoWindow => Some(r#"{"refresh_interval_ms": 100}"#.to_string()),
             Setup::WasmDrain => Some(format!(
                 r#"{{"refresh_interval_ms": 100, "drain_window_ms": {}}}"#,
                 window.as_millis()
             )),
         };
-        let eps = [Endpoint::serving(a.addr())];
         let envoy = EnvoyBuilder::new()
             .tag("drain-picture")
             .with_filter(config.as_deref())
@@ -60,15 +72,25 @@ impl Setup {
             .eds_cluster(H1, &eps)
             .bootstrap_hook(envoy_hook(H2, H1))
             .start();
+        if matches!(self, Setup::PlainTiered) {
+            // From the start as the companion writes it (A alone, ready: priority 0).
+            set_both_tiered(&envoy, &eps);
+        }
         if config.is_some() {
             wait_until("the first snapshot", Duration::from_secs(10), || {
                 envoy.stat_or_zero("serving_picker.snapshot.published") >= 1
             });
         }
-        wait_until("A answers through Envoy", Duration::from_secs(10), || {
-            envoy.get("/other", &[]).status == 404 && envoy.get("/ws/other", &[]).status == 404
-        });
+        wait_for_a(&envoy);
         envoy
+    }
+
+    /// Gives both clusters these endpoints, as this setup's control plane writes them.
+    fn set(self, envoy: &Envoy, eps: &[Endpoint]) {
+        match self {
+            Setup::PlainTiered => set_both_tiered(envoy, eps),
+            _ => set_both(envoy, eps),
+        }
     }
 
     /// Row 5's endpoints.
@@ -107,9 +129,10 @@ fn env_ms(name: &str, default: u64) -> Duration {
     )
 }
 
-fn set(envoy: &Envoy, eps: &[Endpoint]) {
-    envoy.set_endpoints(H2, eps);
-    envoy.set_endpoints(H1, eps);
+fn wait_for_a(envoy: &Envoy) {
+    wait_until("A answers through Envoy", Duration::from_secs(10), || {
+        envoy.get("/other", &[]).status == 404 && envoy.get("/ws/other", &[]).status == 404
+    });
 }
 
 const KINDS: [(Kind, usize); 3] = [
@@ -136,7 +159,7 @@ fn row_5(setup: Setup, window: Duration, grace: Duration) {
     let envoy = setup.envoy(&a, window);
     let clients = open_all(&envoy);
     let since = Instant::now();
-    set(&envoy, &setup.row_5(&a, &b));
+    setup.set(&envoy, &setup.row_5(&a, &b));
     std::thread::sleep(grace);
     // A exits now: a stream it ends from here on was open on it at its exit.
     let exited = Instant::now();
@@ -183,7 +206,7 @@ fn rows_3_4(setup: Setup, window: Duration) {
     let clients = open_all(&envoy);
     let open_before: Vec<usize> = clients.iter().map(|c| c.open_on("A")).collect();
     for (row, eps) in ["row 3", "row 4"].iter().zip(setup.rows_3_4(&a, &b)) {
-        set(&envoy, &eps);
+        setup.set(&envoy, &eps);
         std::thread::sleep(window + Duration::from_secs(1));
         for (client, before) in clients.iter().zip(&open_before) {
             println!(
@@ -199,7 +222,13 @@ fn rows_3_4(setup: Setup, window: Duration) {
 fn main() {
     let window = env_ms("DRAIN_WINDOW_MS", 3000);
     let grace = env_ms("DRAIN_GRACE_MS", 6000);
-    let setups = [Setup::PlainReadyOnly, Setup::WasmNoWindow, Setup::WasmDrain];
+    let setups = [
+        Setup::PlainReadyOnly,
+        Setup::PlainTiered,
+        Setup::WasmNoWindow,
+        Setup::WasmDrain,
+        Setup::NativeDrain,
+    ];
     println!(
         "Row 5: A serving+terminating with B ready, A exits {:.1} s later; window {:.1} s.\n",
         grace.as_secs_f64(),

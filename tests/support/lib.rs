@@ -16,6 +16,7 @@ pub mod backend;
 pub mod bootstrap;
 pub mod companion;
 pub mod cpu;
+pub mod drain_setups;
 pub mod eds;
 pub mod envoy;
 pub mod http;

@@ -13,14 +13,10 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-use support::streams::{envoy_hook, Kind, Moved, Reconnect, StreamBackend, StreamClient};
+use support::drain_setups::{self, drain_envoy, set_both};
+use support::streams::{Kind, Moved, Reconnect, StreamBackend, StreamClient};
 use support::*;
 
-/// The cluster speaking HTTP/2 to the pods (gRPC, the HTTP/2 download); the first, routed `/`.
-pub(crate) const H2: &str = "grpc";
-/// The cluster speaking HTTP/1.1 to the same pods (websocket, the HTTP/1.1 download).
-pub(crate) const H1: &str = "h1";
 /// The drain window of these tests.
 const WINDOW: Duration = Duration::from_millis(3_000);
 /// The pod's grace period: it exits this long after turning terminating.
@@ -29,45 +25,8 @@ const GRACE: Duration = Duration::from_millis(6_000);
 /// policy, the timer thread, the worker.
 const SLACK: Duration = Duration::from_millis(1_500);
 
-/// The drain filter before the router (the harness's `envoy_hook` sets the rest).
-pub(crate) fn with_drain_filter(bootstrap: &mut Value, _dir: &std::path::Path) {
-    let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"];
-    if let Some(filters) = hcm["http_filters"].as_array_mut() {
-        filters.insert(
-            0,
-            json!({
-                "name": "envoy.filters.http.dynamic_modules",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
-                    "dynamic_module_config": {"name": "serving_picker"},
-                    "filter_name": "serving_picker_drain",
-                    "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": "{}"}
-                }
-            }),
-        );
-    }
-}
-
-pub(crate) fn drain_envoy(tag: &str, policy: &str, endpoints: &[Endpoint]) -> Envoy {
-    EnvoyBuilder::new()
-        .form(Form::Native)
-        .tag(tag)
-        .native_config(policy)
-        .bootstrap_hook(envoy_hook(H2, H1))
-        .bootstrap_hook(with_drain_filter)
-        .eds_cluster(H2, endpoints)
-        .eds_cluster(H1, endpoints)
-        .start()
-}
-
-pub(crate) fn set_both(envoy: &Envoy, endpoints: &[Endpoint]) {
-    envoy.set_endpoints(H2, endpoints);
-    envoy.set_endpoints(H1, endpoints);
-}
-
-pub(crate) fn window_policy() -> String {
-    format!(r#"{{"drain_window_ms": {}}}"#, WINDOW.as_millis())
+fn window_policy() -> String {
+    drain_setups::window_policy(WINDOW)
 }
 
 fn counter(envoy: &Envoy, name: &str) -> u64 {
