@@ -275,9 +275,10 @@ const CALL_RESULTS: [&str; 7] = [
 ];
 
 impl HookMetrics {
-    /// Every result of `eg_hook_calls_total` from 0, so that an alert on
-    /// increase() sees the first one.
-    fn zero_results(&self) {
+    /// Every result of `eg_hook_calls_total` and reason of
+    /// `eg_hook_refused_total` from 0, so that an alert on increase() sees
+    /// the first one.
+    pub fn zero_results(&self) {
         for result in CALL_RESULTS {
             drop(self.calls.get_or_create(&vec![("result", result)]));
         }

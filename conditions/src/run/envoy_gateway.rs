@@ -35,6 +35,10 @@ pub async fn run(
     } = Telemetry::new();
     let hook_metrics = HookMetrics::register(metrics.registry_mut());
     let native_lb_metrics = NativeLbMetrics::register(metrics.registry_mut());
+    // Every label value at zero before the metrics port answers its first
+    // scrape (an alert on increase() sees the first event).
+    hook_metrics.zero_results();
+    native_lb_metrics.zero();
     let plumbing = Plumbing::start(
         args.listen,
         args.metrics_listen,
