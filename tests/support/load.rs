@@ -246,6 +246,17 @@ impl LoadReport {
             .count()
     }
 
+    /// Requests sent in [from, to) and answered before `to` that `backend`
+    /// answered: the ones routed inside the window for certain. A phase
+    /// starts when its mark is taken and its endpoints are pushed just
+    /// after, so a request sent just before the mark and still in flight
+    /// may be routed by the next phase's endpoints.
+    pub fn served_by_within(&self, backend: &str, from: Duration, to: Duration) -> usize {
+        self.window(from, to)
+            .filter(|r| r.sent + r.took < to && r.backend() == Some(backend))
+            .count()
+    }
+
     /// Stats per phase (a request belongs to the phase it was sent in).
     pub fn phases(&self) -> Vec<PhaseStats> {
         let mut out = Vec::new();

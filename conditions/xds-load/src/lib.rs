@@ -391,10 +391,17 @@ impl Connection {
             .await
             .map_err(|e| e.to_string())?;
         let (resp, mut send) = client.send_request(req, false).map_err(|e| e.to_string())?;
-        if let Some(b) = body {
-            send.send_data(b, false).map_err(|e| e.to_string())?;
-        }
-        let resp = resp.await.map_err(|e| e.to_string())?;
+        // The server may answer and close the stream before the body goes
+        // out (a trailers-only refusal): h2 then refuses the send, and the
+        // answer, already received, is still read below.
+        let sent = match body {
+            Some(b) => send.send_data(b, false).map_err(|e| e.to_string()),
+            None => Ok(()),
+        };
+        let resp = resp.await.map_err(|e| match &sent {
+            Ok(()) => e.to_string(),
+            Err(s) => format!("{e} (sending the body: {s})"),
+        })?;
         if let Some(status) = grpc_status(resp.headers()) {
             return Err(status);
         }

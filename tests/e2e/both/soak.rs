@@ -225,8 +225,12 @@ fn walk_one_replica(run: Run) -> WalkResult {
             report.phase_table("walk A, module")
         );
         assert_eq!(
-            in_phase("B appears, not serving").by_backend.get("B"),
-            None,
+            report.served_by_within(
+                "B",
+                report.phase_start("B appears, not serving"),
+                report.phase_start("B serving (first 0.5 s: propagation)")
+            ),
+            0,
             "B was reached while not serving\n{}",
             report.phase_table("walk A, module")
         );
@@ -317,7 +321,7 @@ fn walk_three_replicas(run: Run) -> WalkResult {
             let added = report.phase_start(&format!("{} added, not serving", n.name()));
             let ready = report.phase_start(&format!("{} serving", n.name()));
             assert_eq!(
-                report.served_by_in(n.name(), added, ready),
+                report.served_by_within(n.name(), added, ready),
                 0,
                 "{} was reached while not serving\n{table}",
                 n.name()

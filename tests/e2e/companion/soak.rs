@@ -156,7 +156,7 @@ fn walk_one_replica(picker: Picker, mtls: Option<Mtls>) {
     let added = report.phase_start("B appears, not serving");
     let ready = report.phase_start("B serving (first 0.5 s: propagation)");
     assert_eq!(
-        report.served_by_in("B", added, ready),
+        report.served_by_within("B", added, ready),
         0,
         "B was reached while not serving\n{table}"
     );
@@ -279,7 +279,7 @@ fn update_misroutes(
     let stopped = report.phase_start(&format!("{n}: {o} not serving"));
     let terminating = report.phase_start(&format!("{n}: {o} serving+terminating, {w} not serving"));
     (
-        report.served_by_in(w, created, serving) + report.served_by_in(o, stopped, report.end),
+        report.served_by_within(w, created, serving) + report.served_by_in(o, stopped, report.end),
         report.served_by_in(o, new_served, report.end),
         report.served_by_in(o, terminating, serving),
     )
