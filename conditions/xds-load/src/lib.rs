@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// The byte buffers the calls send (for callers without a `bytes` dependency).
+pub use bytes::Bytes as Frame;
 use bytes::{Buf, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
@@ -369,6 +371,22 @@ impl Connection {
         let (resp, mut send) = client.send_request(req, false)?;
         send.send_data(sub.request_frame("", ""), false)?;
         Ok((send, resp))
+    }
+
+    /// A gRPC call to `path` (`/package.Service/Method`): its HEADERS sent,
+    /// its halves returned for the caller to send what it likes.
+    pub async fn raw_call(
+        &self,
+        path: &str,
+    ) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>), Error> {
+        let mut client = self.client.clone().ready().await?;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://xds{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+        Ok(client.send_request(req, false)?)
     }
 
     /// A gRPC call to `path` (`/package.Service/Method`) that sends HEADERS

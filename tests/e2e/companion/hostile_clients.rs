@@ -9,7 +9,11 @@
 //! - 20 streams each with a 1 MB request message announced and 100 KB sent;
 //! - 800 unary `FetchEndpoints` calls announcing 16 MB each, never finished;
 //! - a client that keeps connecting to the metrics port while
-//!   Prometheus-like scrapes run (one of them in flight all along).
+//!   Prometheus-like scrapes run (one of them in flight all along);
+//! - 10 delta streams subscribing to 5,400 names of 1 KB each that no
+//!   `--cluster` defines (each kept until answered removed), and one name of
+//!   60 KB;
+//! - 32 streams each sending 24 requests of a 300 KB type URL of its own.
 //!
 //! During each attack: Envoy gets a slice change within 5 s (polled on its
 //! admin `/clusters`), a new xDS client is served, the companion's RSS
@@ -23,9 +27,11 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use serving_picker_xds_load::probe::status_mb;
 use serving_picker_xds_load::{
-    connect_from, grpc_prefix, raise_fd_limit, subscribe, Connection, Held, Received, Subscription,
+    connect_from, envoy_like_node, grpc_frame, grpc_prefix, raise_fd_limit, subscribe, Connection,
+    Frame, Held, Received, Subscription, CLA_TYPE_URL,
 };
 use support::companion::{eds_from_companion, plain_round_robin, Companion, SliceDir, XdsApi};
 use support::envoy::fresh_dir;
@@ -378,6 +384,118 @@ fn metrics_port_reconnects(b: &mut Bench) {
     drop(flood);
 }
 
+const DELTA_ADS: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// A delta request frame subscribing to `names` of `type_url`.
+fn delta_frame(type_url: &str, names: Vec<String>) -> Frame {
+    grpc_frame(&DeltaDiscoveryRequest {
+        node: Some(envoy_like_node("hostile")),
+        type_url: type_url.to_string(),
+        resource_names_subscribe: names,
+        ..Default::default()
+    })
+}
+
+/// Opens a bidirectional call of `path` on `conn` and sends `frames`; the
+/// server may end the stream on the way (a limit), so a refused send ends
+/// the frames. The stream is held until dropped.
+fn stream_of_frames(b: &Bench, conn: &Connection, path: &str, frames: Vec<Frame>) -> Held {
+    b.rt.block_on(async {
+        let (resp, mut send) = conn.raw_call(path).await.unwrap();
+        for f in frames {
+            if send.send_data(f, false).is_err() {
+                break;
+            }
+        }
+        Box::new((send, resp)) as Held
+    })
+}
+
+/// 2 connections x 5 delta streams, each subscribing in 6 requests to 900
+/// names of 1 KB that no `--cluster` defines, never acknowledging the first
+/// answer (a delta stream keeps each name until a response answers it
+/// removed, and sends the next response after the ACK): a stream past
+/// `--max-stream-retained-bytes` (4 MiB) ends. From another address, one
+/// name of 60 KB: `--max-name-bytes` (1 KiB) ends its stream.
+fn delta_streams_of_unknown_names(b: &mut Bench) {
+    let addr = b.companion.listen_addr();
+    let mut held = Vec::new();
+    let mut conns = Vec::new();
+    for c in 0..2 {
+        let conn =
+            b.rt.block_on(Connection::open_from(attacker(6), addr, None))
+                .unwrap();
+        for s in 0..5 {
+            let frames = (0..6)
+                .map(|r| {
+                    let names = (0..900)
+                        .map(|i| format!("{c}-{s}-{r}-{i}-{}", "n".repeat(990)))
+                        .collect();
+                    delta_frame(CLA_TYPE_URL, names)
+                })
+                .collect();
+            held.push(stream_of_frames(b, &conn, DELTA_ADS, frames));
+        }
+        conns.push(conn);
+    }
+    let conn =
+        b.rt.block_on(Connection::open_from(attacker(7), addr, None))
+            .unwrap();
+    held.push(stream_of_frames(
+        b,
+        &conn,
+        DELTA_ADS,
+        vec![delta_frame(CLA_TYPE_URL, vec!["x".repeat(60_000)])],
+    ));
+    conns.push(conn);
+    let hits = |b: &Bench, limit: &str| {
+        b.metric(&format!(
+            "serving_picker_conditions_limit_hits_total{{limit=\"{limit}\"}}"
+        ))
+    };
+    wait_until(
+        "the long name and a stream over its share refused",
+        Duration::from_secs(20),
+        || {
+            hits(b, "max-name-bytes") >= 1.0
+                && hits(b, "max-stream-retained-bytes") + hits(b, "max-retained-bytes") >= 1.0
+        },
+    );
+    b.check("10 delta streams of 5,400 unknown 1 KB names, one 60 KB name");
+    let kept = b.metric("serving_picker_conditions_xds_retained_bytes");
+    assert!(
+        kept <= 32.0 * 1_048_576.0,
+        "the streams keep {kept} bytes, over --max-retained-bytes"
+    );
+    drop(held);
+}
+
+/// 32 streams on 4 connections, each sending 24 requests whose type URL
+/// is 300 KB of its own: each kept cut to 256 bytes, 8 per stream.
+fn long_type_urls(b: &mut Bench) {
+    let addr = b.companion.listen_addr();
+    let mut held = Vec::new();
+    let mut conns = Vec::new();
+    for c in 0..4 {
+        let conn =
+            b.rt.block_on(Connection::open_from(attacker(8), addr, None))
+                .unwrap();
+        for s in 0..8 {
+            let frames = (0..24)
+                .map(|r| {
+                    let url = format!("type.example/{c}-{s}-{r}-{}", "t".repeat(300_000));
+                    delta_frame(&url, Vec::new())
+                })
+                .collect();
+            held.push(stream_of_frames(b, &conn, DELTA_ADS, frames));
+        }
+        conns.push(conn);
+    }
+    b.check("32 streams of 24 long type URLs");
+    drop(held);
+}
+
 #[test]
 fn hostile_clients_leave_envoy_served_by_the_release_companion() {
     let mut b = Bench::start();
@@ -386,6 +504,8 @@ fn hostile_clients_leave_envoy_served_by_the_release_companion() {
     half_sent_requests(&mut b);
     fetch_endpoints_flood(&mut b);
     metrics_port_reconnects(&mut b);
+    delta_streams_of_unknown_names(&mut b);
+    long_type_urls(&mut b);
     assert_eq!(
         b.metric("serving_picker_conditions_xds_nacks_total"),
         0.0,
