@@ -686,11 +686,15 @@ mod tests {
             ("## Wasm filter", Form::Wasm),
             ("## Native policy", Form::Native),
         ] {
+            let expected = table(form);
+            if docs_table(&docs, heading) != expected {
+                eprintln!("docs/configuration.md, under {heading:?}, should read:\n{expected}");
+            }
             assert_eq!(
                 docs_table(&docs, heading),
-                table(form),
+                expected,
                 "docs/configuration.md's table under {heading:?} is not the registry's \
-                 (src/config_keys.rs); the right-hand side is what it should read"
+                 (src/config_keys.rs): the table it should read is printed above"
             );
         }
     }
