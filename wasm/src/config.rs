@@ -86,7 +86,7 @@ impl Default for PluginConfig {
             admin_stats_path: DEFAULT_STATS_PATH.into(),
             full_refresh_interval_ms: DEFAULT_FULL_REFRESH_INTERVAL_MS,
             partial_refresh: true,
-            // 10,000 hosts take Envoy about a second to render: leave room.
+            // A large dump takes Envoy a while to render (docs/performance.md): leave room.
             admin_timeout_ms: 5000,
             max_admin_body_bytes: 64 << 20,
             selection: SelectionConfig::default(),
