@@ -3,9 +3,9 @@
 //! the checks every key goes through. Each form parses its JSON once, at
 //! configuration time, into a typed struct; errors name the key.
 
+use crate::config_keys::{LOCAL_NODE, LOCAL_ZONE, LOCAL_ZONE_MIN_SHARE, METADATA_NAMESPACE};
 use crate::plan::ZonePreference;
-use serde::de::{DeserializeOwned, Deserializer, Error as _, MapAccess, Visitor};
-use serde::Deserialize;
+use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -66,38 +66,41 @@ pub fn bounded_u64(key: &str, value: Value, min: u64, max: u64) -> Result<u64, C
 
 /// A top-level object whose keys are each given once: JSON parsers keep the
 /// last of a repeated key (serde_json, Envoy's), so a repeat is a mistake the
-/// user would not see.
-struct UniqueKeys(Map<String, Value>);
+/// user would not see. The visitor stops at the first repeat and leaves its
+/// key in `repeated`, where [`json_object`] reads it.
+struct UniqueKeys<'a> {
+    repeated: &'a mut Option<String>,
+}
 
-impl<'de> Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(UniqueKeysVisitor)
+impl<'de> DeserializeSeed<'de> for UniqueKeys<'_> {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
-struct UniqueKeysVisitor;
-
-impl<'de> Visitor<'de> for UniqueKeysVisitor {
-    type Value = UniqueKeys;
+impl<'de> Visitor<'de> for UniqueKeys<'_> {
+    type Value = Map<String, Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if out.contains_key(&key) {
-                return Err(A::Error::custom(format_args!("{DUPLICATE}{key}`")));
+                let error = A::Error::custom(format_args!("duplicate key `{key}`"));
+                *self.repeated = Some(key);
+                return Err(error);
             }
             let value = map.next_value()?;
             out.insert(key, value);
         }
-        Ok(UniqueKeys(out))
+        Ok(out)
     }
 }
-
-const DUPLICATE: &str = "duplicate key `";
 
 /// The configuration's JSON object; `None` for empty or whitespace-only
 /// input (no configuration at all: every default). A key given twice is an
@@ -106,22 +109,21 @@ pub fn json_object(raw: &[u8]) -> Result<Option<Map<String, Value>>, ConfigError
     if raw.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(None);
     }
-    match serde_json::from_slice::<UniqueKeys>(raw) {
-        Ok(UniqueKeys(map)) => Ok(Some(map)),
-        Err(e) => {
-            let text = e.to_string();
-            if let Some(key) = text
-                .strip_prefix(DUPLICATE)
-                .and_then(|k| k.split('`').next())
-            {
-                return Err(err(key, "given more than once"));
-            }
-            // Not an object: say what it is.
-            match serde_json::from_slice::<Value>(raw) {
-                Ok(other) => Err(err("", format!("must be a JSON object, got {other}"))),
-                Err(e) => Err(err("", format!("not valid JSON: {e}"))),
-            }
-        }
+    let mut repeated = None;
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    let parsed = UniqueKeys {
+        repeated: &mut repeated,
+    }
+    .deserialize(&mut de)
+    .and_then(|map| de.end().map(|()| map));
+    match (parsed, repeated) {
+        (Ok(map), _) => Ok(Some(map)),
+        (Err(_), Some(key)) => Err(err(&key, "given more than once")),
+        // Not an object: say what it is.
+        (Err(_), None) => match serde_json::from_slice::<Value>(raw) {
+            Ok(other) => Err(err("", format!("must be a JSON object, got {other}"))),
+            Err(e) => Err(err("", format!("not valid JSON: {e}"))),
+        },
     }
 }
 
@@ -157,32 +159,27 @@ impl Default for SelectionConfig {
 impl SelectionConfig {
     /// The shared keys; every other key is the form's own (or unknown).
     pub const KEYS: [&'static str; 4] = [
-        "metadata_namespace",
-        "local_zone",
-        "local_node",
-        "local_zone_min_share",
+        METADATA_NAMESPACE.name(),
+        LOCAL_ZONE.name(),
+        LOCAL_NODE.name(),
+        LOCAL_ZONE_MIN_SHARE.name(),
     ];
 
-    /// Sets one of the shared `KEYS`; any other key is refused as unknown.
+    /// Sets one of the shared `KEYS`, read by the registry's validator
+    /// ([`crate::config_keys`]); any other key is refused as unknown.
     pub fn set(&mut self, key: &str, value: Value) -> Result<(), ConfigError> {
         match key {
-            "metadata_namespace" => non_empty(key, value).map(|v| self.metadata_namespace = v),
-            "local_zone" | "local_node" => non_empty(key, value).map(|v| {
-                *match key {
-                    "local_zone" => &mut self.local_zone,
-                    _ => &mut self.local_node,
-                } = Some(v)
-            }),
-            "local_zone_min_share" => typed::<f64>(key, value).and_then(|share| {
-                if share > 0.0 && share <= 1.0 {
-                    self.local_zone_min_share = share;
-                    Ok(())
-                } else {
-                    Err(err(key, format!("{share} is outside (0, 1]")))
-                }
-            }),
-            _ => Err(err(key, "unknown key")),
+            k if k == METADATA_NAMESPACE.name() => {
+                self.metadata_namespace = METADATA_NAMESPACE.read(value)?
+            }
+            k if k == LOCAL_ZONE.name() => self.local_zone = Some(LOCAL_ZONE.read(value)?),
+            k if k == LOCAL_NODE.name() => self.local_node = Some(LOCAL_NODE.read(value)?),
+            k if k == LOCAL_ZONE_MIN_SHARE.name() => {
+                self.local_zone_min_share = LOCAL_ZONE_MIN_SHARE.read(value)?
+            }
+            _ => return Err(err(key, "unknown key")),
         }
+        Ok(())
     }
 
     /// The zone rule for the planner, when a local zone is configured.

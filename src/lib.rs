@@ -13,6 +13,7 @@
 
 pub mod build_info;
 pub mod config;
+pub mod config_keys;
 pub mod contract;
 pub mod counters;
 pub mod drain;

@@ -12,14 +12,16 @@
 //!   Service ports, `--cluster` specs; no IO.
 //! - `telemetry`: Prometheus metrics and readiness, the status page's
 //!   state, log lines at a bounded rate.
-//! - `net`: the gRPC listener's connections and TLS.
+//! - `net`: the gRPC listener's connections and TLS, the admin HTTP server.
 //! - `source`: where slices come from (the Kubernetes API or files).
-//! - `eds`: the EDS output: assignments, snapshots, response bytes, the
-//!   protocol of one stream.
-//! - `xds`: the xDS server over HTTP/2 (mode `eds`).
+//! - `eds`: the EDS output: assignments, snapshots, response bytes.
+//! - `xds`: the xDS server over HTTP/2 (mode `eds`): the protocol of one
+//!   stream (state of the world and delta), what streams keep, the fan-out
+//!   of snapshots to streams.
 //! - `envoy_gateway`: Envoy Gateway's PostEndpointsModify hook (mode
 //!   `envoy-gateway`).
-//! - `run`: each mode's tasks wired together, the admin HTTP server.
+//! - `run`: each mode's tasks wired together, the admin HTTP server's
+//!   among them.
 //! - `preflight`: checks of a cluster before installing (its own command).
 
 pub mod eds;

@@ -3,36 +3,20 @@
 //!
 //! The native policy takes the keys that shape the choice of hosts, shared
 //! with the wasm filter (same names, same meanings): `metadata_namespace`,
-//! `local_zone`, `local_zone_min_share`. The wasm filter's own keys (admin
-//! polling, the override header, passthrough) have no meaning here and are
-//! refused with a message that says so; any other key is refused as unknown.
+//! `local_zone`, `local_node`, `local_zone_min_share`. The wasm filter's own
+//! keys (admin polling, the override header, passthrough) have no meaning
+//! here and are refused with a message that says so; any other key is refused
+//! as unknown. Which key is which form's is the core's registry
+//! (`serving_picker_core::config_keys`).
 //! `drain_window_ms` (shared with the wasm filter too) turns on the stream
 //! drain of the module's HTTP filter for the cluster (`drain`).
 
 use serving_picker_core::config::{err, json_object, ConfigError, SelectionConfig};
-use serving_picker_core::drain::{DrainConfig, DRAIN_WINDOW_KEY};
+use serving_picker_core::config_keys::{self as keys, Form, KeyId};
+use serving_picker_core::drain::DrainConfig;
 
 /// The one `lb_policy_name` this module serves.
 pub const POLICY_NAME: &str = "serving_picker";
-
-/// Keys of the wasm filter that do not apply to the native policy.
-pub const WASM_ONLY_KEYS: [&str; 15] = [
-    "admin_cluster",
-    "admin_path",
-    "admin_health_path",
-    "admin_stats_path",
-    "admin_timeout_ms",
-    "before_first_snapshot",
-    "clusters",
-    "full_refresh_interval_ms",
-    "max_admin_body_bytes",
-    "max_snapshot_age_ms",
-    "on_no_serving",
-    "override_header",
-    "partial_refresh",
-    "refresh_interval_ms",
-    "retry_alternates",
-];
 
 /// The policy's configuration, parsed from `lb_policy_config`.
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -52,23 +36,24 @@ pub fn parse(raw: &[u8]) -> Result<NativeConfig, ConfigError> {
         return Ok(config);
     };
     for (key, value) in map {
-        if SelectionConfig::KEYS.contains(&key.as_str()) {
-            config.selection.set(&key, value)?;
-        } else if key == DRAIN_WINDOW_KEY {
-            config.drain = Some(DrainConfig::parse(value)?);
-        } else if WASM_ONLY_KEYS.contains(&key.as_str()) {
-            return Err(err(
-                &key,
-                "applies to the wasm filter only, not to the native load-balancing policy",
-            ));
-        } else {
-            return Err(err(
-                &key,
-                format!(
-                    "unknown key (the native policy takes {}, {DRAIN_WINDOW_KEY})",
-                    SelectionConfig::KEYS.join(", ")
-                ),
-            ));
+        // The registry (`serving_picker_core::config_keys`) says which keys this form takes.
+        let info = keys::find(&key).filter(|k| k.forms.take(Form::Native));
+        match info.map(|k| k.id) {
+            Some(KeyId::DrainWindowMs) => config.drain = Some(keys::DRAIN_WINDOW_MS.read(value)?),
+            Some(_) => config.selection.set(&key, value)?,
+            None if keys::find(&key).is_some() => {
+                return Err(err(
+                    &key,
+                    "applies to the wasm filter only, not to the native load-balancing policy",
+                ))
+            }
+            None => {
+                let taken: Vec<_> = keys::names_for(Form::Native).collect();
+                return Err(err(
+                    &key,
+                    format!("unknown key (the native policy takes {})", taken.join(", ")),
+                ));
+            }
         }
     }
     Ok(config)
@@ -113,6 +98,48 @@ mod tests {
             let e = parse(format!(r#"{{"{key}": 1}}"#).as_bytes()).unwrap_err();
             assert_eq!(e.key, key);
             assert!(e.reason.contains("wasm filter only"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_registry_decides_which_keys_are_taken() {
+        for key in keys::ALL {
+            let raw = format!(r#"{{"{}": {}}}"#, key.name, key.example);
+            let parsed = parse(raw.as_bytes());
+            if key.forms.take(Form::Native) {
+                assert!(parsed.is_ok(), "{raw}: {parsed:?}");
+            } else {
+                let e = parsed.unwrap_err();
+                assert_eq!(e.key, key.name);
+                assert_eq!(
+                    e.reason,
+                    "applies to the wasm filter only, not to the native load-balancing policy"
+                );
+            }
+        }
+        let e = parse(br#"{"bogus": 1}"#).unwrap_err();
+        assert_eq!(
+            e.reason,
+            "unknown key (the native policy takes metadata_namespace, local_zone, local_node, \
+             local_zone_min_share, drain_window_ms)"
+        );
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_by_name() {
+        for (raw, key) in [
+            (r#"{"local_zone": "a", "local_zone": "b"}"#, "local_zone"),
+            (
+                r#"{"drain_window_ms": 15000, "local_node": "n", "drain_window_ms": 20000}"#,
+                "drain_window_ms",
+            ),
+            (r#"{"clusters": ["a"], "clusters": ["a"]}"#, "clusters"),
+        ] {
+            let e = parse(raw.as_bytes()).unwrap_err();
+            assert_eq!(
+                (e.key.as_str(), e.reason.as_str()),
+                (key, "given more than once")
+            );
         }
     }
 

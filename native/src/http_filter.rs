@@ -298,6 +298,11 @@ mod tests {
         for raw in ["", " ", "{}"] {
             assert_eq!(parse_config(raw.as_bytes()), Ok(FilterConfig::default()));
         }
+        let e = parse_config(br#"{"a": 1, "a": 2}"#).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.reason.as_str()),
+            ("a", "given more than once")
+        );
         let e = parse_config(br#"{"drain_window_ms": 15000}"#).unwrap_err();
         assert_eq!(e.key, "drain_window_ms");
         assert!(e.reason.contains("load-balancing policy"), "{e}");

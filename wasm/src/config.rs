@@ -1,31 +1,17 @@
-//! Plugin configuration: parsed and validated once, in on_configure. The
-//! keys that choose hosts are the core's (`SelectionConfig`), shared with the
-//! native form; the rest are the filter's own.
+//! Plugin configuration: parsed and validated once, in on_configure. Every
+//! key and its validator is the core's registry
+//! (`serving_picker_core::config_keys`); the keys that choose hosts are the
+//! core's `SelectionConfig`, shared with the native form; the rest are the
+//! filter's own. Relations between keys are checked here.
 
 use serde_json::Value;
-use serving_picker_core::config::{bounded_u64, err, json_object, non_empty, typed};
+use serving_picker_core::config::{err, json_object};
 pub use serving_picker_core::config::{ConfigError, SelectionConfig};
-use serving_picker_core::drain::{DrainConfig, DRAIN_WINDOW_KEY};
-
-/// What to do when a known cluster has no serving host at all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnNoServing {
-    /// Answer a local 503 that says why.
-    Reject,
-    /// Leave host selection to Envoy's own load balancer.
-    Passthrough,
-}
-
-/// What a managed cluster's requests get before this worker has a snapshot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BeforeFirstSnapshot {
-    /// Wait for it (at most `admin_timeout_ms`), then a 503 that says why.
-    Hold,
-    /// A 503 that says why, at once.
-    Reject,
-    /// Envoy's own load balancer: what Envoy does without the filter.
-    Passthrough,
-}
+use serving_picker_core::config_keys::{self as keys, KeyId};
+pub use serving_picker_core::config_keys::{
+    BeforeFirstSnapshot, OnNoServing, MIN_REFRESH_INTERVAL_MS,
+};
+use serving_picker_core::drain::DrainConfig;
 
 /// The filter's configuration (`docs/configuration.md` lists every key).
 #[derive(Clone, Debug, PartialEq)]
@@ -90,8 +76,6 @@ pub const STATS_FILTER: &str = concat!(
 );
 /// `full_refresh_interval_ms` when not given.
 pub const DEFAULT_FULL_REFRESH_INTERVAL_MS: u64 = 10_000;
-/// The shortest `refresh_interval_ms` taken.
-pub const MIN_REFRESH_INTERVAL_MS: u64 = 100;
 
 impl Default for PluginConfig {
     fn default() -> Self {
@@ -102,7 +86,7 @@ impl Default for PluginConfig {
             admin_stats_path: DEFAULT_STATS_PATH.into(),
             full_refresh_interval_ms: DEFAULT_FULL_REFRESH_INTERVAL_MS,
             partial_refresh: true,
-            // 10,000 hosts take Envoy about a second to render: leave room.
+            // A large dump takes Envoy a while to render (docs/performance.md): leave room.
             admin_timeout_ms: 5000,
             max_admin_body_bytes: 64 << 20,
             selection: SelectionConfig::default(),
@@ -134,63 +118,6 @@ fn min_snapshot_age_ms(refresh_interval_ms: u64, admin_timeout_ms: u64) -> u64 {
     refresh_interval_ms * 4 + admin_timeout_ms
 }
 
-fn admin_path(key: &str, value: Value, allow_empty: bool) -> Result<String, ConfigError> {
-    let s: String = typed(key, value)?;
-    if s.is_empty() && allow_empty {
-        return Ok(s);
-    }
-    if !s.starts_with('/') || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(err(key, "must be a path starting with '/' without spaces"));
-    }
-    Ok(s)
-}
-
-/// Headers the filter must not overwrite: HTTP framing and routing, and the
-/// ones Envoy itself reads or sets (`x-envoy-*` too).
-const RESERVED_HEADERS: [&str; 15] = [
-    "host",
-    "content-length",
-    "content-type",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "upgrade",
-    "te",
-    "trailer",
-    "expect",
-    "cookie",
-    "authorization",
-    "x-forwarded-for",
-    "x-request-id",
-];
-
-/// HTTP header names as Envoy stores them: lowercase token characters, and
-/// not one Envoy or HTTP itself gives a meaning.
-fn header_name(key: &str, value: Value) -> Result<String, ConfigError> {
-    let s: String = typed(key, value)?;
-    let token =
-        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.!#$%&'*+^`|~".contains(c);
-    if s.is_empty() || s.starts_with(':') || !s.chars().all(token) {
-        return Err(err(
-            key,
-            format!("{s:?} is not a lowercase HTTP header name"),
-        ));
-    }
-    if RESERVED_HEADERS.contains(&s.as_str()) || s.starts_with("x-envoy-") {
-        return Err(err(key, format!("{s:?} is a header HTTP or Envoy uses")));
-    }
-    Ok(s)
-}
-
-fn reject_or_passthrough(key: &str, value: Value) -> Result<OnNoServing, ConfigError> {
-    match typed::<String>(key, value)?.as_str() {
-        "reject" => Ok(OnNoServing::Reject),
-        "passthrough" => Ok(OnNoServing::Passthrough),
-        _ => Err(err(key, "must be \"reject\" or \"passthrough\"")),
-    }
-}
-
 /// Parses and validates the plugin configuration. Empty or whitespace-only
 /// input (no configuration at all) means every default.
 pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
@@ -201,67 +128,51 @@ pub fn parse_config(raw: &[u8]) -> Result<PluginConfig, ConfigError> {
     let mut full_refresh_set = false;
     let mut max_age_set = false;
     for (key, value) in object {
-        let k = key.as_str();
-        match k {
-            k if SelectionConfig::KEYS.contains(&k) => config.selection.set(k, value)?,
-            "admin_cluster" => config.admin_cluster = non_empty(k, value)?,
-            "admin_path" => config.admin_path = admin_path(k, value, false)?,
-            "admin_health_path" => {
-                // Live health cannot be turned off: only `/clusters` tells
-                // DRAINING from failed checks and ejections (the dump says
-                // UNHEALTHY for all three) and maps EDS service names back to
-                // clusters. It is fetched only when the dump leaves a host open.
-                let path = admin_path(k, value, false)?;
-                if !path.contains("format=json") {
-                    return Err(err(k, "must ask for JSON (`/clusters?format=json`)"));
-                }
-                config.admin_health_path = path
+        // The registry (`serving_picker_core::config_keys`) knows every key and reads its value.
+        let Some(info) = keys::find(&key) else {
+            return Err(err(&key, "unknown key"));
+        };
+        match info.id {
+            KeyId::MetadataNamespace
+            | KeyId::LocalZone
+            | KeyId::LocalNode
+            | KeyId::LocalZoneMinShare => config.selection.set(&key, value)?,
+            KeyId::AdminCluster => config.admin_cluster = keys::ADMIN_CLUSTER.read(value)?,
+            KeyId::AdminPath => config.admin_path = keys::ADMIN_PATH.read(value)?,
+            KeyId::AdminHealthPath => {
+                config.admin_health_path = keys::ADMIN_HEALTH_PATH.read(value)?
             }
-            "admin_stats_path" => config.admin_stats_path = admin_path(k, value, true)?,
-            "full_refresh_interval_ms" => {
+            KeyId::AdminStatsPath => {
+                config.admin_stats_path = keys::ADMIN_STATS_PATH.read(value)?
+            }
+            KeyId::FullRefreshIntervalMs => {
                 full_refresh_set = true;
-                config.full_refresh_interval_ms =
-                    bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 86_400_000)?
+                config.full_refresh_interval_ms = keys::FULL_REFRESH_INTERVAL_MS.read(value)?
             }
-            "partial_refresh" => config.partial_refresh = typed(k, value)?,
-            "admin_timeout_ms" => config.admin_timeout_ms = bounded_u64(k, value, 10, 60_000)?,
-            "max_admin_body_bytes" => {
-                config.max_admin_body_bytes = bounded_u64(k, value, 1024, 1 << 30)? as usize
+            KeyId::PartialRefresh => config.partial_refresh = keys::PARTIAL_REFRESH.read(value)?,
+            KeyId::AdminTimeoutMs => {
+                config.admin_timeout_ms = keys::ADMIN_TIMEOUT_MS.read(value)?
             }
-            "override_header" => config.override_header = header_name(k, value)?,
-            "refresh_interval_ms" => {
-                config.refresh_interval_ms =
-                    bounded_u64(k, value, MIN_REFRESH_INTERVAL_MS, 3_600_000)?
+            KeyId::MaxAdminBodyBytes => {
+                config.max_admin_body_bytes = keys::MAX_ADMIN_BODY_BYTES.read(value)? as usize
             }
-            "on_no_serving" => config.on_no_serving = reject_or_passthrough(k, value)?,
-            "before_first_snapshot" => {
-                config.before_first_snapshot = match typed::<String>(k, value)?.as_str() {
-                    "hold" => BeforeFirstSnapshot::Hold,
-                    "reject" => BeforeFirstSnapshot::Reject,
-                    "passthrough" => BeforeFirstSnapshot::Passthrough,
-                    _ => return Err(err(k, "must be \"hold\", \"reject\" or \"passthrough\"")),
-                }
+            KeyId::OverrideHeader => config.override_header = keys::OVERRIDE_HEADER.read(value)?,
+            KeyId::RefreshIntervalMs => {
+                config.refresh_interval_ms = keys::REFRESH_INTERVAL_MS.read(value)?
             }
-            "clusters" => {
-                let list: Vec<String> = typed(k, value)?;
-                if list.iter().any(|c| c.is_empty()) {
-                    return Err(err(k, "cluster names must not be empty"));
-                }
-                if list.is_empty() {
-                    return Err(err(
-                        k,
-                        "an empty list would manage nothing; leave it out for all",
-                    ));
-                }
-                config.clusters = Some(list);
+            KeyId::OnNoServing => config.on_no_serving = keys::ON_NO_SERVING.read(value)?,
+            KeyId::BeforeFirstSnapshot => {
+                config.before_first_snapshot = keys::BEFORE_FIRST_SNAPSHOT.read(value)?
             }
-            "retry_alternates" => config.retry_alternates = bounded_u64(k, value, 0, 8)? as usize,
-            "max_snapshot_age_ms" => {
+            KeyId::Clusters => config.clusters = Some(keys::CLUSTERS.read(value)?),
+            KeyId::RetryAlternates => {
+                config.retry_alternates = keys::RETRY_ALTERNATES.read(value)? as usize
+            }
+            KeyId::MaxSnapshotAgeMs => {
                 max_age_set = true;
-                config.max_snapshot_age_ms = bounded_u64(k, value, 1000, 86_400_000)?
+                config.max_snapshot_age_ms = keys::MAX_SNAPSHOT_AGE_MS.read(value)?
             }
-            DRAIN_WINDOW_KEY => config.drain = Some(DrainConfig::parse(value)?),
-            _ => return Err(err(k, "unknown key")),
+            KeyId::DrainWindowMs => config.drain = Some(keys::DRAIN_WINDOW_MS.read(value)?),
         }
     }
     if config.admin_timeout_ms > config.refresh_interval_ms.max(1000) * 10 {
@@ -307,7 +218,7 @@ pub fn salvage_override_header(raw: &[u8]) -> String {
                 .as_str()
                 .map(str::to_ascii_lowercase)
         })
-        .and_then(|name| header_name("override_header", Value::String(name)).ok());
+        .and_then(|name| keys::OVERRIDE_HEADER.read(Value::String(name)).ok());
     named.unwrap_or_else(|| PluginConfig::default().override_header)
 }
 
@@ -558,6 +469,32 @@ mod tests {
             })
             .collect();
         assert_eq!(DEFAULT_STATS_PATH, format!("/stats?filter={encoded}"));
+    }
+
+    #[test]
+    fn every_key_of_the_registry_is_taken() {
+        use serving_picker_core::config_keys::{Form, ALL};
+        for key in ALL.iter().filter(|k| k.forms.take(Form::Wasm)) {
+            let text = format!(r#"{{"{}": {}}}"#, key.name, key.example);
+            assert!(parse(&text).is_ok(), "{text}: {:?}", parse(&text));
+        }
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_by_name() {
+        for text in [
+            r#"{"clusters":["a"],"admin_cluster":"x","clusters":["b"]}"#,
+            r#"{"local_zone":"a","local_zone":"a"}"#,
+            r#"{"drain_window_ms":15000,"drain_window_ms":15000}"#,
+        ] {
+            let e = parse(text).unwrap_err();
+            let key = text[2..].split('"').next().unwrap_or_default();
+            assert_eq!(
+                (e.key.as_str(), e.reason.as_str()),
+                (key, "given more than once")
+            );
+            assert!(e.to_string().contains(&format!("`{key}`")), "{e}");
+        }
     }
 
     #[test]
