@@ -9,13 +9,20 @@
 //! clients), a change to the subscribers' cluster every 100 ms: the
 //! change-to-ACK time of every subscriber (the server's programming
 //! latency: from the change to each stream's ACK of the response carrying
-//! it), p50, p99 and max, quiet and churn side by side, and their ratio.
+//! it), p50, p99 and max, quiet and churn side by side, and their ratio;
+//! and what the churning clients sent and got (requests and responses,
+//! response bytes a second).
+//!
+//! Run twice in one process, each on a fresh server: without a send
+//! budget (`--max-stream-send-rate 0`), then with the shipped one
+//! (`--max-stream-send-rate`, `--max-stream-send-burst`).
 //!
 //! Prints figures; asserts nothing about time. `make bench-churn`.
 //! Knobs: CHURN_CHANGES (per phase, default 50), CHURN_NAMES (per churning
 //! client, default 16000), CHURN_CLIENTS (default 4), CHURN_RATE
 //! (requests a second per churning client, default 20), CHURN_SUBSCRIBERS
-//! (default 50).
+//! (default 50), CHURN_SEND_RATE and CHURN_SEND_BURST (the budgeted run's
+//! bytes a second and burst; default the shipped flags').
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
@@ -112,6 +119,8 @@ impl Callbacks for Latencies {
 struct Churn {
     requests: AtomicU64,
     responses: AtomicU64,
+    /// Response bytes read.
+    bytes: AtomicU64,
     nonce: Mutex<String>,
     ended: Mutex<Option<String>>,
 }
@@ -136,6 +145,7 @@ async fn churn(
             while let Some(chunk) = body.data().await {
                 let Ok(chunk) = chunk else { break };
                 let _ = body.flow_control().release_capacity(chunk.len());
+                c.bytes.fetch_add(chunk.len() as u64, Ordering::SeqCst);
                 buf.extend_from_slice(&chunk);
                 while buf.len() >= 5 {
                     let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
@@ -218,12 +228,137 @@ async fn phase(world: &mut World, lat: &Latencies, changes: usize) -> Vec<Durati
     std::mem::take(&mut *lat.subscribers.lock().unwrap())
 }
 
+/// One run's figures.
+struct Run {
+    quiet: (usize, f64, f64, f64),
+    churn: (usize, f64, f64, f64),
+    requests_per_s: f64,
+    responses: u64,
+    mib_per_s: f64,
+    ended: Vec<String>,
+}
+
+struct Knobs {
+    changes: usize,
+    n_names: usize,
+    clients: usize,
+    rate: usize,
+    n_subs: usize,
+}
+
+/// A fresh server with `limits`, its subscribers, a quiet phase, then the
+/// churning clients beside them.
+async fn run(k: &Knobs, limits: XdsLimits) -> Run {
+    let names: Arc<Vec<String>> = Arc::new((0..k.n_names).map(|i| format!("c{i:05}")).collect());
+    let mut clusters = vec!["a=bench/a:http".parse().unwrap()];
+    clusters.extend(
+        names
+            .iter()
+            .map(|n| format!("{n}=bench/{n}:http").parse().unwrap()),
+    );
+    let mut publisher = Publisher::new(
+        clusters,
+        serving_picker_conditions::model::index::IpFamily::Auto,
+        Default::default(),
+    );
+    let first = publisher
+        .apply(vec![Update::now(Change::Replace(vec![slice(0)]))])
+        .unwrap();
+    let (tx, rx) = watch::channel(Arc::new(first));
+    let lat = Arc::new(Latencies::default());
+    let all_names = std::iter::once("a".to_string()).chain(names.iter().cloned());
+    let server = XdsServer::new(rx, Names::new(all_names), limits, lat.clone(), None);
+    let fanout = tokio::spawn(server.clone().run_fanout());
+    let (ads, eds) = server.services();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ads)
+            .add_service(eds)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let epoch = Instant::now();
+    let mut subs = Vec::new();
+    let mut sub_tasks = Vec::new();
+    for i in 0..k.n_subs {
+        let conn = Connection::open_like_envoy(addr).await.unwrap();
+        let r = Arc::new(Received::default());
+        subs.push(r.clone());
+        sub_tasks.push(tokio::spawn(async move {
+            subscribe(&conn, &Subscription::ads(format!("sub-{i}"), &["a"]), &r, epoch).await;
+        }));
+    }
+    let t = Instant::now();
+    while subs.iter().any(|r| r.responses.load(Ordering::SeqCst) == 0) {
+        assert!(t.elapsed() < Duration::from_secs(30), "subscribers served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut world = World {
+        publisher,
+        tx,
+        flip: 0,
+    };
+    let quiet = phase(&mut world, &lat, k.changes).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let churns: Vec<Arc<Churn>> = (0..k.clients).map(|_| Arc::new(Churn::default())).collect();
+    let mut churn_tasks = Vec::new();
+    for (i, c) in churns.iter().enumerate() {
+        churn_tasks.push(tokio::spawn(churn(
+            addr,
+            i,
+            names.clone(),
+            k.rate,
+            stop.clone(),
+            c.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    let sum = |f: fn(&Churn) -> u64| churns.iter().map(|c| f(c)).sum::<u64>();
+    let (req0, resp0, bytes0) = (
+        sum(|c| c.requests.load(Ordering::SeqCst)),
+        sum(|c| c.responses.load(Ordering::SeqCst)),
+        sum(|c| c.bytes.load(Ordering::SeqCst)),
+    );
+    let churned = phase(&mut world, &lat, k.changes).await;
+    let secs = t.elapsed().as_secs_f64();
+    let run = Run {
+        quiet: quantiles(quiet),
+        churn: quantiles(churned),
+        requests_per_s: (sum(|c| c.requests.load(Ordering::SeqCst)) - req0) as f64 / secs,
+        responses: sum(|c| c.responses.load(Ordering::SeqCst)) - resp0,
+        mib_per_s: (sum(|c| c.bytes.load(Ordering::SeqCst)) - bytes0) as f64
+            / secs
+            / f64::from(1 << 20),
+        ended: churns
+            .iter()
+            .filter_map(|c| c.ended.lock().unwrap().clone())
+            .collect(),
+    };
+    stop.store(true, Ordering::SeqCst);
+    for t in churn_tasks {
+        let _ = t.await;
+    }
+    for t in sub_tasks {
+        t.abort();
+    }
+    grpc.abort();
+    fanout.abort();
+    run
+}
+
 fn main() {
-    let changes = knob("CHURN_CHANGES", 50);
-    let n_names = knob("CHURN_NAMES", 16000);
-    let clients = knob("CHURN_CLIENTS", 4);
-    let rate = knob("CHURN_RATE", 20).max(1);
-    let n_subs = knob("CHURN_SUBSCRIBERS", 50);
+    let k = Knobs {
+        changes: knob("CHURN_CHANGES", 50),
+        n_names: knob("CHURN_NAMES", 16000),
+        clients: knob("CHURN_CLIENTS", 4),
+        rate: knob("CHURN_RATE", 20).max(1),
+        n_subs: knob("CHURN_SUBSCRIBERS", 50),
+    };
+    let shipped = XdsLimits::default();
+    let send_rate = knob("CHURN_SEND_RATE", shipped.max_stream_send_rate as usize) as u64;
+    let send_burst = knob("CHURN_SEND_BURST", shipped.max_stream_send_burst as usize) as u64;
     serving_picker_xds_load::raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -231,92 +366,51 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let names: Arc<Vec<String>> = Arc::new((0..n_names).map(|i| format!("c{i:05}")).collect());
-        let mut clusters = vec!["a=bench/a:http".parse().unwrap()];
-        clusters.extend(
-            names
-                .iter()
-                .map(|n| format!("{n}=bench/{n}:http").parse().unwrap()),
-        );
-        let mut publisher = Publisher::new(
-            clusters,
-            serving_picker_conditions::model::index::IpFamily::Auto,
-            Default::default(),
-        );
-        let first = publisher
-            .apply(vec![Update::now(Change::Replace(vec![slice(0)]))])
-            .unwrap();
-        let served = first.table.len();
-        let (tx, rx) = watch::channel(Arc::new(first));
-        let lat = Arc::new(Latencies::default());
-        let all_names = std::iter::once("a".to_string()).chain(names.iter().cloned());
-        let server = XdsServer::new(
-            rx,
-            Names::new(all_names),
-            XdsLimits::default(),
-            lat.clone(),
-            None,
-        );
-        tokio::spawn(server.clone().run_fanout());
-        let (ads, eds) = server.services();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(ads)
-                .add_service(eds)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        let epoch = Instant::now();
-        let mut subs = Vec::new();
-        for i in 0..n_subs {
-            let conn = Connection::open_like_envoy(addr).await.unwrap();
-            let r = Arc::new(Received::default());
-            subs.push(r.clone());
-            tokio::spawn(async move {
-                subscribe(&conn, &Subscription::ads(format!("sub-{i}"), &["a"]), &r, epoch).await;
-            });
-        }
-        let t = Instant::now();
-        while subs.iter().any(|r| r.responses.load(Ordering::SeqCst) == 0) {
-            assert!(t.elapsed() < Duration::from_secs(30), "subscribers served");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let mut world = World {
-            publisher,
-            tx,
-            flip: 0,
-        };
         println!(
-            "churn: {n_subs} subscribers of one cluster; {clients} delta clients x {n_names} names at {rate} requests/s; {changes} changes 100 ms apart per phase; {served} assignments served"
+            "churn: {} subscribers of one cluster; {} delta clients x {} names at {} requests/s; {} changes 100 ms apart per phase; {} assignments served",
+            k.n_subs, k.clients, k.n_names, k.rate, k.changes, k.n_names + 1
         );
-        let quiet = phase(&mut world, &lat, changes).await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let churns: Vec<Arc<Churn>> = (0..clients).map(|_| Arc::new(Churn::default())).collect();
-        for (i, c) in churns.iter().enumerate() {
-            tokio::spawn(churn(addr, i, names.clone(), rate, stop.clone(), c.clone()));
+        let budgets = [
+            ("none", 0, 0),
+            ("budget", send_rate, send_burst),
+        ];
+        let mut runs = Vec::new();
+        for (label, rate, burst) in budgets {
+            let limits = XdsLimits {
+                max_stream_send_rate: rate,
+                max_stream_send_burst: burst,
+                ..XdsLimits::default()
+            };
+            runs.push((label, rate, burst, run(&k, limits).await));
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let t = Instant::now();
-        let before: u64 = churns.iter().map(|c| c.requests.load(Ordering::SeqCst)).sum();
-        let churned = phase(&mut world, &lat, changes).await;
-        let secs = t.elapsed().as_secs_f64();
-        let sent: u64 = churns.iter().map(|c| c.requests.load(Ordering::SeqCst)).sum::<u64>() - before;
-        let answered: u64 = churns.iter().map(|c| c.responses.load(Ordering::SeqCst)).sum();
-        stop.store(true, Ordering::SeqCst);
-        let (qn, q50, q99, qmax) = quantiles(quiet);
-        let (cn, c50, c99, cmax) = quantiles(churned);
-        println!("{:<8} {:>8} {:>10} {:>10} {:>10}", "phase", "ACKs", "p50 ms", "p99 ms", "max ms");
-        println!("{:<8} {:>8} {:>10.2} {:>10.2} {:>10.2}", "quiet", qn, q50, q99, qmax);
-        println!("{:<8} {:>8} {:>10.2} {:>10.2} {:>10.2}", "churn", cn, c50, c99, cmax);
         println!(
-            "churn/quiet p99: {:.2}x; churn requests {:.1}/s over {clients} clients ({answered} responses to them); streams ended: {:?}",
-            c99 / q99,
-            sent as f64 / secs,
-            churns
-                .iter()
-                .filter_map(|c| c.ended.lock().unwrap().clone())
-                .collect::<Vec<_>>()
+            "{:<22} {:<6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8}",
+            "send budget (rate/burst)", "", "", "quiet", "", "", "churn", "", "", "", "churners", "", ""
         );
+        println!(
+            "{:<22} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8}",
+            "", "ACKs", "p50 ms", "p99 ms", "max ms", "ACKs", "p50 ms", "p99 ms", "max ms", "p99 x", "req/s", "resp", "MiB/s"
+        );
+        for (label, rate, burst, r) in &runs {
+            let b = if *rate == 0 {
+                (*label).to_string()
+            } else {
+                format!("{} MiB/s, {} MiB", rate >> 20, burst >> 20)
+            };
+            let (qn, q50, q99, qmax) = r.quiet;
+            let (cn, c50, c99, cmax) = r.churn;
+            println!(
+                "{b:<22} {qn:>6} {q50:>8.2} {q99:>8.2} {qmax:>8.2} {cn:>6} {c50:>8.2} {c99:>8.2} {cmax:>8.2} {:>6.2}x {:>8.1} {:>6} {:>8.1}",
+                c99 / q99,
+                r.requests_per_s,
+                r.responses,
+                r.mib_per_s,
+            );
+        }
+        for (label, _, _, r) in &runs {
+            if !r.ended.is_empty() {
+                println!("{label}: churning streams ended: {:?}", r.ended);
+            }
+        }
     });
 }

@@ -140,6 +140,18 @@ pub struct XdsLimits {
     /// gets the current state when it comes back.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub send_timeout: Duration,
+    /// Response bytes one xDS stream is sent a second, after its
+    /// `--max-stream-send-burst`: a stream that has spent its burst waits
+    /// for its next response (changes coalesce meanwhile; a response is
+    /// never refused nor cut), so one client that keeps asking for large
+    /// responses slows only itself. 0: no budget.
+    #[arg(long, value_name = "BYTES", default_value_t = 2 << 20)]
+    pub max_stream_send_rate: u64,
+    /// Response bytes one xDS stream may be sent at once before
+    /// `--max-stream-send-rate` holds it back: a first full load that fits
+    /// goes without waiting.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub max_stream_send_burst: u64,
 }
 
 /// The part of each request message that `--request-buffer-bytes` does not count.
@@ -187,6 +199,8 @@ impl Default for XdsLimits {
             request_buffer_bytes_per_peer: 4 << 20,
             max_response_bytes: 16 << 20,
             send_timeout: Duration::from_secs(30),
+            max_stream_send_rate: 2 << 20,
+            max_stream_send_burst: 16 << 20,
         }
     }
 }
@@ -262,6 +276,10 @@ pub mod names {
     pub const MAX_RESPONSE_BYTES: &str = "max-response-bytes";
     /// `--send-timeout`: how long a due response may wait for its stream.
     pub const SEND_TIMEOUT: &str = "send-timeout";
+    /// `--max-stream-send-rate`: response bytes one xDS stream is sent a second, after its burst.
+    pub const MAX_STREAM_SEND_RATE: &str = "max-stream-send-rate";
+    /// `--max-stream-send-burst`: response bytes one xDS stream may be sent at once.
+    pub const MAX_STREAM_SEND_BURST: &str = "max-stream-send-burst";
     /// `--metrics-max-connections`: connections open on the metrics port.
     pub const METRICS_MAX_CONNECTIONS: &str = "metrics-max-connections";
     /// `--metrics-header-timeout`: the time a metrics request's headers may take.

@@ -51,4 +51,7 @@ pub trait Callbacks: Send + Sync + 'static {
     /// Bytes the streams keep between requests (`xds::retained`), and
     /// their limit.
     fn retained_bytes(&self, _bytes: usize, _limit: usize) {}
+    /// A due response of `node`'s stream waits `wait` for the stream's
+    /// share of the response work (`--max-stream-send-rate`).
+    fn send_held(&self, _node: &str, _wait: Duration) {}
 }

@@ -56,9 +56,13 @@ fn fan_out(core: &Core, snap: &Snapshot) {
 }
 
 /// Since when a stream has had something it has not taken: a due
-/// response, or the rest of one it started.
+/// response (counted from the end of a wait for its share of the response
+/// work, `--max-stream-send-rate`), or the rest of one it started.
 fn waiting_since(s: &StreamShared) -> Option<Instant> {
-    let due = s.state().due_since();
+    let due = match (s.state().due_since(), s.held_until()) {
+        (Some(due), Some(held)) => Some(due.max(held)),
+        (due, _) => due,
+    };
     match (due, s.sending_since()) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -37,6 +37,7 @@ use crate::xds::delta::DeltaStream;
 use crate::xds::protocol::{Handled, Names, RequestKind, StreamState, Taken};
 use crate::xds::requests::{self, DeltaRequestView, MessageError, RequestView};
 use crate::xds::retained::{Refusal, RetainedBudget};
+use crate::xds::send_budget::SendBudget;
 use crate::xds::sotw::SotwStream;
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
@@ -58,6 +59,7 @@ static NACK_LOG: LogBudget = LogBudget::new(10, Duration::from_secs(10));
 static OTHER_TYPE_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
 static ENDED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
 static OVERSIZED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
+static HELD_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
 
 const ADS: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const EDS: &str = "envoy.service.endpoint.v3.EndpointDiscoveryService";
@@ -116,6 +118,10 @@ pub(crate) struct StreamShared {
     end: Mutex<Option<Status>>,
     /// Since when a taken response has been partly handed to HTTP/2.
     pub(crate) sending_since: Mutex<Option<Instant>>,
+    /// Until when the stream's last wait for its share of the response
+    /// work lasted (`--max-stream-send-rate`): a response due is not late
+    /// (`--send-timeout`) before then.
+    pub(crate) held_until: Mutex<Option<Instant>>,
     /// The body is gone: the request task stops.
     closed: Notify,
     /// Cut by the send timeout (counted once).
@@ -138,6 +144,14 @@ impl StreamShared {
 
     fn set_sending_since(&self, t: Option<Instant>) {
         *self.sending_since.lock().unwrap_or_else(|p| p.into_inner()) = t;
+    }
+
+    pub(crate) fn held_until(&self) -> Option<Instant> {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_held_until(&self, t: Instant) {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
     }
 
     /// Ends the stream with `status` once the response in flight is out.
@@ -199,6 +213,14 @@ impl XdsServer {
             limits.max_stream_retained_bytes as i64,
         );
         callbacks.limit_set(limit::MAX_RETAINED_BYTES, limits.max_retained_bytes as i64);
+        callbacks.limit_set(
+            limit::MAX_STREAM_SEND_RATE,
+            i64::try_from(limits.max_stream_send_rate).unwrap_or(i64::MAX),
+        );
+        callbacks.limit_set(
+            limit::MAX_STREAM_SEND_BURST,
+            i64::try_from(limits.max_stream_send_burst).unwrap_or(i64::MAX),
+        );
         let retained = Arc::new(RetainedBudget::new(
             limits.max_name_bytes,
             limits.max_stream_retained_bytes,
@@ -421,6 +443,7 @@ fn open_stream(
         wake: AtomicWaker::new(),
         end: Mutex::new(None),
         sending_since: Mutex::new(None),
+        held_until: Mutex::new(None),
         closed: Notify::new(),
         cut: AtomicBool::new(false),
         conn,
@@ -442,6 +465,12 @@ fn open_stream(
         chunks: VecDeque::new(),
         in_flight: None,
         finished: false,
+        budget: SendBudget::new(
+            core.limits.max_stream_send_rate,
+            core.limits.max_stream_send_burst,
+            tokio::time::Instant::now().into_std(),
+        ),
+        held: None,
     }))
 }
 
@@ -875,9 +904,42 @@ struct ResponseBody {
     chunks: VecDeque<Bytes>,
     in_flight: Option<InFlight>,
     finished: bool,
+    /// The stream's share of the response work.
+    budget: SendBudget,
+    /// The wait for it, while the stream is in debt.
+    held: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ResponseBody {
+    /// Whether the stream's next response waits for its share of the
+    /// response work; the body is woken when the wait is over.
+    fn is_held(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if let Some(sleep) = &mut self.held {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return true;
+                }
+                self.held = None;
+            }
+            let now = tokio::time::Instant::now();
+            let Some(wait) = self.budget.wait(now.into_std()) else {
+                return false;
+            };
+            // Held only when a response is due: a stream with nothing to
+            // send costs nothing, and its next change is timed from then.
+            if self.shared.state().due_since().is_none() {
+                return false;
+            }
+            let node = self.shared.node();
+            self.core.callbacks.send_held(&node, wait);
+            if let Some(left_out) = HELD_LOG.allow() {
+                tracing::info!(node = %node, peer = %self.shared.peer, wait_ms = wait.as_millis() as u64, rate = self.core.limits.max_stream_send_rate, left_out, "xDS stream over its --max-stream-send-rate: its next response waits (changes coalesce meanwhile)");
+            }
+            self.shared.set_held_until(now.into_std() + wait);
+            self.held = Some(Box::pin(tokio::time::sleep_until(now + wait)));
+        }
+    }
+
     fn take(&mut self) -> Option<()> {
         let snap = self.core.snapshots.borrow().clone();
         let now = Instant::now();
@@ -897,6 +959,8 @@ impl ResponseBody {
         let p = response?;
         self.core.callbacks.response_started(p.resources, &p.lags);
         tracing::debug!(node = %self.shared.node(), version = %p.version, nonce = p.nonce, resources = p.resources, bytes = p.wire_len, "xDS response taken");
+        self.budget
+            .spend(p.wire_len, tokio::time::Instant::now().into_std());
         self.in_flight = Some(InFlight { bytes: p.wire_len });
         self.shared.set_sending_since(Some(now));
         self.chunks.push_back(p.head);
@@ -944,7 +1008,7 @@ impl http_body::Body for ResponseBody {
                 this.finished = true;
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
             }
-            if this.take().is_none() {
+            if this.is_held(cx) || this.take().is_none() {
                 return Poll::Pending;
             }
         }
@@ -1041,6 +1105,9 @@ mod tests {
         fn oldest_unsent(&self, _: Duration) {}
         fn subscribers(&self, _: &str, _: i64) {}
         fn stream_reset(&self, _: &'static str) {}
+        fn send_held(&self, node: &str, _: Duration) {
+            self.push(format!("held {node}"));
+        }
     }
 
     fn snapshot(table: &Arc<Table>, seq: u64, names: &[(&str, u64)]) -> Arc<Snapshot> {
@@ -1327,6 +1394,79 @@ mod tests {
         );
         assert!(rec.has("limit_hit first-request-timeout"));
         assert!(rec.has("limit_hit request-receive-timeout"));
+    }
+
+    /// A client that keeps asking for responses spends its stream's send
+    /// budget and waits on itself: another stream's push goes at once,
+    /// and the held stream then gets the newest state in one response.
+    #[tokio::test]
+    async fn a_churning_stream_waits_for_its_send_budget_and_another_stream_does_not() {
+        let limits = XdsLimits {
+            max_stream_send_rate: 200,
+            max_stream_send_burst: 1000,
+            ..XdsLimits::default()
+        };
+        let (s, tx, rec, table) = server(limits);
+        tokio::spawn(s.clone().run_fanout());
+        let mut quiet = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        quiet.send(&sotw(&["a"], "")).await;
+        let r = DiscoveryResponse::decode(quiet.next().await.unwrap()).unwrap();
+        quiet.send(&sotw(&["a"], &r.nonce)).await;
+        let mut churner = open(&s, &format!("/{ADS}/DeltaAggregatedResources")).await;
+        let churn = |nonce: String| DeltaDiscoveryRequest {
+            node: Some(Node {
+                id: "churner".into(),
+                ..Default::default()
+            }),
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe: vec!["a".into(), "b".into()],
+            response_nonce: nonce,
+            ..Default::default()
+        };
+        // Subscribing again and again: every request is answered in full,
+        // until the burst is spent and a response waits.
+        let mut nonce = String::new();
+        let mut answered = 0;
+        while !rec.has("held churner") {
+            assert!(answered < 20, "1,000 bytes of burst spent within 20 responses");
+            churner.send(&churn(nonce)).await;
+            let r = DeltaDiscoveryResponse::decode(churner.next().await.unwrap()).unwrap();
+            assert_eq!(r.resources.len(), 2, "a response waits, it is never cut");
+            nonce = r.nonce;
+            answered += 1;
+        }
+        assert!(answered > 1, "the burst goes at once");
+        // In debt again after the response it waited for: its ACK, then a
+        // change to a.
+        churner
+            .send(&DeltaDiscoveryRequest {
+                type_url: CLA_TYPE_URL.into(),
+                response_nonce: nonce,
+                ..Default::default()
+            })
+            .await;
+        tx.send_replace(snapshot(&table, 2, &[("a", 2)]));
+        let r = DiscoveryResponse::decode(quiet.next().await.unwrap()).unwrap();
+        assert_eq!(r.resources[0].value, b"a@2", "the quiet stream's push");
+        assert!(!rec.has("held envoy-1"), "the quiet stream never waits");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), churner.next())
+                .await
+                .is_err(),
+            "the churner waits for its budget"
+        );
+        // Changes coalesce while it waits: it gets the newest, once.
+        tx.send_replace(snapshot(&table, 3, &[("a", 3)]));
+        let r = DeltaDiscoveryResponse::decode(churner.next().await.unwrap()).unwrap();
+        assert_eq!(r.resources.len(), 1);
+        assert_eq!(r.resources[0].name, "a");
+        assert_eq!(
+            r.resources[0].resource.as_ref().unwrap().value,
+            b"a@3".to_vec()
+        );
+        // Its wait is not a stream that does not read.
+        assert!(!rec.has("limit_hit send-timeout"));
+        assert!(s.streams() == 2);
     }
 
     #[tokio::test]
