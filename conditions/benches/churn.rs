@@ -3,7 +3,8 @@
 //! snapshots by the publisher; 50 state-of-the-world subscribers (ADS,
 //! ACKing every response as Envoy does) of one cluster; then 4 delta
 //! clients that each subscribe and unsubscribe 16,000 clusters, in turn,
-//! at 20 requests a second (ACKing what they get in their next request).
+//! at 20 requests a second (ACKing what they get in their next request;
+//! sending as HTTP/2 flow control lets them, as gRPC clients do).
 //!
 //! Per phase (quiet: the subscribers alone; churn: with the 4 churning
 //! clients), a change to the subscribers' cluster every 100 ms: the
@@ -13,16 +14,18 @@
 //! and what the churning clients sent and got (requests and responses,
 //! response bytes a second).
 //!
-//! Run twice in one process, each on a fresh server: without a send
-//! budget (`--max-stream-send-rate 0`), then with the shipped one
-//! (`--max-stream-send-rate`, `--max-stream-send-burst`).
+//! Run three times in one process, each on a fresh server: without the
+//! streams' byte budgets (`--max-stream-send-rate 0`,
+//! `--max-stream-request-rate 0`), with the shipped send budget alone,
+//! then with both at their shipped values.
 //!
 //! Prints figures; asserts nothing about time. `make bench-churn`.
 //! Knobs: CHURN_CHANGES (per phase, default 50), CHURN_NAMES (per churning
 //! client, default 16000), CHURN_CLIENTS (default 4), CHURN_RATE
 //! (requests a second per churning client, default 20), CHURN_SUBSCRIBERS
-//! (default 50), CHURN_SEND_RATE and CHURN_SEND_BURST (the budgeted run's
-//! bytes a second and burst; default the shipped flags').
+//! (default 50), CHURN_SEND_RATE, CHURN_SEND_BURST, CHURN_REQUEST_RATE and
+//! CHURN_REQUEST_BURST (the budgets' bytes a second and bursts; default
+//! the shipped flags').
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
@@ -41,7 +44,7 @@ use serving_picker_conditions::model::slice::Slice;
 use serving_picker_conditions::source::{Change, Update};
 use serving_picker_conditions::xds::{Callbacks, Names, XdsServer};
 use serving_picker_xds_load::{
-    grpc_frame, subscribe, Connection, DeltaResponseHead, Received, Subscription, CLA_TYPE_URL,
+    send_flowed, subscribe, Connection, DeltaResponseHead, Received, Subscription, CLA_TYPE_URL,
 };
 
 fn knob(name: &str, default: usize) -> usize {
@@ -165,25 +168,50 @@ async fn churn(
             ));
         })
     };
+    // Both requests' names encoded once (a client on its own machine
+    // spends its own CPU; here it would take the server's): each request
+    // is its nonce's fields, then the names' (protobuf fields concatenate).
+    let encoded = |sub: bool| -> bytes::Bytes {
+        let names = names.to_vec();
+        let (resource_names_subscribe, resource_names_unsubscribe) = if sub {
+            (names, vec![])
+        } else {
+            (vec![], names)
+        };
+        DeltaDiscoveryRequest {
+            type_url: CLA_TYPE_URL.into(),
+            resource_names_subscribe,
+            resource_names_unsubscribe,
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    };
+    let (subscribe_all, unsubscribe_all) = (encoded(true), encoded(false));
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut subscribed = false;
     while !stop.load(Ordering::SeqCst) {
         tick.tick().await;
         let nonce = c.nonce.lock().unwrap().clone();
-        let (sub, unsub) = if subscribed {
-            (vec![], names.to_vec())
+        let names = if subscribed {
+            unsubscribe_all.clone()
         } else {
-            (names.to_vec(), vec![])
+            subscribe_all.clone()
         };
         subscribed = !subscribed;
-        let frame = grpc_frame(&DeltaDiscoveryRequest {
-            type_url: CLA_TYPE_URL.into(),
-            resource_names_subscribe: sub,
-            resource_names_unsubscribe: unsub,
+        let head = DeltaDiscoveryRequest {
             response_nonce: nonce,
             ..Default::default()
-        });
-        if send.send_data(frame, false).is_err() {
+        }
+        .encode_to_vec();
+        let mut frame = BytesMut::with_capacity(5 + head.len());
+        frame.extend_from_slice(&[0]);
+        frame.extend_from_slice(&((head.len() + names.len()) as u32).to_be_bytes());
+        frame.extend_from_slice(&head);
+        // As a gRPC client does: no more than the server's window lets in
+        // (a server that does not read holds the client back).
+        if !send_flowed(&mut send, frame.freeze()).await || !send_flowed(&mut send, names).await {
             break;
         }
         c.requests.fetch_add(1, Ordering::SeqCst);
@@ -218,6 +246,21 @@ impl World {
     }
 }
 
+/// The process's CPU time (user and system) so far, from /proc (zero
+/// where there is none).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.to_string();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
 async fn phase(world: &mut World, lat: &Latencies, changes: usize) -> Vec<Duration> {
     lat.subscribers.lock().unwrap().clear();
     for _ in 0..changes {
@@ -232,6 +275,9 @@ async fn phase(world: &mut World, lat: &Latencies, changes: usize) -> Vec<Durati
 struct Run {
     quiet: (usize, f64, f64, f64),
     churn: (usize, f64, f64, f64),
+    /// The process's CPU a second, quiet and churn.
+    quiet_cpu: f64,
+    churn_cpu: f64,
     requests_per_s: f64,
     responses: u64,
     mib_per_s: f64,
@@ -299,7 +345,9 @@ async fn run(k: &Knobs, limits: XdsLimits) -> Run {
         tx,
         flip: 0,
     };
+    let (t, cpu) = (Instant::now(), cpu_time());
     let quiet = phase(&mut world, &lat, k.changes).await;
+    let quiet_cpu = (cpu_time() - cpu).as_secs_f64() / t.elapsed().as_secs_f64();
     let stop = Arc::new(AtomicBool::new(false));
     let churns: Vec<Arc<Churn>> = (0..k.clients).map(|_| Arc::new(Churn::default())).collect();
     let mut churn_tasks = Vec::new();
@@ -321,11 +369,15 @@ async fn run(k: &Knobs, limits: XdsLimits) -> Run {
         sum(|c| c.responses.load(Ordering::SeqCst)),
         sum(|c| c.bytes.load(Ordering::SeqCst)),
     );
+    let cpu = cpu_time();
     let churned = phase(&mut world, &lat, k.changes).await;
     let secs = t.elapsed().as_secs_f64();
+    let churn_cpu = (cpu_time() - cpu).as_secs_f64() / secs;
     let run = Run {
         quiet: quantiles(quiet),
         churn: quantiles(churned),
+        quiet_cpu,
+        churn_cpu,
         requests_per_s: (sum(|c| c.requests.load(Ordering::SeqCst)) - req0) as f64 / secs,
         responses: sum(|c| c.responses.load(Ordering::SeqCst)) - resp0,
         mib_per_s: (sum(|c| c.bytes.load(Ordering::SeqCst)) - bytes0) as f64
@@ -359,6 +411,9 @@ fn main() {
     let shipped = XdsLimits::default();
     let send_rate = knob("CHURN_SEND_RATE", shipped.max_stream_send_rate as usize) as u64;
     let send_burst = knob("CHURN_SEND_BURST", shipped.max_stream_send_burst as usize) as u64;
+    let request_rate = knob("CHURN_REQUEST_RATE", shipped.max_stream_request_rate as usize) as u64;
+    let request_burst =
+        knob("CHURN_REQUEST_BURST", shipped.max_stream_request_burst as usize) as u64;
     serving_picker_xds_load::raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -370,44 +425,52 @@ fn main() {
             "churn: {} subscribers of one cluster; {} delta clients x {} names at {} requests/s; {} changes 100 ms apart per phase; {} assignments served",
             k.n_subs, k.clients, k.n_names, k.rate, k.changes, k.n_names + 1
         );
+        // (label, send rate and burst, request rate and burst); rate 0: none.
         let budgets = [
-            ("none", 0, 0),
-            ("budget", send_rate, send_burst),
+            ("none", (0, 0), (0, 0)),
+            ("send only", (send_rate, send_burst), (0, 0)),
+            ("send and request", (send_rate, send_burst), (request_rate, request_burst)),
         ];
         let mut runs = Vec::new();
-        for (label, rate, burst) in budgets {
+        for (label, send, request) in budgets {
             let limits = XdsLimits {
-                max_stream_send_rate: rate,
-                max_stream_send_burst: burst,
+                max_stream_send_rate: send.0,
+                max_stream_send_burst: send.1,
+                max_stream_request_rate: request.0,
+                max_stream_request_burst: request.1,
                 ..XdsLimits::default()
             };
-            runs.push((label, rate, burst, run(&k, limits).await));
+            runs.push((label, run(&k, limits).await));
         }
         println!(
-            "{:<22} {:<6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8}",
-            "send budget (rate/burst)", "", "", "quiet", "", "", "churn", "", "", "", "churners", "", ""
+            "budgets: send {} KiB/s, burst {} KiB; request names {} KiB/s, burst {} KiB",
+            send_rate >> 10,
+            send_burst >> 10,
+            request_rate >> 10,
+            request_burst >> 10
         );
         println!(
-            "{:<22} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8}",
-            "", "ACKs", "p50 ms", "p99 ms", "max ms", "ACKs", "p50 ms", "p99 ms", "max ms", "p99 x", "req/s", "resp", "MiB/s"
+            "{:<24} {:>26} {:>26} {:>7} {:>11} {:>22}",
+            "", "quiet", "churn", "", "CPU cores", "churning clients"
         );
-        for (label, rate, burst, r) in &runs {
-            let b = if *rate == 0 {
-                (*label).to_string()
-            } else {
-                format!("{} MiB/s, {} MiB", rate >> 20, burst >> 20)
-            };
-            let (qn, q50, q99, qmax) = r.quiet;
-            let (cn, c50, c99, cmax) = r.churn;
+        println!(
+            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>5} {:>7} {:>6} {:>7}",
+            "budgets", "p50 ms", "p99 ms", "max ms", "p50 ms", "p99 ms", "max ms", "p99 x", "quiet", "churn", "req/s", "resp", "MiB/s"
+        );
+        for (b, r) in &runs {
+            let (_, q50, q99, qmax) = r.quiet;
+            let (_, c50, c99, cmax) = r.churn;
             println!(
-                "{b:<22} {qn:>6} {q50:>8.2} {q99:>8.2} {qmax:>8.2} {cn:>6} {c50:>8.2} {c99:>8.2} {cmax:>8.2} {:>6.2}x {:>8.1} {:>6} {:>8.1}",
+                "{b:<24} {q50:>8.1} {q99:>8.1} {qmax:>8.1} {c50:>8.1} {c99:>8.1} {cmax:>8.1} {:>6.2}x {:>5.2} {:>5.2} {:>7.1} {:>6} {:>7.1}",
                 c99 / q99,
+                r.quiet_cpu,
+                r.churn_cpu,
                 r.requests_per_s,
                 r.responses,
                 r.mib_per_s,
             );
         }
-        for (label, _, _, r) in &runs {
+        for (label, r) in &runs {
             if !r.ended.is_empty() {
                 println!("{label}: churning streams ended: {:?}", r.ended);
             }

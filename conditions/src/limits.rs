@@ -152,6 +152,23 @@ pub struct XdsLimits {
     /// goes without waiting.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     pub max_stream_send_burst: u64,
+    /// Bytes of resource names one xDS stream's requests may change a
+    /// second (each name counted with 8 bytes more: its hash, lookup and
+    /// place in the sort), after its `--max-stream-request-burst`: a
+    /// stream that has spent its burst is not read until the debt is paid
+    /// back (HTTP/2 flow control holds its client back), so one client
+    /// that keeps subscribing and unsubscribing thousands of names slows
+    /// only itself. Requests that change no names (delta ACKs, a
+    /// state-of-the-world ACK repeating its names) cost nothing. 0: no
+    /// budget.
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 10)]
+    pub max_stream_request_rate: u64,
+    /// Bytes of resource names one xDS stream's requests may change at
+    /// once before `--max-stream-request-rate` holds it back: a first
+    /// subscription to `--max-resource-names` names of 64 bytes goes
+    /// without waiting.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    pub max_stream_request_burst: u64,
 }
 
 /// The part of each request message that `--request-buffer-bytes` does not count.
@@ -201,6 +218,8 @@ impl Default for XdsLimits {
             send_timeout: Duration::from_secs(30),
             max_stream_send_rate: 2 << 20,
             max_stream_send_burst: 16 << 20,
+            max_stream_request_rate: 256 << 10,
+            max_stream_request_burst: 4 << 20,
         }
     }
 }
@@ -280,6 +299,10 @@ pub mod names {
     pub const MAX_STREAM_SEND_RATE: &str = "max-stream-send-rate";
     /// `--max-stream-send-burst`: response bytes one xDS stream may be sent at once.
     pub const MAX_STREAM_SEND_BURST: &str = "max-stream-send-burst";
+    /// `--max-stream-request-rate`: bytes of names one xDS stream's requests may change a second.
+    pub const MAX_STREAM_REQUEST_RATE: &str = "max-stream-request-rate";
+    /// `--max-stream-request-burst`: bytes of names one xDS stream's requests may change at once.
+    pub const MAX_STREAM_REQUEST_BURST: &str = "max-stream-request-burst";
     /// `--metrics-max-connections`: connections open on the metrics port.
     pub const METRICS_MAX_CONNECTIONS: &str = "metrics-max-connections";
     /// `--metrics-header-timeout`: the time a metrics request's headers may take.

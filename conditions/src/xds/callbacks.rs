@@ -54,4 +54,7 @@ pub trait Callbacks: Send + Sync + 'static {
     /// A due response of `node`'s stream waits `wait` for the stream's
     /// share of the response work (`--max-stream-send-rate`).
     fn send_held(&self, _node: &str, _wait: Duration) {}
+    /// `node`'s stream is not read for `wait`: its requests changed more
+    /// names than its share (`--max-stream-request-rate`).
+    fn request_held(&self, _node: &str, _wait: Duration) {}
 }

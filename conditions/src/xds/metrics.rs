@@ -38,6 +38,7 @@ metric_group! {
         refused: Family<Labels, Counter> = ("xds_refused", "xDS streams and gRPC connections refused with RESOURCE_EXHAUSTED, by the limit (flag) that refused them"),
         subscribers: Family<OwnedLabels, Gauge> = ("xds_subscribers", "xDS streams subscribed to each cluster (EDS resource)"),
         send_held_seconds: Counter<f64, AtomicU64> = ("xds_send_held_seconds", "Time due responses waited for their stream's share of the response work (--max-stream-send-rate after --max-stream-send-burst; each wait is counted in limit_hits_total{limit=\"max-stream-send-rate\"}): a client that keeps asking for large responses waits on itself"),
+        request_held_seconds: Counter<f64, AtomicU64> = ("xds_request_held_seconds", "Time xDS streams were not read because their requests changed more names than their share (--max-stream-request-rate after --max-stream-request-burst; each wait is counted in limit_hits_total{limit=\"max-stream-request-rate\"}): a client that keeps subscribing and unsubscribing waits on itself"),
         oldest_unsent_seconds: Gauge<f64, AtomicU64> = ("xds_oldest_unsent_response_seconds", "Age of the oldest response due and not taken by its stream (a stream is cut at --send-timeout)"),
         unknown_names: Counter = ("xds_unknown_resource_names", "Resource names requested that no --cluster defines (a state-of-the-world stream keeps none; a delta stream keeps each until a response answers it removed, within xds_retained_bytes)"),
         largest_request_bytes: Gauge = ("xds_largest_request_bytes", "Largest xDS request message received (see limit{limit=\"max-request-bytes\"})"),
@@ -164,6 +165,10 @@ impl Callbacks for MetricsCallbacks {
     fn send_held(&self, _node: &str, wait: Duration) {
         self.metrics.limit_hit(crate::limits::names::MAX_STREAM_SEND_RATE);
         self.xds.send_held_seconds.inc_by(wait.as_secs_f64());
+    }
+    fn request_held(&self, _node: &str, wait: Duration) {
+        self.metrics.limit_hit(crate::limits::names::MAX_STREAM_REQUEST_RATE);
+        self.xds.request_held_seconds.inc_by(wait.as_secs_f64());
     }
     fn retained_bytes(&self, bytes: usize, limit: usize) {
         self.xds.retained_bytes.set(bytes as i64);

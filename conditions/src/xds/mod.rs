@@ -27,8 +27,9 @@
 //! - `subscriptions`: one stream's names, what it was sent, what is due.
 //! - `retained`: the bytes streams keep between requests, bounded per
 //!   stream and over all.
-//! - `send_budget`: one stream's share of the response work
-//!   (`--max-stream-send-rate`, `--max-stream-send-burst`).
+//! - `byte_budget`: one stream's share of the work, in bytes of responses
+//!   (`--max-stream-send-rate`) and of names requested
+//!   (`--max-stream-request-rate`).
 //! - `sotw`, `delta`: each protocol's rules, without a network.
 //! - `requests`: requests cut from a stream's bytes.
 //! - `callbacks`: what the server reports (metrics, the status page).
@@ -45,7 +46,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod requests;
 pub mod retained;
-pub mod send_budget;
+pub mod byte_budget;
 pub mod server;
 pub mod sotw;
 pub mod subscriptions;

@@ -37,7 +37,7 @@ use crate::xds::delta::DeltaStream;
 use crate::xds::protocol::{Handled, Names, RequestKind, StreamState, Taken};
 use crate::xds::requests::{self, DeltaRequestView, MessageError, RequestView};
 use crate::xds::retained::{Refusal, RetainedBudget};
-use crate::xds::send_budget::SendBudget;
+use crate::xds::byte_budget::ByteBudget;
 use crate::xds::sotw::SotwStream;
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
@@ -220,6 +220,14 @@ impl XdsServer {
         callbacks.limit_set(
             limit::MAX_STREAM_SEND_BURST,
             i64::try_from(limits.max_stream_send_burst).unwrap_or(i64::MAX),
+        );
+        callbacks.limit_set(
+            limit::MAX_STREAM_REQUEST_RATE,
+            i64::try_from(limits.max_stream_request_rate).unwrap_or(i64::MAX),
+        );
+        callbacks.limit_set(
+            limit::MAX_STREAM_REQUEST_BURST,
+            i64::try_from(limits.max_stream_request_burst).unwrap_or(i64::MAX),
         );
         let retained = Arc::new(RetainedBudget::new(
             limits.max_name_bytes,
@@ -465,7 +473,7 @@ fn open_stream(
         chunks: VecDeque::new(),
         in_flight: None,
         finished: false,
-        budget: SendBudget::new(
+        budget: ByteBudget::new(
             core.limits.max_stream_send_rate,
             core.limits.max_stream_send_burst,
             tokio::time::Instant::now().into_std(),
@@ -618,7 +626,23 @@ impl RequestReader {
 async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body, delta: bool) {
     let mut reader = RequestReader::new(body, &core, shared.conn.as_ref());
     let mut other_types = BTreeSet::new();
+    let mut budget = ByteBudget::new(
+        core.limits.max_stream_request_rate,
+        core.limits.max_stream_request_burst,
+        tokio::time::Instant::now().into_std(),
+    );
     let end = loop {
+        if let Some(wait) = budget.wait(tokio::time::Instant::now().into_std()) {
+            let node = shared.node();
+            core.callbacks.request_held(&node, wait);
+            if let Some(left_out) = HELD_LOG.allow() {
+                tracing::info!(node = %node, peer = %shared.peer, wait_ms = wait.as_millis() as u64, rate = core.limits.max_stream_request_rate, left_out, "xDS stream's requests change names faster than its --max-stream-request-rate: not read meanwhile");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shared.closed.notified() => break None,
+            }
+        }
         let next = tokio::select! {
             r = reader.next() => r,
             _ = shared.closed.notified() => break None,
@@ -629,15 +653,33 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body, d
                 let handled = if delta {
                     DeltaRequestView::decode(message)
                         .map_err(ReadError::Decode)
-                        .map(|req| handle_delta(&core, &shared, &req))
+                        .map(|req| {
+                            let cost = names_cost(&req.resource_names_subscribe)
+                                + names_cost(&req.resource_names_unsubscribe);
+                            handle_delta(&core, &shared, &req).map(|h| (h, cost))
+                        })
                 } else {
                     RequestView::decode(message)
                         .map_err(ReadError::Decode)
-                        .map(|req| handle_sotw(&core, &shared, &req))
+                        .map(|req| {
+                            handle_sotw(&core, &shared, &req).map(|h| {
+                                // A repeat of the names is recognised by
+                                // their fingerprint: no work per name.
+                                let cost = if h.names_changed {
+                                    names_cost(&req.resource_names)
+                                } else {
+                                    0
+                                };
+                                (h, cost)
+                            })
+                        })
                 };
                 match handled {
                     Ok(Err(status)) => break Some(status),
-                    Ok(Ok(h)) => report(&core, &shared, &h, &mut other_types),
+                    Ok(Ok((h, cost))) => {
+                        budget.spend(cost, tokio::time::Instant::now().into_std());
+                        report(&core, &shared, &h, &mut other_types)
+                    }
                     Err(ReadError::Decode(e)) => {
                         break Some(Status::invalid_argument(format!(
                             "not a {}DiscoveryRequest: {e}",
@@ -719,6 +761,16 @@ async fn read_requests(core: Arc<Core>, shared: Arc<StreamShared>, body: Body, d
         shared.end_with(status);
     }
 }
+
+/// What a request's names cost its stream's `--max-stream-request-rate`:
+/// their bytes, and [`NAME_WORK`] each.
+fn names_cost(names: &[Bytes]) -> usize {
+    names.iter().map(|n| n.len() + NAME_WORK).sum()
+}
+
+/// The work a name costs beside its bytes (a hash, a lookup, a place in
+/// the sort), in bytes.
+const NAME_WORK: usize = 8;
 
 /// Reads the node's id once per stream, for the logs.
 fn identify(core: &Core, shared: &StreamShared, node_bytes: &Bytes) {
@@ -905,7 +957,7 @@ struct ResponseBody {
     in_flight: Option<InFlight>,
     finished: bool,
     /// The stream's share of the response work.
-    budget: SendBudget,
+    budget: ByteBudget,
     /// The wait for it, while the stream is in debt.
     held: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -1400,7 +1452,7 @@ mod tests {
     /// budget and waits on itself: another stream's push goes at once,
     /// and the held stream then gets the newest state in one response.
     #[tokio::test]
-    async fn a_churning_stream_waits_for_its_send_budget_and_another_stream_does_not() {
+    async fn a_churning_stream_waits_for_its_byte_budget_and_another_stream_does_not() {
         let limits = XdsLimits {
             max_stream_send_rate: 200,
             max_stream_send_burst: 1000,

@@ -231,6 +231,23 @@ pub fn grpc_frame(msg: &impl Message) -> Bytes {
     buf.freeze()
 }
 
+/// Sends `data` as the stream's send window allows; false when the
+/// stream is gone.
+pub async fn send_flowed(send: &mut h2::SendStream<Bytes>, mut data: Bytes) -> bool {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let got = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => n,
+            _ => return false,
+        };
+        let n = got.min(data.len());
+        if n > 0 && send.send_data(data.split_to(n), false).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 /// The fields of a DiscoveryResponse an ACK needs (the resources kept as bytes).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHead {

@@ -1,21 +1,24 @@
-//! One stream's share of the response work: a token bucket of response
-//! bytes (`--max-stream-send-rate` a second, `--max-stream-send-burst` at
-//! most), so a client that keeps asking for large responses (subscribing
-//! and unsubscribing thousands of names) waits on itself and leaves the
-//! CPU to the other streams.
+//! One stream's share of the server's work, in bytes: a token bucket
+//! (so many bytes a second, a burst at most) that a stream spends on its
+//! responses (`--max-stream-send-rate`, `--max-stream-send-burst`) and,
+//! in a bucket of its own, on the names its requests change
+//! (`--max-stream-request-rate`, `--max-stream-request-burst`). A client
+//! that keeps subscribing and unsubscribing thousands of names waits on
+//! itself and leaves the CPU to the other streams.
 //!
-//! A response is taken whenever the bucket is not in debt, whatever its
-//! size, and its bytes are then spent (the bucket may go below zero): a
-//! response is never refused nor cut, and a first full load that fits in
-//! the burst goes at once. In debt, the stream's next response waits until
-//! the debt is paid back; what changes meanwhile coalesces, so the stream
-//! then gets the newest state in one response. Only that stream waits.
+//! Work is done whenever the bucket is not in debt, whatever its size, and
+//! its bytes are then spent (the bucket may go below zero): nothing is
+//! ever refused or cut for its size, and a first full load that fits in
+//! the burst goes at once. In debt, the stream's next response (or the
+//! reading of its next request) waits until the debt is paid back; what
+//! changes meanwhile coalesces, so the stream then gets the newest state
+//! in one response. Only that stream waits.
 
 use std::time::{Duration, Instant};
 
-/// A stream's budget of response bytes.
+/// A stream's budget of bytes (of responses, or of names requested).
 #[derive(Debug, Clone)]
-pub struct SendBudget {
+pub struct ByteBudget {
     /// Bytes a second; 0: no budget.
     rate: u64,
     burst: f64,
@@ -24,11 +27,11 @@ pub struct SendBudget {
     at: Instant,
 }
 
-impl SendBudget {
+impl ByteBudget {
     /// A full bucket of `burst` bytes refilled at `rate` bytes a second
     /// (`rate` 0: never waits).
-    pub fn new(rate: u64, burst: u64, now: Instant) -> SendBudget {
-        SendBudget {
+    pub fn new(rate: u64, burst: u64, now: Instant) -> ByteBudget {
+        ByteBudget {
             rate,
             burst: burst as f64,
             tokens: burst as f64,
@@ -42,8 +45,8 @@ impl SendBudget {
         self.tokens = (self.tokens + elapsed * self.rate as f64).min(self.burst);
     }
 
-    /// How long the stream's next response must wait (`None`: it may be
-    /// taken now).
+    /// How long the stream's next piece of work must wait (`None`: it may
+    /// be done now).
     pub fn wait(&mut self, now: Instant) -> Option<Duration> {
         if self.rate == 0 {
             return None;
@@ -57,7 +60,7 @@ impl SendBudget {
         Some(Duration::from_secs_f64(secs.min(3600.0)))
     }
 
-    /// A response of `bytes` was taken.
+    /// Work of `bytes` was done.
     pub fn spend(&mut self, bytes: usize, now: Instant) {
         if self.rate == 0 {
             return;
@@ -75,7 +78,7 @@ mod tests {
     #[test]
     fn a_burst_goes_at_once_then_the_stream_waits_its_debt_and_never_more() {
         let t0 = Instant::now();
-        let mut b = SendBudget::new(1000, 5000, t0);
+        let mut b = ByteBudget::new(1000, 5000, t0);
         assert_eq!(b.wait(t0), None, "a full bucket");
         // A first load within the burst, then one more: no wait yet.
         b.spend(4000, t0);
@@ -101,7 +104,7 @@ mod tests {
     #[test]
     fn rate_zero_is_no_budget() {
         let t0 = Instant::now();
-        let mut b = SendBudget::new(0, 0, t0);
+        let mut b = ByteBudget::new(0, 0, t0);
         b.spend(usize::MAX, t0);
         assert_eq!(b.wait(t0), None);
     }
@@ -109,7 +112,7 @@ mod tests {
     #[test]
     fn a_clock_that_goes_back_is_no_refill() {
         let t1 = Instant::now() + Duration::from_secs(10);
-        let mut b = SendBudget::new(100, 100, t1);
+        let mut b = ByteBudget::new(100, 100, t1);
         b.spend(200, t1);
         let w = b.wait(t1 - Duration::from_secs(5)).unwrap();
         assert!((w.as_secs_f64() - 1.0).abs() < 1e-6, "{w:?}");
