@@ -332,7 +332,13 @@ async fn run(k: &Knobs, limits: XdsLimits) -> Run {
         let r = Arc::new(Received::default());
         subs.push(r.clone());
         sub_tasks.push(tokio::spawn(async move {
-            subscribe(&conn, &Subscription::ads(format!("sub-{i}"), &["a"]), &r, epoch).await;
+            subscribe(
+                &conn,
+                &Subscription::ads(format!("sub-{i}"), &["a"]),
+                &r,
+                epoch,
+            )
+            .await;
         }));
     }
     let t = Instant::now();
@@ -411,9 +417,14 @@ fn main() {
     let shipped = XdsLimits::default();
     let send_rate = knob("CHURN_SEND_RATE", shipped.max_stream_send_rate as usize) as u64;
     let send_burst = knob("CHURN_SEND_BURST", shipped.max_stream_send_burst as usize) as u64;
-    let request_rate = knob("CHURN_REQUEST_RATE", shipped.max_stream_request_rate as usize) as u64;
-    let request_burst =
-        knob("CHURN_REQUEST_BURST", shipped.max_stream_request_burst as usize) as u64;
+    let request_rate = knob(
+        "CHURN_REQUEST_RATE",
+        shipped.max_stream_request_rate as usize,
+    ) as u64;
+    let request_burst = knob(
+        "CHURN_REQUEST_BURST",
+        shipped.max_stream_request_burst as usize,
+    ) as u64;
     serving_picker_xds_load::raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -167,7 +167,7 @@ pub struct XdsLimits {
     /// once before `--max-stream-request-rate` holds it back: a first
     /// subscription to `--max-resource-names` names of 64 bytes goes
     /// without waiting.
-    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 2 << 20)]
     pub max_stream_request_burst: u64,
 }
 
@@ -219,7 +219,7 @@ impl Default for XdsLimits {
             max_stream_send_rate: 2 << 20,
             max_stream_send_burst: 16 << 20,
             max_stream_request_rate: 256 << 10,
-            max_stream_request_burst: 4 << 20,
+            max_stream_request_burst: 2 << 20,
         }
     }
 }

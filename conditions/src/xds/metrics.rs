@@ -163,11 +163,13 @@ impl Callbacks for MetricsCallbacks {
             .inc();
     }
     fn send_held(&self, _node: &str, wait: Duration) {
-        self.metrics.limit_hit(crate::limits::names::MAX_STREAM_SEND_RATE);
+        self.metrics
+            .limit_hit(crate::limits::names::MAX_STREAM_SEND_RATE);
         self.xds.send_held_seconds.inc_by(wait.as_secs_f64());
     }
     fn request_held(&self, _node: &str, wait: Duration) {
-        self.metrics.limit_hit(crate::limits::names::MAX_STREAM_REQUEST_RATE);
+        self.metrics
+            .limit_hit(crate::limits::names::MAX_STREAM_REQUEST_RATE);
         self.xds.request_held_seconds.inc_by(wait.as_secs_f64());
     }
     fn retained_bytes(&self, bytes: usize, limit: usize) {

@@ -37,6 +37,7 @@
 //! - `server`: the gRPC services, a stream's request task and response body.
 //! - `fanout`: snapshots to streams, the send timeout, the stream gauges.
 
+pub mod byte_budget;
 pub mod callbacks;
 pub mod delta;
 pub mod fanout;
@@ -46,7 +47,6 @@ pub mod metrics;
 pub mod protocol;
 pub mod requests;
 pub mod retained;
-pub mod byte_budget;
 pub mod server;
 pub mod sotw;
 pub mod subscriptions;

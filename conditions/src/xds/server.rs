@@ -32,12 +32,12 @@ use crate::eds::response_bytes as wire;
 use crate::limits::{names as limit, XdsLimits, FREE_REQUEST_BYTES};
 use crate::net::listener::{Conn, Connections};
 use crate::telemetry::ratelog::LogBudget;
+use crate::xds::byte_budget::ByteBudget;
 use crate::xds::callbacks::Callbacks;
 use crate::xds::delta::DeltaStream;
 use crate::xds::protocol::{Handled, Names, RequestKind, StreamState, Taken};
 use crate::xds::requests::{self, DeltaRequestView, MessageError, RequestView};
 use crate::xds::retained::{Refusal, RetainedBudget};
-use crate::xds::byte_budget::ByteBudget;
 use crate::xds::sotw::SotwStream;
 
 /// Largest piece of a response handed to HTTP/2 at once: a stream's
@@ -1160,6 +1160,9 @@ mod tests {
         fn send_held(&self, node: &str, _: Duration) {
             self.push(format!("held {node}"));
         }
+        fn request_held(&self, node: &str, _: Duration) {
+            self.push(format!("request_held {node}"));
+        }
     }
 
     fn snapshot(table: &Arc<Table>, seq: u64, names: &[(&str, u64)]) -> Arc<Snapshot> {
@@ -1452,7 +1455,7 @@ mod tests {
     /// budget and waits on itself: another stream's push goes at once,
     /// and the held stream then gets the newest state in one response.
     #[tokio::test]
-    async fn a_churning_stream_waits_for_its_byte_budget_and_another_stream_does_not() {
+    async fn a_churning_stream_waits_for_its_send_budget_and_another_stream_does_not() {
         let limits = XdsLimits {
             max_stream_send_rate: 200,
             max_stream_send_burst: 1000,
@@ -1480,7 +1483,10 @@ mod tests {
         let mut nonce = String::new();
         let mut answered = 0;
         while !rec.has("held churner") {
-            assert!(answered < 20, "1,000 bytes of burst spent within 20 responses");
+            assert!(
+                answered < 20,
+                "1,000 bytes of burst spent within 20 responses"
+            );
             churner.send(&churn(nonce)).await;
             let r = DeltaDiscoveryResponse::decode(churner.next().await.unwrap()).unwrap();
             assert_eq!(r.resources.len(), 2, "a response waits, it is never cut");
@@ -1519,6 +1525,69 @@ mod tests {
         // Its wait is not a stream that does not read.
         assert!(!rec.has("limit_hit send-timeout"));
         assert!(s.streams() == 2);
+    }
+
+    /// A client whose requests change more names than its share is not
+    /// read for a while (only its own requests and ACKs wait); another
+    /// stream's push and ACK go on meanwhile.
+    #[tokio::test]
+    async fn a_stream_whose_requests_change_too_many_names_waits_and_another_does_not() {
+        let limits = XdsLimits {
+            max_stream_request_rate: 1000,
+            max_stream_request_burst: 100,
+            ..XdsLimits::default()
+        };
+        let (s, tx, rec, table) = server(limits);
+        tokio::spawn(s.clone().run_fanout());
+        let mut quiet = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
+        quiet.send(&sotw(&["a"], "")).await;
+        let r = DiscoveryResponse::decode(quiet.next().await.unwrap()).unwrap();
+        quiet.send(&sotw(&["a"], &r.nonce)).await;
+        let mut churner = open(&s, &format!("/{ADS}/DeltaAggregatedResources")).await;
+        // 10 names of 50 bytes and "a": 529 bytes of names (8 more each),
+        // over the burst of 100: the next request waits ~0.4 s.
+        let mut names: Vec<String> = (0..10).map(|i| format!("{i:050}")).collect();
+        names.push("a".into());
+        churner
+            .send(&DeltaDiscoveryRequest {
+                node: Some(Node {
+                    id: "churner".into(),
+                    ..Default::default()
+                }),
+                type_url: CLA_TYPE_URL.into(),
+                resource_names_subscribe: names,
+                ..Default::default()
+            })
+            .await;
+        let r = DeltaDiscoveryResponse::decode(churner.next().await.unwrap()).unwrap();
+        assert_eq!(r.removed_resources.len(), 10, "answered at once");
+        // Its ACK, subscribing b too: not read until the debt is paid.
+        churner
+            .send(&DeltaDiscoveryRequest {
+                type_url: CLA_TYPE_URL.into(),
+                resource_names_subscribe: vec!["b".into()],
+                response_nonce: r.nonce,
+                ..Default::default()
+            })
+            .await;
+        tx.send_replace(snapshot(&table, 2, &[("a", 2)]));
+        let r = DiscoveryResponse::decode(quiet.next().await.unwrap()).unwrap();
+        assert_eq!(r.resources[0].value, b"a@2", "the quiet stream's push");
+        quiet.send(&sotw(&["a"], &r.nonce)).await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(150), churner.next())
+                .await
+                .is_err(),
+            "the churner's ACK is not read yet: nothing more is sent to it"
+        );
+        assert!(rec.has("request_held churner"));
+        assert!(rec.has("programmed 1"), "the quiet stream's ACK was read");
+        assert!(!rec.has("request_held envoy-1"));
+        // Then its request is read: a's change and b, in one response.
+        let r = DeltaDiscoveryResponse::decode(churner.next().await.unwrap()).unwrap();
+        let mut got: Vec<_> = r.resources.iter().map(|x| x.name.as_str()).collect();
+        got.sort_unstable();
+        assert_eq!(got, ["a", "b"]);
     }
 
     #[tokio::test]
