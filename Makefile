@@ -341,7 +341,10 @@ bench-conditions: build envoy
 
 # Subscription churn beside subscribers, in process (conditions/benches/churn.rs): 50 ADS
 # subscribers' change-to-ACK p50/p99/max alone, then beside 4 delta clients churning 16,000 names
-# at 20 requests/s, side by side; knobs CHURN_CHANGES, CHURN_NAMES, CHURN_CLIENTS, CHURN_RATE.
+# at 20 requests/s, side by side; three runs: no stream budgets, the send budget alone, both
+# budgets (--max-stream-send-rate, --max-stream-request-rate); knobs CHURN_CHANGES, CHURN_NAMES,
+# CHURN_CLIENTS, CHURN_RATE, CHURN_SEND_RATE, CHURN_SEND_BURST, CHURN_REQUEST_RATE,
+# CHURN_REQUEST_BURST.
 .PHONY: bench-churn
 bench-churn:
 	cargo bench -p serving-picker-conditions --bench churn

@@ -19,6 +19,10 @@
 //! `--max-stream-request-rate 0`), with the shipped send budget alone,
 //! then with both at their shipped values.
 //!
+//! Between the phases, a well-behaved delta client subscribes to every
+//! name once: the time to its whole first response (a first full load,
+//! which the budgets' bursts must let through at once).
+//!
 //! Prints figures; asserts nothing about time. `make bench-churn`.
 //! Knobs: CHURN_CHANGES (per phase, default 50), CHURN_NAMES (per churning
 //! client, default 16000), CHURN_CLIENTS (default 4), CHURN_RATE
@@ -44,7 +48,7 @@ use serving_picker_conditions::model::slice::Slice;
 use serving_picker_conditions::source::{Change, Update};
 use serving_picker_conditions::xds::{Callbacks, Names, XdsServer};
 use serving_picker_xds_load::{
-    send_flowed, subscribe, Connection, DeltaResponseHead, Received, Subscription, CLA_TYPE_URL,
+    grpc_frame, send_flowed, subscribe, Connection, DeltaResponseHead, Received, Subscription, CLA_TYPE_URL,
 };
 
 fn knob(name: &str, default: usize) -> usize {
@@ -246,6 +250,35 @@ impl World {
     }
 }
 
+/// A well-behaved delta client's first full load: it subscribes to every
+/// name once; the time from its request to the last byte of the response.
+async fn first_load(addr: SocketAddr, names: &[String]) -> (Duration, usize) {
+    let conn = Connection::open_like_envoy(addr).await.unwrap();
+    let sub = Subscription::delta_ads("first-load".to_string(), &[]);
+    let (mut send, resp) = conn.stream(&sub).await.unwrap();
+    let t = Instant::now();
+    let request = grpc_frame(&DeltaDiscoveryRequest {
+        type_url: CLA_TYPE_URL.into(),
+        resource_names_subscribe: names.to_vec(),
+        ..Default::default()
+    });
+    assert!(send_flowed(&mut send, request).await);
+    let mut body = resp.await.unwrap().into_body();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+        if buf.len() >= 5 {
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if buf.len() >= 5 + len {
+                return (t.elapsed(), 5 + len);
+            }
+        }
+    }
+    panic!("the first load's stream ended");
+}
+
 /// The process's CPU time (user and system) so far, from /proc (zero
 /// where there is none).
 fn cpu_time() -> Duration {
@@ -278,6 +311,8 @@ struct Run {
     /// The process's CPU a second, quiet and churn.
     quiet_cpu: f64,
     churn_cpu: f64,
+    /// A well-behaved client's first load of every name: time, bytes.
+    first_load: (Duration, usize),
     requests_per_s: f64,
     responses: u64,
     mib_per_s: f64,
@@ -354,6 +389,7 @@ async fn run(k: &Knobs, limits: XdsLimits) -> Run {
     let (t, cpu) = (Instant::now(), cpu_time());
     let quiet = phase(&mut world, &lat, k.changes).await;
     let quiet_cpu = (cpu_time() - cpu).as_secs_f64() / t.elapsed().as_secs_f64();
+    let first_load = first_load(addr, &names).await;
     let stop = Arc::new(AtomicBool::new(false));
     let churns: Vec<Arc<Churn>> = (0..k.clients).map(|_| Arc::new(Churn::default())).collect();
     let mut churn_tasks = Vec::new();
@@ -384,6 +420,7 @@ async fn run(k: &Knobs, limits: XdsLimits) -> Run {
         churn: quantiles(churned),
         quiet_cpu,
         churn_cpu,
+        first_load,
         requests_per_s: (sum(|c| c.requests.load(Ordering::SeqCst)) - req0) as f64 / secs,
         responses: sum(|c| c.responses.load(Ordering::SeqCst)) - resp0,
         mib_per_s: (sum(|c| c.bytes.load(Ordering::SeqCst)) - bytes0) as f64
@@ -461,24 +498,26 @@ fn main() {
             request_burst >> 10
         );
         println!(
-            "{:<24} {:>26} {:>26} {:>7} {:>11} {:>22}",
-            "", "quiet", "churn", "", "CPU cores", "churning clients"
+            "{:<24} {:>26} {:>26} {:>7} {:>11} {:>22} {:>14}",
+            "", "quiet", "churn", "", "CPU cores", "churning clients", "first load"
         );
         println!(
-            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>5} {:>7} {:>6} {:>7}",
-            "budgets", "p50 ms", "p99 ms", "max ms", "p50 ms", "p99 ms", "max ms", "p99 x", "quiet", "churn", "req/s", "resp", "MiB/s"
+            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>5} {:>7} {:>6} {:>7} {:>6} {:>7}",
+            "budgets", "p50 ms", "p99 ms", "max ms", "p50 ms", "p99 ms", "max ms", "p99 x", "quiet", "churn", "req/s", "resp", "MiB/s", "ms", "MiB"
         );
         for (b, r) in &runs {
             let (_, q50, q99, qmax) = r.quiet;
             let (_, c50, c99, cmax) = r.churn;
             println!(
-                "{b:<24} {q50:>8.1} {q99:>8.1} {qmax:>8.1} {c50:>8.1} {c99:>8.1} {cmax:>8.1} {:>6.2}x {:>5.2} {:>5.2} {:>7.1} {:>6} {:>7.1}",
+                "{b:<24} {q50:>8.1} {q99:>8.1} {qmax:>8.1} {c50:>8.1} {c99:>8.1} {cmax:>8.1} {:>6.2}x {:>5.2} {:>5.2} {:>7.1} {:>6} {:>7.1} {:>6.0} {:>7.2}",
                 c99 / q99,
                 r.quiet_cpu,
                 r.churn_cpu,
                 r.requests_per_s,
                 r.responses,
                 r.mib_per_s,
+                r.first_load.0.as_secs_f64() * 1000.0,
+                r.first_load.1 as f64 / f64::from(1 << 20),
             );
         }
         for (label, r) in &runs {
