@@ -27,7 +27,9 @@
 //! Knobs: CHURN_CHANGES (per phase, default 50), CHURN_NAMES (per churning
 //! client, default 16000), CHURN_CLIENTS (default 4), CHURN_RATE
 //! (requests a second per churning client, default 20), CHURN_SUBSCRIBERS
-//! (default 50), CHURN_SEND_RATE, CHURN_SEND_BURST, CHURN_REQUEST_RATE and
+//! (default 50), CHURN_WARMUP (seconds the churning clients run before
+//! the churn phase, default 1: a stream's bursts may still be spent in
+//! the phase), CHURN_SEND_RATE, CHURN_SEND_BURST, CHURN_REQUEST_RATE and
 //! CHURN_REQUEST_BURST (the budgets' bytes a second and bursts; default
 //! the shipped flags').
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -48,7 +50,8 @@ use serving_picker_conditions::model::slice::Slice;
 use serving_picker_conditions::source::{Change, Update};
 use serving_picker_conditions::xds::{Callbacks, Names, XdsServer};
 use serving_picker_xds_load::{
-    grpc_frame, send_flowed, subscribe, Connection, DeltaResponseHead, Received, Subscription, CLA_TYPE_URL,
+    grpc_frame, send_flowed, subscribe, Connection, DeltaResponseHead, Received, Subscription,
+    CLA_TYPE_URL,
 };
 
 fn knob(name: &str, default: usize) -> usize {
@@ -325,6 +328,8 @@ struct Knobs {
     clients: usize,
     rate: usize,
     n_subs: usize,
+    /// Seconds the churning clients run before the churn phase.
+    warmup: usize,
 }
 
 /// A fresh server with `limits`, its subscribers, a quiet phase, then the
@@ -403,7 +408,7 @@ async fn run(k: &Knobs, limits: XdsLimits) -> Run {
             c.clone(),
         )));
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(k.warmup as u64)).await;
     let t = Instant::now();
     let sum = |f: fn(&Churn) -> u64| churns.iter().map(|c| f(c)).sum::<u64>();
     let (req0, resp0, bytes0) = (
@@ -450,6 +455,7 @@ fn main() {
         clients: knob("CHURN_CLIENTS", 4),
         rate: knob("CHURN_RATE", 20).max(1),
         n_subs: knob("CHURN_SUBSCRIBERS", 50),
+        warmup: knob("CHURN_WARMUP", 1),
     };
     let shipped = XdsLimits::default();
     let send_rate = knob("CHURN_SEND_RATE", shipped.max_stream_send_rate as usize) as u64;
@@ -470,8 +476,8 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         println!(
-            "churn: {} subscribers of one cluster; {} delta clients x {} names at {} requests/s; {} changes 100 ms apart per phase; {} assignments served",
-            k.n_subs, k.clients, k.n_names, k.rate, k.changes, k.n_names + 1
+            "churn: {} subscribers of one cluster; {} delta clients x {} names at {} requests/s, {} s before the churn phase; {} changes 100 ms apart per phase; {} assignments served",
+            k.n_subs, k.clients, k.n_names, k.rate, k.warmup, k.changes, k.n_names + 1
         );
         // (label, send rate and burst, request rate and burst); rate 0: none.
         let budgets = [
