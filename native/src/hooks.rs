@@ -176,7 +176,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_lb_choose_host(
             return false;
         };
         let request = Context::new(context).map(|context| EnvoyRequest { lb, context });
-        match instance.choose(request.as_ref()) {
+        match instance.choose(&EnvoyHosts(lb), request.as_ref()) {
             Some((priority, index)) => {
                 *priority_slot = priority;
                 *index_slot = index;
