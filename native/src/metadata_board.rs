@@ -22,7 +22,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rustc_hash::FxHashMap;
 use serving_picker_core::contract::key;
@@ -82,9 +82,9 @@ pub struct Snapshot {
     /// Per priority, the hosts in Envoy's order.
     priorities: Vec<Vec<Listing>>,
     /// (priority, address) to the first listing, for a worker whose host
-    /// list is not yet (or no longer) the main thread's.
-    by_address: FxHashMap<(u32, Box<str>), usize>,
-    /// Bytes kept (addresses twice, strings once).
+    /// list is not the main thread's (rare: built on first use).
+    by_address: OnceLock<FxHashMap<(u32, Box<str>), usize>>,
+    /// Bytes kept (addresses, strings).
     pub bytes: usize,
     /// Strings not kept: over [`MAX_VALUE_BYTES`], or past [`MAX_BOARD_BYTES`].
     pub dropped_values: u64,
@@ -149,7 +149,6 @@ pub fn read(src: &impl HostSource, cluster: &str, ns: &str, keys: MetadataKeys) 
     let mut dropped = 0u64;
     let priorities = src.priority_count().min(u32::MAX as usize) as u32;
     let mut listed = Vec::with_capacity(priorities as usize);
-    let mut by_address = FxHashMap::default();
     for p in 0..priorities {
         let count = src.host_count(p);
         let mut hosts = Vec::with_capacity(count);
@@ -163,10 +162,7 @@ pub fn read(src: &impl HostSource, cluster: &str, ns: &str, keys: MetadataKeys) 
                 continue;
             };
             let metadata = read_host(src, p, i, ns, keys, &mut bytes, &mut dropped);
-            bytes += 2 * address.len();
-            by_address
-                .entry((p, Box::<str>::from(address)))
-                .or_insert(i);
+            bytes += address.len();
             hosts.push(Listing {
                 address: address.into(),
                 metadata,
@@ -178,7 +174,7 @@ pub fn read(src: &impl HostSource, cluster: &str, ns: &str, keys: MetadataKeys) 
         cluster: cluster.to_string(),
         namespace: ns.to_string(),
         priorities: listed,
-        by_address,
+        by_address: OnceLock::new(),
         bytes,
         dropped_values: dropped,
     }
@@ -193,8 +189,25 @@ impl Snapshot {
         if let Some(same) = listings.get(i).filter(|l| &*l.address == address) {
             return Some(&same.metadata);
         }
-        let index = *self.by_address.get(&(p, Box::<str>::from(address)))?;
+        let index = *self
+            .by_address
+            .get_or_init(|| self.index_by_address())
+            .get(&(p, Box::<str>::from(address)))?;
         listings.get(index).map(|l| &l.metadata)
+    }
+
+    fn index_by_address(&self) -> FxHashMap<(u32, Box<str>), usize> {
+        let mut index = FxHashMap::default();
+        for (p, listings) in self.priorities.iter().enumerate() {
+            for (i, listing) in listings.iter().enumerate() {
+                if !listing.address.is_empty() {
+                    index
+                        .entry((p as u32, listing.address.clone()))
+                        .or_insert(i);
+                }
+            }
+        }
+        index
     }
 }
 

@@ -463,7 +463,10 @@ fn rotation_under_load_loses_nothing_and_new_connections_get_the_new_certificate
     );
     // The restarted process refused nobody's identity: Envoy's reconnection went through.
     let refused = c.identity_refusals();
-    assert!(refused.is_empty(), "refusals after the restart: {refused:?}");
+    assert!(
+        refused.is_empty(),
+        "refusals after the restart: {refused:?}"
+    );
     assert!(report.requests() > 500, "{} requests", report.requests());
 }
 
