@@ -316,19 +316,14 @@ fn draw(out: &str, runs: &[(Setup, Vec<Leg>, f64)], window: Duration) -> Result<
             area,
             &caption,
             x.clone(),
-            0.0..legs.len().max(1) as f64,
+            // Headroom above the streams for the marks' labels.
+            0.0..legs.len().max(1) as f64 * 1.15,
             ("seconds from A turning terminating", "stream"),
-        )?;
-        picture::marks(
-            &mut chart,
-            &[
-                ("A terminating".to_string(), 0.0),
-                ("A exits".to_string(), *exited),
-            ],
+            true,
         )?;
         let row = |i: usize| i as f64 + 0.5;
         let segment = |y: f64, from: f64, to: f64, colour: RGBColor| {
-            PathElement::new(vec![(from, y), (to, y)], colour.stroke_width(2))
+            PathElement::new(vec![(from, y), (to, y)], colour.stroke_width(1))
         };
         let gap = RGBColor(220, 60, 60);
         chart
@@ -358,6 +353,15 @@ fn draw(out: &str, runs: &[(Setup, Vec<Leg>, f64)], window: Duration) -> Result<
             .map_err(picture::failed)?
             .label("on B")
             .legend(picture::legend_line(GREEN));
+        // Over the streams: the marks show through them.
+        picture::marks(
+            &mut chart,
+            &[
+                ("A terminating".to_string(), 0.0),
+                ("A exits".to_string(), *exited),
+            ],
+            BLACK.mix(0.8),
+        )?;
         picture::legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     }
     root.present().map_err(picture::failed)

@@ -202,13 +202,14 @@ fn draw(out: &str, runs: &[(Setup, LoadReport)], rate: f64) -> Result<(), String
             0.0..x_max,
             0.0..rate * 1.25,
             ("seconds", "requests/s"),
+            false,
         )?;
         let marks: Vec<(String, f64)> = report
             .marks
             .iter()
             .map(|(name, t)| (name.clone(), t.as_secs_f64()))
             .collect();
-        picture::marks(&mut chart, &marks)?;
+        picture::marks(&mut chart, &marks, BLACK.mix(0.25))?;
         let colours = [BLUE, GREEN, MAGENTA, CYAN];
         for (i, (pod, xy)) in pods.iter().enumerate() {
             let c = colours[i % colours.len()];

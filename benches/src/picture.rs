@@ -37,13 +37,15 @@ pub fn panels<'a>(
     Ok((root, areas))
 }
 
-/// A panel's chart with its caption and axes (`x_desc` across, `y_desc` up), no vertical grid.
+/// A panel's chart with its caption and axes (`x_desc` across, `y_desc` up), no vertical grid;
+/// `y_whole`: the y labels are whole numbers (else plotters' own).
 pub fn chart<'a, 'b>(
     area: &'a Area<'b>,
     caption: &str,
     x: Range<f64>,
     y: Range<f64>,
     (x_desc, y_desc): (&str, &str),
+    y_whole: bool,
 ) -> Result<Chart<'a, 'b>, String> {
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 16))
@@ -52,26 +54,29 @@ pub fn chart<'a, 'b>(
         .y_label_area_size(50)
         .build_cartesian_2d(x, y)
         .map_err(failed)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
+    let whole = |v: &f64| format!("{v:.0}");
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_desc)
         .y_desc(y_desc)
         .disable_x_mesh()
-        .light_line_style(WHITE.mix(0.0))
-        .draw()
-        .map_err(failed)?;
+        .light_line_style(WHITE.mix(0.0));
+    if y_whole {
+        mesh.y_label_formatter(&whole);
+    }
+    mesh.draw().map_err(failed)?;
     Ok(chart)
 }
 
-/// A labelled vertical line at each moment `(name, x)`, the label at the top.
-pub fn marks(chart: &mut Chart<'_, '_>, marks: &[(String, f64)]) -> Result<(), String> {
+/// A labelled vertical line at each moment `(name, x)` in `colour`, the label at the top.
+pub fn marks(
+    chart: &mut Chart<'_, '_>,
+    marks: &[(String, f64)],
+    colour: RGBAColor,
+) -> Result<(), String> {
     let y = chart.y_range();
     for (name, x) in marks {
         chart
-            .draw_series(LineSeries::new(
-                vec![(*x, y.start), (*x, y.end)],
-                BLACK.mix(0.25),
-            ))
+            .draw_series(LineSeries::new(vec![(*x, y.start), (*x, y.end)], colour))
             .map_err(failed)?;
         chart
             .draw_series(std::iter::once(Text::new(
