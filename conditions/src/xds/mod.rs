@@ -28,6 +28,7 @@
 //! - `retained`: the bytes streams keep between requests, bounded per
 //!   stream and over all.
 //! - `sotw`, `delta`: each protocol's rules, without a network.
+//! - `stream_state`: either protocol's state behind one type.
 //! - `requests`: requests cut from a stream's bytes.
 //! - `callbacks`: what the server reports (metrics, the status page).
 //! - `metrics`: the xDS metrics, and the callbacks that record in them.
@@ -53,6 +54,7 @@ pub mod retained;
 mod routing;
 pub mod server;
 pub mod sotw;
+pub mod stream_state;
 pub mod subscriptions;
 
 pub use callbacks::Callbacks;

@@ -17,11 +17,12 @@ use crate::limits::names as limit;
 use crate::net::listener::Conn;
 use crate::telemetry::ratelog::LogBudget;
 use crate::xds::delta::DeltaStream;
-use crate::xds::protocol::{Handled, RequestKind, StreamState};
+use crate::xds::protocol::{Handled, RequestKind};
 use crate::xds::request_reader::{ReadError, RequestReader};
 use crate::xds::requests::{DeltaRequestView, MessageError, RequestView};
 use crate::xds::retained::Refusal;
 use crate::xds::server::{Core, StreamShared, OPEN_LOG};
+use crate::xds::stream_state::StreamState;
 
 /// A node id is kept for the logs up to this length (the status page's
 /// key: the same length).

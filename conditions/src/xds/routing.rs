@@ -20,11 +20,11 @@ use tonic::Status;
 use crate::limits::names as limit;
 use crate::telemetry::ratelog::LogBudget;
 use crate::xds::delta::DeltaStream;
-use crate::xds::protocol::StreamState;
 use crate::xds::request_task::read_requests;
 use crate::xds::response_body::ResponseBody;
 use crate::xds::server::{Core, StreamShared, XdsServer, OPEN_LOG};
 use crate::xds::sotw::SotwStream;
+use crate::xds::stream_state::StreamState;
 
 static REFUSED_LOG: LogBudget = LogBudget::new(5, Duration::from_secs(10));
 

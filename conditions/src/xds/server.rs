@@ -20,8 +20,9 @@ use crate::limits::{names as limit, XdsLimits};
 use crate::net::listener::{Conn, Connections};
 use crate::telemetry::ratelog::LogBudget;
 use crate::xds::callbacks::Callbacks;
-use crate::xds::protocol::{Names, StreamState};
+use crate::xds::protocol::Names;
 use crate::xds::retained::RetainedBudget;
+use crate::xds::stream_state::StreamState;
 
 /// Opened and closed streams: logged up to 20 a second.
 pub(super) static OPEN_LOG: LogBudget = LogBudget::new(20, Duration::from_secs(1));
