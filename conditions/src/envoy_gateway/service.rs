@@ -75,7 +75,7 @@ use admission::{Arrival, Outstanding};
 use native::NativeLb;
 
 pub use hook_metrics::HookMetrics;
-pub use reread::{replace_service, FilesReread, KubeReread, Reread};
+pub use reread::{replace_service, FilesReread, KubeReread, Reread, RereadError};
 
 /// The index the source fills and the hook reads.
 #[derive(Debug, Default)]

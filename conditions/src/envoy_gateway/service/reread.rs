@@ -29,11 +29,25 @@ pub fn replace_service(index: &mut PreparedIndex, service: &ServiceKey, slices: 
     );
 }
 
+/// Why a Service's slices could not be re-read.
+#[derive(Debug, thiserror::Error)]
+pub enum RereadError {
+    /// The Kubernetes API's list failed.
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    /// The slice directory could not be scanned.
+    #[error("{0}")]
+    Directory(#[from] std::io::Error),
+    /// The re-read ended before its answer (its task panicked or was cancelled).
+    #[error("{0}")]
+    Ended(#[from] tokio::task::JoinError),
+}
+
 /// Reads one Service's slices from the source, now.
 #[tonic::async_trait]
 pub trait Reread: Send + Sync + 'static {
     /// `service`'s slices as the source has them now, or why they could not be read.
-    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String>;
+    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, RereadError>;
 }
 
 /// From the Kubernetes API: a list of the Service's slices (a quorum read)
@@ -47,7 +61,7 @@ pub struct KubeReread {
 
 #[tonic::async_trait]
 impl Reread for KubeReread {
-    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String> {
+    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, RereadError> {
         use k8s_openapi::api::discovery::v1::EndpointSlice;
         let api: kube::Api<EndpointSlice> =
             kube::Api::namespaced(self.client.clone(), &service.namespace);
@@ -62,8 +76,7 @@ impl Reread for KubeReread {
         }
         let list = api
             .list(&kube::api::ListParams::default().labels(&sel))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(list
             .items
             .iter()
@@ -95,19 +108,18 @@ impl FilesReread {
 
 #[tonic::async_trait]
 impl Reread for FilesReread {
-    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, String> {
+    async fn reread(&self, service: &ServiceKey) -> Result<Vec<Slice>, RereadError> {
         let dir = self.dir.clone();
         let service = service.clone();
         tokio::task::spawn_blocking(move || {
             let mut d = dir.lock().unwrap_or_else(|p| p.into_inner());
-            d.scan().map_err(|e| e.to_string())?;
+            d.scan()?;
             Ok(d.slices()
                 .into_iter()
                 .filter(|s| s.service == service)
                 .collect())
         })
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
     }
 }
 
