@@ -25,8 +25,8 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use prost::Message;
 
-use crate::eds::publish::{name_hash, Resource, Snapshot};
 use crate::eds::response_bytes as wire;
+use crate::eds::snapshot::{name_hash, Resource, Snapshot};
 use crate::model::cluster::parse_template;
 use crate::xds::retained::Refusal;
 use crate::xds::subscriptions::Subscriptions;

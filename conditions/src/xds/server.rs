@@ -15,7 +15,7 @@ use futures::task::AtomicWaker;
 use tokio::sync::{watch, Notify, Semaphore};
 use tonic::Status;
 
-use crate::eds::publish::Snapshot;
+use crate::eds::snapshot::Snapshot;
 use crate::limits::{names as limit, XdsLimits};
 use crate::net::listener::{Conn, Connections};
 use crate::telemetry::ratelog::LogBudget;
@@ -200,7 +200,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::eds::assignment::CLA_TYPE_URL;
-    use crate::eds::publish::{Resource, Table};
+    use crate::eds::snapshot::{Resource, Table};
     use crate::xds::requests;
     use crate::xds::routing::{ads, eds, ADS, EDS};
     use bytes::{Bytes, BytesMut};
@@ -298,6 +298,10 @@ mod tests {
         })
     }
 
+    /// How a stream ended: `<grpc-status> <grpc-message>`.
+    #[derive(Debug)]
+    struct Ended(String);
+
     struct Client {
         tx: mpsc::Sender<Result<Frame<Bytes>, Status>>,
         body: Body,
@@ -316,9 +320,9 @@ mod tests {
         }
 
         /// The next message, or the trailers' grpc-status when the stream ends.
-        async fn next(&mut self) -> Result<Bytes, String> {
+        async fn next(&mut self) -> Result<Bytes, Ended> {
             if let Some(s) = self.status.take() {
-                return Err(s);
+                return Err(Ended(s));
             }
             loop {
                 if let Some(m) = requests::next_message(&mut self.buf, usize::MAX).unwrap() {
@@ -333,13 +337,13 @@ mod tests {
                     Ok(d) => self.buf.extend_from_slice(&d),
                     Err(f) => {
                         let t = f.into_trailers().unwrap();
-                        return Err(format!(
+                        return Err(Ended(format!(
                             "{} {}",
                             t.get("grpc-status").unwrap().to_str().unwrap(),
                             t.get("grpc-message")
                                 .map(|m| m.to_str().unwrap().to_string())
                                 .unwrap_or_default()
-                        ));
+                        )));
                     }
                 }
             }
@@ -493,13 +497,13 @@ mod tests {
         let mut c = open(&s, &format!("/{EDS}/StreamEndpoints")).await;
         // A second stream is over --max-streams.
         let mut refused = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
-        let status = refused.next().await.unwrap_err();
+        let status = refused.next().await.unwrap_err().0;
         assert!(
             status.starts_with("8 ") && status.contains("max-streams"),
             "{status}"
         );
         c.send(&sotw(&["a", "b"], "")).await;
-        let status = c.next().await.unwrap_err();
+        let status = c.next().await.unwrap_err().0;
         assert!(
             status.starts_with("8 ") && status.contains("--max-resource-names"),
             "{status}"
@@ -514,7 +518,7 @@ mod tests {
     async fn fetch_endpoints_is_unimplemented_and_reads_nothing() {
         let (s, _tx, rec, _table) = server(XdsLimits::default());
         let mut c = open(&s, &format!("/{EDS}/FetchEndpoints")).await;
-        let status = c.next().await.unwrap_err();
+        let status = c.next().await.unwrap_err().0;
         assert!(
             status.starts_with("12 ") && status.contains("StreamEndpoints"),
             "{status}"
@@ -539,7 +543,7 @@ mod tests {
         };
         let (s, _tx, rec, _table) = server(limits);
         let mut idle = open(&s, &format!("/{ADS}/StreamAggregatedResources")).await;
-        let status = idle.next().await.unwrap_err();
+        let status = idle.next().await.unwrap_err().0;
         assert!(
             status.starts_with("4 ") && status.contains("--first-request-timeout"),
             "{status}"
@@ -551,7 +555,7 @@ mod tests {
         head.extend_from_slice(&[0, 0, 0, 1, 0]);
         head.extend_from_slice(&[0x0a; 100]);
         half.tx.send(Ok(Frame::data(head.freeze()))).await.unwrap();
-        let status = half.next().await.unwrap_err();
+        let status = half.next().await.unwrap_err().0;
         assert!(
             status.starts_with("4 ") && status.contains("--request-receive-timeout"),
             "{status}"
@@ -584,7 +588,7 @@ mod tests {
             ..Default::default()
         })
         .await;
-        let status = c.next().await.unwrap_err();
+        let status = c.next().await.unwrap_err().0;
         assert!(
             status.starts_with("8 ") && status.contains("--max-name-bytes"),
             "{status}"
@@ -603,7 +607,7 @@ mod tests {
     async fn unknown_methods_are_unimplemented() {
         let (s, _tx, _rec, _table) = server(XdsLimits::default());
         let mut c = open(&s, &format!("/{ADS}/NoSuchMethod")).await;
-        let status = c.next().await.unwrap_err();
+        let status = c.next().await.unwrap_err().0;
         assert!(status.starts_with("12 "), "{status}");
     }
 }

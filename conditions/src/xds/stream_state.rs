@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::eds::publish::Snapshot;
+use crate::eds::snapshot::Snapshot;
 use crate::xds::delta::DeltaStream;
 use crate::xds::protocol::{SnapshotEffect, Taken};
 use crate::xds::sotw::SotwStream;
