@@ -20,20 +20,30 @@ use crate::xds::server::Core;
 const REQUEST_BUFFER_WAIT: Duration = Duration::from_secs(2);
 
 /// Why a request stream cannot go on.
+#[derive(Debug, thiserror::Error)]
 pub(super) enum ReadError {
-    Message(MessageError),
-    Decode(prost::DecodeError),
+    /// A message refused from its header.
+    #[error("{0}")]
+    Message(#[from] MessageError),
+    /// A message that is not the request it should be.
+    #[error("{0}")]
+    Decode(#[from] prost::DecodeError),
     /// Ended inside a message.
+    #[error("request stream ended inside a message")]
     Truncated,
     /// A message (of this length) that `--request-buffer-bytes` has no room for.
+    #[error("no room for a request message of {0} bytes (--request-buffer-bytes)")]
     NoRoom(usize),
     /// A message (of this length) that the peer's share of the request
     /// buffer (`--request-buffer-bytes-per-peer`) has no room for.
+    #[error("no room for a request message of {0} bytes (--request-buffer-bytes-per-peer)")]
     NoPeerRoom(usize),
     /// A deadline passed (`--first-request-timeout`, `--request-receive-timeout`).
+    #[error("--{0} passed")]
     Deadline(&'static str),
     /// The stream or connection failed (reset, closed).
-    Transport(String),
+    #[error("{0}")]
+    Transport(#[source] tonic::Status),
 }
 
 /// Requests cut from a stream's request body, one at a time; the buffer
@@ -151,7 +161,7 @@ impl RequestReader {
                         self.buf.extend_from_slice(&data);
                     }
                 }
-                Some(Err(e)) => return Err(ReadError::Transport(e.to_string())),
+                Some(Err(e)) => return Err(ReadError::Transport(e)),
             }
         }
     }
