@@ -315,10 +315,11 @@ bench-e2e: build envoy
 rollout-picture: build envoy
 	cargo run -q -p serving-picker-benches --bin rollout-picture -- docs/img/rollout.svg
 
-# Long-lived streams through a pod's termination, side by side (benches/drain/main.rs): a table.
+# Long-lived streams through a pod's termination, side by side (benches/drain/main.rs): the
+# tables, and the gRPC streams drawn per setup (when each left A and reached B). About 3 minutes.
 .PHONY: drain-picture
 drain-picture: build envoy
-	cargo run -q -p serving-picker-benches --bin drain-picture
+	cargo run -q -p serving-picker-benches --bin drain-picture -- docs/img/drain.svg
 
 # Snapshot refresh at scale in real Envoy (1x3, 1x10000, 100x100 endpoints from watched EDS
 # files): time to the first full snapshot, refresh cost, admin output sizes, RSS, latency, and

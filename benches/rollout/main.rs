@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 use serde_json::{json, Value};
+use serving_picker_benches::picture;
 use support::load::{Load, LoadConfig, LoadReport};
 use support::tweak::{envoy_yaml_outlier_detection, envoy_yaml_retry_policy, merge_cluster};
 use support::*;
@@ -178,88 +179,54 @@ fn series(report: &LoadReport) -> (BTreeMap<String, Curve>, Curve) {
 }
 
 fn draw(out: &str, runs: &[(Setup, LoadReport)], rate: f64) -> Result<(), String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    let root = SVGBackend::new(out, (1000, 300 * runs.len() as u32 + 40)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let (top, body) = root.split_vertically(40);
-    top.draw_text(
-        &format!(
-            "One-replica rolling update under {rate:.0} req/s: requests/s per pod and failed requests/s ({} ms bins)",
-            BUCKET.as_millis()
-        ),
-        &("sans-serif", 18).into_text_style(&top),
-        (10, 12),
-    )
-    .map_err(|x| e(&x))?;
-    let panels = body.split_evenly((runs.len(), 1));
+    let title = format!(
+        "One-replica rolling update under {rate:.0} req/s: requests/s per pod and failed requests/s ({} ms bins)",
+        BUCKET.as_millis()
+    );
+    let (root, panels) = picture::panels(out, 1000, 300, &title, runs.len())?;
     let x_max = runs
         .iter()
         .map(|(_, r)| r.end.as_secs_f64())
         .fold(0.0, f64::max);
     for ((setup, report), area) in runs.iter().zip(panels.iter()) {
         let (pods, failed) = series(report);
-        let y_max = rate * 1.25;
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                format!(
-                    "{}: {} of {} requests failed",
-                    setup.title(),
-                    report.failures(),
-                    report.requests()
-                ),
-                ("sans-serif", 16),
-            )
-            .margin(8)
-            .x_label_area_size(30)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-            .map_err(|x| e(&x))?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .y_desc("requests/s")
-            .disable_x_mesh()
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(|x| e(&x))?;
-        for (name, t) in &report.marks {
-            let x = t.as_secs_f64();
-            chart
-                .draw_series(LineSeries::new(vec![(x, 0.0), (x, y_max)], BLACK.mix(0.25)))
-                .map_err(|x| e(&x))?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    name.clone(),
-                    (x + 0.05, y_max * 0.97),
-                    ("sans-serif", 11).into_font(),
-                )))
-                .map_err(|x| e(&x))?;
-        }
+        let caption = format!(
+            "{}: {} of {} requests failed",
+            setup.title(),
+            report.failures(),
+            report.requests()
+        );
+        let mut chart = picture::chart(
+            area,
+            &caption,
+            0.0..x_max,
+            0.0..rate * 1.25,
+            ("seconds", "requests/s"),
+            false,
+        )?;
+        let marks: Vec<(String, f64)> = report
+            .marks
+            .iter()
+            .map(|(name, t)| (name.clone(), t.as_secs_f64()))
+            .collect();
+        picture::marks(&mut chart, &marks, BLACK.mix(0.25))?;
         let colours = [BLUE, GREEN, MAGENTA, CYAN];
         for (i, (pod, xy)) in pods.iter().enumerate() {
             let c = colours[i % colours.len()];
             chart
                 .draw_series(LineSeries::new(xy.clone(), c.stroke_width(2)))
-                .map_err(|x| e(&x))?
+                .map_err(picture::failed)?
                 .label(format!("pod {pod}"))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .legend(picture::legend_line(c));
         }
         chart
             .draw_series(LineSeries::new(failed, RED.stroke_width(2)))
-            .map_err(|x| e(&x))?
+            .map_err(picture::failed)?
             .label("failed")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::MiddleRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(|x| e(&x))?;
+            .legend(picture::legend_line(RED));
+        picture::legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
     }
-    root.present().map_err(|x| e(&x))
+    root.present().map_err(picture::failed)
 }
 
 fn main() {

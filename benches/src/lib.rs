@@ -1,6 +1,8 @@
 //! What both end-to-end benchmarks (`bench-e2e`, `bench-scale`) share beyond
 //! the harness (`support`): their knobs, CPU pinning, figures (medians,
-//! spreads), and stopping with a message.
+//! spreads), and stopping with a message; and the pictures' drawing ([`picture`]).
+
+pub mod picture;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -174,26 +174,44 @@ pub struct XdsLimits {
 /// The part of each request message that `--request-buffer-bytes` does not count.
 pub const FREE_REQUEST_BYTES: usize = 64 * 1024;
 
+/// xDS limit flags that do not agree.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    /// `--max-response-bytes` over what a gRPC message's length can say.
+    #[error("--max-response-bytes {0} is over a gRPC message's 4 GiB")]
+    ResponseOverGrpc(usize),
+    /// A request of `--max-request-bytes` could never be buffered.
+    #[error("--max-request-bytes {max_request_bytes} cannot fit in {flag} {buffer} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)")]
+    RequestOverBuffer {
+        /// `--max-request-bytes`.
+        max_request_bytes: usize,
+        /// The buffer flag it does not fit in.
+        flag: &'static str,
+        /// That flag's value.
+        buffer: usize,
+    },
+}
+
 impl XdsLimits {
     /// The flags that must agree.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), LimitsError> {
         if u32::try_from(self.max_response_bytes).is_err() {
-            return Err(format!(
-                "--max-response-bytes {} is over a gRPC message's 4 GiB",
-                self.max_response_bytes
-            ));
+            return Err(LimitsError::ResponseOverGrpc(self.max_response_bytes));
         }
-        if self.max_request_bytes > FREE_REQUEST_BYTES + self.request_buffer_bytes {
-            return Err(format!(
-                "--max-request-bytes {} cannot fit in --request-buffer-bytes {} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)",
-                self.max_request_bytes, self.request_buffer_bytes
-            ));
-        }
-        if self.max_request_bytes > FREE_REQUEST_BYTES + self.request_buffer_bytes_per_peer {
-            return Err(format!(
-                "--max-request-bytes {} cannot fit in --request-buffer-bytes-per-peer {} (plus the {FREE_REQUEST_BYTES} bytes of a message not counted)",
-                self.max_request_bytes, self.request_buffer_bytes_per_peer
-            ));
+        for (flag, buffer) in [
+            ("--request-buffer-bytes", self.request_buffer_bytes),
+            (
+                "--request-buffer-bytes-per-peer",
+                self.request_buffer_bytes_per_peer,
+            ),
+        ] {
+            if self.max_request_bytes > FREE_REQUEST_BYTES + buffer {
+                return Err(LimitsError::RequestOverBuffer {
+                    max_request_bytes: self.max_request_bytes,
+                    flag,
+                    buffer,
+                });
+            }
         }
         Ok(())
     }
@@ -370,6 +388,7 @@ mod tests {
             .xds
             .check()
             .unwrap_err()
+            .to_string()
             .contains("--request-buffer-bytes"));
     }
 }

@@ -21,7 +21,7 @@ use serving_picker_conditions::envoy_gateway::proto::{
     EnvoyGatewayExtensionClient, RawPostEndpointsModifyRequest,
 };
 use serving_picker_conditions::envoy_gateway::service::{
-    FilesReread, HookConfig, HookMetrics, HookService, Reread, Shared,
+    FilesReread, HookConfig, HookMetrics, HookService, Reread, RereadError, Shared,
 };
 use serving_picker_conditions::envoy_gateway::testing::{
     eg_draining, rule_assignments, BackendRef, EgEndpoint,
@@ -413,7 +413,7 @@ struct Hangs;
 
 #[tonic::async_trait]
 impl Reread for Hangs {
-    async fn reread(&self, _: &ServiceKey) -> Result<Vec<Slice>, String> {
+    async fn reread(&self, _: &ServiceKey) -> Result<Vec<Slice>, RereadError> {
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok(vec![])
     }

@@ -7,13 +7,17 @@
 //! (`make bench-native`).
 //! The host source here is plain vectors; in Envoy each read is an ABI call
 //! (the e2e figure `serving_picker.rebuild_us` includes those).
+//! The second table: what the main thread's metadata copy costs (the main
+//! thread reads it and plans from it, a worker plans from it) beside the
+//! plan that reads metadata through the host source.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use serving_picker::table::{build, Choice};
+use serving_picker::metadata_board::{self, BoardSource};
+use serving_picker::table::{build, metadata_keys, Choice};
 use serving_picker::testing as fake;
 use serving_picker_core::config::SelectionConfig;
 
@@ -110,6 +114,54 @@ fn main() {
             kept as f64 / 1024.0,
             peak as f64 / 1024.0,
             pick_ns
+        );
+    }
+    println!();
+    println!("metadata copy (main thread reads, every instance plans from it)");
+    println!(
+        "{:>7} {:>13} {:>16} {:>16} {:>10}",
+        "hosts", "direct ms", "main: copy+plan", "worker: plan", "copy KB"
+    );
+    for n in [3usize, 100, 1_000, 10_000] {
+        let owned = fake::big_cluster(n, 10);
+        let cluster = fake::Indexed::new(&owned);
+        let cfg = SelectionConfig {
+            local_zone: Some("zone-a".into()),
+            local_zone_min_share: 0.2,
+            ..SelectionConfig::default()
+        };
+        let keys = metadata_keys(&cfg);
+        let ns = cfg.metadata_namespace.clone();
+        let rounds = if n >= 10_000 { 30 } else { 200 };
+        let time = |f: &dyn Fn()| {
+            median(
+                (0..rounds)
+                    .map(|_| {
+                        let t = Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect(),
+            )
+        };
+        let direct = time(&|| {
+            black_box(build(black_box(&cluster), &cfg));
+        });
+        let main = time(&|| {
+            let copy = metadata_board::read(&cluster, "c", &ns, keys);
+            black_box(build(&BoardSource::new(&cluster, &copy), &cfg));
+        });
+        let copy = metadata_board::read(&cluster, "c", &ns, keys);
+        let worker = time(&|| {
+            black_box(build(&BoardSource::new(&cluster, &copy), &cfg));
+        });
+        println!(
+            "{:>7} {:>13.3} {:>16.3} {:>16.3} {:>10.1}",
+            n,
+            direct,
+            main,
+            worker,
+            copy.bytes as f64 / 1024.0
         );
     }
     // Weighted (alias table) pick at 10,000 hosts.

@@ -455,7 +455,9 @@ impl Lb {
     pub fn metadata_str(&self, priority: u32, index: usize, ns: &str, key: &str) -> Option<&str> {
         let mut out = EnvoyBuffer::EMPTY;
         // SAFETY: as for `metadata_bool`; the view points into the host's
-        // metadata, alive for the hook call.
+        // metadata, which only the main thread replaces: the module calls
+        // this on the main thread (`metadata_board`), or on a worker before
+        // the cluster's first copy exists, and copies the bytes at once.
         unsafe {
             envoy_dynamic_module_callback_lb_get_host_metadata_string(
                 self.0,

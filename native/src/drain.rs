@@ -231,14 +231,14 @@ pub fn forget(owner: usize, cluster: &str) {
 
 /// Starts the timer thread (once): it sleeps until the next stream's deadline (at most
 /// [`TIMER_IDLE`]) and wakes the due streams. `Err` with the reason if it cannot start.
-pub fn start_timer() -> Result<(), String> {
+pub fn start_timer() -> std::io::Result<()> {
     let mut result = Ok(());
     TIMER.call_once(|| {
         if let Err(e) = std::thread::Builder::new()
             .name("sp-drain".into())
             .spawn(timer_loop)
         {
-            result = Err(e.to_string());
+            result = Err(e);
         }
     });
     result

@@ -29,7 +29,7 @@
 
 use std::collections::BTreeSet;
 use std::ffi::CStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use object::{Object, ObjectSection, ObjectSymbol};
@@ -141,16 +141,31 @@ pub enum CheckMode {
     Any,
 }
 
+/// A `SERVING_PICKER_ENVOY_CHECK` value that names no mode (the value);
+/// its text is the line logged, `warn` then applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownCheckMode(pub String);
+
+impl std::fmt::Display for UnknownCheckMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "serving_picker: {CHECK_VAR}={:?} is none of \"warn\", \"strict\", \"any\": warn",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownCheckMode {}
+
 /// The mode `SERVING_PICKER_ENVOY_CHECK` names (unset or empty: `warn`), or
-/// the default and a line saying the value was not understood.
-pub fn check_mode(value: Option<&str>) -> Result<CheckMode, String> {
+/// why the value was not understood (then the default applies).
+pub fn check_mode(value: Option<&str>) -> Result<CheckMode, UnknownCheckMode> {
     match value {
         None | Some("") | Some("warn") => Ok(CheckMode::Warn),
         Some("strict") => Ok(CheckMode::Strict),
         Some("any") => Ok(CheckMode::Any),
-        Some(other) => Err(format!(
-            "serving_picker: {CHECK_VAR}={other:?} is none of \"warn\", \"strict\", \"any\": warn"
-        )),
+        Some(other) => Err(UnknownCheckMode(other.to_string())),
     }
 }
 
@@ -219,26 +234,84 @@ pub fn one_minor(minors: &BTreeSet<u32>) -> Option<u32> {
     }
 }
 
+/// Why an executable could not be read (its symbols, its version numbers).
+#[derive(Debug)]
+pub enum ExecutableError {
+    /// Opening (`what`: "open") or reading ("read") it failed.
+    Io {
+        /// "open" or "read".
+        what: &'static str,
+        /// The executable.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// Not an object file this reads.
+    Parse {
+        /// The executable.
+        path: PathBuf,
+        /// Why it does not parse.
+        source: object::Error,
+    },
+    /// No `.rodata` section.
+    NoRodata(PathBuf),
+}
+
+impl std::fmt::Display for ExecutableError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecutableError::Io { what, path, source } => {
+                write!(f, "cannot {what} {}: {source}", path.display())
+            }
+            ExecutableError::Parse { path, source } => {
+                write!(f, "cannot parse {}: {source}", path.display())
+            }
+            ExecutableError::NoRodata(path) => write!(f, "{} has no .rodata", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for ExecutableError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExecutableError::Io { source, .. } => Some(source),
+            ExecutableError::Parse { source, .. } => Some(source),
+            ExecutableError::NoRodata(_) => None,
+        }
+    }
+}
+
 /// The Envoy minors an executable's `.rodata` names ([`minors_in`]), read
 /// in chunks of 1 MiB (Envoy's is about 10 MB).
-pub fn envoy_minors(executable: &Path) -> Result<BTreeSet<u32>, String> {
+pub fn envoy_minors(executable: &Path) -> Result<BTreeSet<u32>, ExecutableError> {
     envoy_minors_in_chunks(executable, 1 << 20)
 }
 
-fn envoy_minors_in_chunks(executable: &Path, chunk: usize) -> Result<BTreeSet<u32>, String> {
+fn envoy_minors_in_chunks(
+    executable: &Path,
+    chunk: usize,
+) -> Result<BTreeSet<u32>, ExecutableError> {
     use std::io::{Read, Seek, SeekFrom};
-    let name = executable.display();
-    let file = std::fs::File::open(executable).map_err(|e| format!("cannot open {name}: {e}"))?;
+    let io = |what| {
+        move |source| ExecutableError::Io {
+            what,
+            path: executable.to_path_buf(),
+            source,
+        }
+    };
+    let file = std::fs::File::open(executable).map_err(io("open"))?;
     let (offset, size) = {
         let cache = object::ReadCache::new(&file);
-        let elf = object::File::parse(&cache).map_err(|e| format!("cannot parse {name}: {e}"))?;
+        let elf = object::File::parse(&cache).map_err(|source| ExecutableError::Parse {
+            path: executable.to_path_buf(),
+            source,
+        })?;
         elf.section_by_name(".rodata")
             .and_then(|s| s.file_range())
-            .ok_or_else(|| format!("{name} has no .rodata"))?
+            .ok_or_else(|| ExecutableError::NoRodata(executable.to_path_buf()))?
     };
     let mut file = file;
-    file.seek(SeekFrom::Start(offset))
-        .map_err(|e| format!("cannot read {name}: {e}"))?;
+    file.seek(SeekFrom::Start(offset)).map_err(io("read"))?;
     let mut section = file.take(size);
     let mut out = BTreeSet::new();
     // A version number across two chunks is read whole: each chunk starts
@@ -249,7 +322,7 @@ fn envoy_minors_in_chunks(executable: &Path, chunk: usize) -> Result<BTreeSet<u3
     loop {
         let n = section
             .read(buf.get_mut(kept..).unwrap_or_default())
-            .map_err(|e| format!("cannot read {name}: {e}"))?;
+            .map_err(io("read"))?;
         if n == 0 {
             break;
         }
@@ -321,12 +394,17 @@ pub fn identify(exported: &BTreeSet<String>) -> Seen {
 
 /// The `envoy_dynamic_module_callback_*` symbols an executable defines in
 /// its dynamic symbol table (what `nm -D --defined-only` lists).
-pub fn exported_callbacks(executable: &Path) -> Result<BTreeSet<String>, String> {
-    let file = std::fs::File::open(executable)
-        .map_err(|e| format!("cannot open {}: {e}", executable.display()))?;
+pub fn exported_callbacks(executable: &Path) -> Result<BTreeSet<String>, ExecutableError> {
+    let file = std::fs::File::open(executable).map_err(|source| ExecutableError::Io {
+        what: "open",
+        path: executable.to_path_buf(),
+        source,
+    })?;
     let cache = object::ReadCache::new(file);
-    let elf = object::File::parse(&cache)
-        .map_err(|e| format!("cannot parse {}: {e}", executable.display()))?;
+    let elf = object::File::parse(&cache).map_err(|source| ExecutableError::Parse {
+        path: executable.to_path_buf(),
+        source,
+    })?;
     Ok(elf
         .dynamic_symbols()
         .filter(|s| s.is_definition())
@@ -465,7 +543,7 @@ pub fn running_envoy() -> Seen {
             },
             seen => seen,
         },
-        Err(e) => Seen::Unreadable(e),
+        Err(e) => Seen::Unreadable(e.to_string()),
     }
 }
 
@@ -763,7 +841,10 @@ mod tests {
         assert_eq!(check_mode(Some("warn")), Ok(CheckMode::Warn));
         assert_eq!(check_mode(Some("strict")), Ok(CheckMode::Strict));
         assert_eq!(check_mode(Some("any")), Ok(CheckMode::Any));
-        assert!(check_mode(Some("off")).unwrap_err().contains("\"off\""));
+        assert!(check_mode(Some("off"))
+            .unwrap_err()
+            .to_string()
+            .contains("\"off\""));
     }
 
     #[test]

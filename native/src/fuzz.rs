@@ -183,28 +183,41 @@ fn ready(h: &HostSpec) -> bool {
 }
 
 proptest! {
+    /// The main thread's instance (reads metadata through Envoy, publishes it) and a worker's
+    /// (builds from the main thread's copy), updated in either order: every pick after both
+    /// updates keeps the table.
     #[test]
     fn picks_over_fuzzed_hosts_keep_the_table(
         spec in cluster(),
         next in cluster(),
         config in 0usize..CONFIGS.len(),
         picks in 1usize..40,
+        worker_first in any::<bool>(),
     ) {
         let proxy = RecordingProxy::default();
         let Some(cfg) = PolicyConfig::new(proxy, b"serving_picker", CONFIGS[config].as_bytes()) else {
             return Err(TestCaseError::fail("a shipped-shape config refused"));
         };
+        let cfg = Arc::new(cfg);
         let first = build(&spec);
-        let lb = LbInstance::new(Arc::new(cfg), "c".into(), &first);
-        // The table as built, then after a membership update to another fuzzed host set.
-        for (spec, source) in [(&spec, None), (&next, Some(build(&next)))] {
-            if let Some(source) = &source {
-                lb.on_membership_update(source, 1, 1);
+        let main = LbInstance::with_role(Arc::clone(&cfg), "c".into(), &first, true);
+        let worker = LbInstance::with_role(cfg, "c".into(), &first, false);
+        // The tables as built, then after a membership update to another fuzzed host set.
+        for (spec, source, update) in [(&spec, first, false), (&next, build(&next), true)] {
+            if update {
+                if worker_first {
+                    worker.on_membership_update(&source, 1, 1);
+                    main.on_membership_update(&source, 1, 1);
+                } else {
+                    main.on_membership_update(&source, 1, 1);
+                    worker.on_membership_update(&source, 1, 1);
+                }
             }
             let any_offered_serving = spec.iter().flatten().any(|h| h.offered && serving(h));
             let any_offered_ready = spec.iter().flatten().any(|h| h.offered && ready(h));
-            for _ in 0..picks {
-                let choice = lb.choose(None::<&FakeRequest>);
+            for k in 0..picks {
+                let lb = if k % 2 == 0 { &main } else { &worker };
+                let choice = lb.choose(&source, None::<&FakeRequest>);
                 match choice {
                     None => prop_assert!(!any_offered_serving, "no_pick_only_when_nothing_serves"),
                     Some(pick) => {

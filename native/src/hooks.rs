@@ -40,8 +40,8 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionPtr {
     guarded("on_program_init", abi::NO_ABI_VERSION, || {
         let mode = match envoy_version::check_mode(std::env::var(CHECK_VAR).ok().as_deref()) {
             Ok(mode) => mode,
-            Err(line) => {
-                envoy_host::log(Level::Warn, &line);
+            Err(unknown) => {
+                envoy_host::log(Level::Warn, &unknown.to_string());
                 CheckMode::Warn
             }
         };
@@ -176,7 +176,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_lb_choose_host(
             return false;
         };
         let request = Context::new(context).map(|context| EnvoyRequest { lb, context });
-        match instance.choose(request.as_ref()) {
+        match instance.choose(&EnvoyHosts(lb), request.as_ref()) {
             Some((priority, index)) => {
                 *priority_slot = priority;
                 *index_slot = index;

@@ -13,6 +13,8 @@
 //! - `config` parses the policy JSON, `table` reads a cluster's hosts into
 //!   the core's records, plans them and picks per request, `metrics` names
 //!   the counters and keeps the log-once state;
+//! - `metadata_board`: host metadata read on the main thread only (where
+//!   Envoy replaces it) and shared with the workers' instances;
 //! - the stream drain, an HTTP filter in the same module
 //!   (`filter_name: serving_picker_drain`): `http_hooks` are its hooks,
 //!   `http_filter` what a stream is and how it ends, `drain` the board of
@@ -30,6 +32,7 @@ mod fuzz;
 pub mod hooks;
 pub mod http_filter;
 pub mod http_hooks;
+pub mod metadata_board;
 pub mod metrics;
 pub mod policy;
 pub mod table;

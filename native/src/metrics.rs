@@ -32,11 +32,23 @@ pub enum Metric {
     HostsServingNotOffered,
     /// Gauge: microseconds the last rebuild took (any cluster).
     RebuildMicros,
+    /// Metadata strings the main thread's copy did not keep (over
+    /// `metadata_board::MAX_VALUE_BYTES`, or past the copy's byte bound):
+    /// read as absent. Counted per copy.
+    MetadataValuesNotKept,
+    /// Hosts a worker's rebuild found in Envoy's list but not yet in the
+    /// main thread's copy: not picked until the copy lists them.
+    MetadataHostsNotYetRead,
+    /// Copies of host metadata the main thread's instances published.
+    MetadataCopies,
+    /// Rebuilds of a worker's instance that read metadata through Envoy
+    /// because the main thread had not published a copy yet.
+    MetadataReadByWorker,
 }
 
 impl Metric {
     /// Every metric, in the order their ids are defined.
-    pub const ALL: [Metric; 10] = [
+    pub const ALL: [Metric; 14] = [
         Metric::PickReady,
         Metric::PickTerminatingFallback,
         Metric::PickTopologyNone,
@@ -47,6 +59,10 @@ impl Metric {
         Metric::Rebuilds,
         Metric::HostsServingNotOffered,
         Metric::RebuildMicros,
+        Metric::MetadataValuesNotKept,
+        Metric::MetadataHostsNotYetRead,
+        Metric::MetadataCopies,
+        Metric::MetadataReadByWorker,
     ];
 
     /// Its stable name (Envoy shows it under `dynamicmodulescustom.`).
@@ -63,6 +79,10 @@ impl Metric {
             Metric::Rebuilds => "serving_picker.rebuilds",
             Metric::HostsServingNotOffered => "serving_picker.hosts.serving_not_offered",
             Metric::RebuildMicros => "serving_picker.rebuild_us",
+            Metric::MetadataValuesNotKept => "serving_picker.metadata.values_not_kept",
+            Metric::MetadataHostsNotYetRead => "serving_picker.metadata.hosts_not_yet_read",
+            Metric::MetadataCopies => "serving_picker.metadata.copies",
+            Metric::MetadataReadByWorker => "serving_picker.metadata.read_by_worker",
         }
     }
 

@@ -12,17 +12,21 @@
 //! Threading (checked on Envoy 1.38 to 1.40): config new/destroy run on the
 //! main thread; each cluster has one LB instance per worker plus one on the
 //! main thread, and each instance's hooks run on its own thread only. An
-//! instance's state is therefore in `RefCell`s, not locks.
+//! instance's state is therefore in `RefCell`s, not locks. Host metadata is
+//! read through Envoy by the main thread's instance only and shared through
+//! the configuration's `MetadataBoard` (why: `metadata_board`).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::{self, ThreadId};
 use std::time::Instant;
 
 use serving_picker_core::contract::Tier;
 use serving_picker_core::plan::Topology;
 
 use crate::config::{self, NativeConfig, POLICY_NAME};
+use crate::metadata_board::{self, BoardSource, MetadataBoard};
 use crate::metrics::{Metric, NotOffered};
 use crate::table::{self, Choice, HostSource, Slot, Table};
 
@@ -106,6 +110,11 @@ pub struct PolicyConfig<P: Proxy> {
     /// hosts that are not offered, writes the gauges. One writer, so no
     /// duplicate lines and no races between workers.
     reporter_taken: AtomicBool,
+    /// The thread Envoy configured the policy on: its main thread, where
+    /// EDS updates replace host metadata.
+    main_thread: ThreadId,
+    /// The main thread's instance's copy of the hosts' metadata.
+    board: MetadataBoard,
 }
 
 impl<P: Proxy> PolicyConfig<P> {
@@ -164,6 +173,8 @@ impl<P: Proxy> PolicyConfig<P> {
             proxy,
             ids,
             reporter_taken: AtomicBool::new(false),
+            main_thread: thread::current().id(),
+            board: MetadataBoard::default(),
         })
     }
 
@@ -195,6 +206,9 @@ impl<P: Proxy> PolicyConfig<P> {
 pub struct LbInstance<P: Proxy> {
     config: Arc<PolicyConfig<P>>,
     cluster: String,
+    /// The main thread's instance reads metadata through Envoy and publishes
+    /// it; the others build from the published copy.
+    reads_metadata: bool,
     state: RefCell<State>,
     reporter: Option<RefCell<Reporter>>,
 }
@@ -213,16 +227,31 @@ struct Reporter {
 struct State {
     table: Table,
     sequence: u64,
+    /// The board's generation the table was built at.
+    board_generation: u64,
 }
 
 impl<P: Proxy> LbInstance<P> {
     /// A new instance for `cluster`, its table built from `hosts`. The
     /// config's first instance reports for the cluster.
     pub fn new(config: Arc<PolicyConfig<P>>, cluster: String, hosts: &impl HostSource) -> Self {
+        let on_main_thread = thread::current().id() == config.main_thread;
+        Self::with_role(config, cluster, hosts, on_main_thread)
+    }
+
+    /// An instance that reads metadata through Envoy (`reads_metadata`: the
+    /// main thread's) or from the main thread's copy.
+    pub fn with_role(
+        config: Arc<PolicyConfig<P>>,
+        cluster: String,
+        hosts: &impl HostSource,
+        reads_metadata: bool,
+    ) -> Self {
         let reporter = !config.reporter_taken.swap(true, Ordering::AcqRel);
         let instance = LbInstance {
             config,
             cluster,
+            reads_metadata,
             state: RefCell::new(State::default()),
             reporter: reporter.then(|| RefCell::new(Reporter::default())),
         };
@@ -246,13 +275,16 @@ impl<P: Proxy> LbInstance<P> {
         let proxy = &cfg.proxy;
         let start = Instant::now();
         let cpu_start = proxy.thread_cpu_micros();
-        let built = table::build(hosts, &cfg.config.selection);
+        let (built, board_generation) = self.build(hosts);
         let micros = start.elapsed().as_micros() as u64;
         let cpu_micros = proxy.thread_cpu_micros().saturating_sub(cpu_start);
         cfg.count(Metric::Rebuilds, 1);
         let (tier, picks) = (built.table.tier, built.table.len());
         match self.state.try_borrow_mut() {
-            Ok(mut st) => st.table = built.table,
+            Ok(mut st) => {
+                st.table = built.table;
+                st.board_generation = board_generation;
+            }
             Err(_) => return,
         }
         if let Some(rep) = &self.reporter {
@@ -317,6 +349,64 @@ impl<P: Proxy> LbInstance<P> {
         }
     }
 
+    /// Plans the cluster with the metadata of the board: the main thread's
+    /// instance reads it through Envoy and publishes it first. Before the
+    /// main thread has published, a worker reads through Envoy (there is no
+    /// copy yet). Also answers the board's generation the table is built at.
+    fn build(&self, hosts: &impl HostSource) -> (table::Built, u64) {
+        let cfg = &*self.config;
+        let selection = &cfg.config.selection;
+        if self.reads_metadata {
+            let snapshot = Arc::new(metadata_board::read(
+                hosts,
+                &self.cluster,
+                &selection.metadata_namespace,
+                table::metadata_keys(selection),
+            ));
+            cfg.count(Metric::MetadataValuesNotKept, snapshot.dropped_values);
+            if snapshot.dropped_values > 0 && cfg.proxy.log_enabled(Level::Debug) {
+                cfg.proxy.log(
+                    Level::Debug,
+                    &format!(
+                        "serving_picker: cluster {}: {} metadata string(s) over {} bytes (or past {} bytes in all) read as absent",
+                        self.cluster,
+                        snapshot.dropped_values,
+                        metadata_board::MAX_VALUE_BYTES,
+                        metadata_board::MAX_BOARD_BYTES
+                    ),
+                );
+            }
+            cfg.board.publish(Arc::clone(&snapshot));
+            cfg.count(Metric::MetadataCopies, 1);
+            let built = table::build(&BoardSource::new(hosts, &snapshot), selection);
+            return (built, cfg.board.generation());
+        }
+        match cfg.board.latest(&self.cluster) {
+            (generation, Some(snapshot)) => {
+                let source = BoardSource::new(hosts, &snapshot);
+                let built = table::build(&source, selection);
+                let unknown = source.unknown_hosts();
+                if unknown > 0 {
+                    cfg.count(Metric::MetadataHostsNotYetRead, unknown as u64);
+                }
+                (built, generation)
+            }
+            (generation, None) => {
+                cfg.count(Metric::MetadataReadByWorker, 1);
+                (table::build(hosts, selection), generation)
+            }
+        }
+    }
+
+    /// A worker's table built before the main thread's latest copy.
+    fn behind_the_board(&self) -> bool {
+        !self.reads_metadata
+            && self
+                .state
+                .try_borrow()
+                .is_ok_and(|st| st.board_generation != self.config.board.generation())
+    }
+
     /// The reporting instance publishes the cluster's draining hosts to the drain filter's
     /// board (`drain`), with the window (`drain_window_ms`; without it, nothing drains), and
     /// logs when they change.
@@ -351,7 +441,16 @@ impl<P: Proxy> LbInstance<P> {
 
     /// The host for one request: (priority, index into that priority's
     /// healthy hosts), or `None` when nothing serves (Envoy answers 503 UH).
-    pub fn choose(&self, request: Option<&impl Request>) -> Option<(u32, u32)> {
+    /// A worker whose table predates the main thread's latest metadata copy
+    /// rebuilds first (once per copy).
+    pub fn choose(
+        &self,
+        hosts: &impl HostSource,
+        request: Option<&impl Request>,
+    ) -> Option<(u32, u32)> {
+        if self.behind_the_board() {
+            self.rebuild(hosts, "metadata");
+        }
         let cfg = &*self.config;
         let Ok(mut st) = self.state.try_borrow_mut() else {
             return None;
@@ -574,22 +673,139 @@ mod tests {
     #[test]
     fn picks_are_counted_by_tier_and_topology() {
         let cfg = config("");
-        let lb = LbInstance::new(cfg.clone(), "c".into(), &cluster(vec![ready(A)]));
-        assert_eq!(lb.choose(no_request()), Some((0, 0)));
+        let one = cluster(vec![ready(A)]);
+        let lb = LbInstance::new(cfg.clone(), "c".into(), &one);
+        assert_eq!(lb.choose(&one, no_request()), Some((0, 0)));
         let p = cfg.proxy();
         assert_eq!(p.value(Metric::PickReady.name()), 1);
         assert_eq!(p.value(Metric::PickTopologyNone.name()), 1);
         let st = cluster(vec![FakeHost::new(A).conditions(false, true, true)]);
         lb.on_membership_update(&st, 0, 0);
-        assert_eq!(lb.choose(no_request()), Some((0, 0)));
+        assert_eq!(lb.choose(&st, no_request()), Some((0, 0)));
         assert_eq!(p.value(Metric::PickTerminatingFallback.name()), 1);
-        lb.on_membership_update(
-            &cluster(vec![FakeHost::new(A).conditions(false, false, true)]),
-            0,
-            0,
-        );
-        assert_eq!(lb.choose(no_request()), None);
+        let gone = cluster(vec![FakeHost::new(A).conditions(false, false, true)]);
+        lb.on_membership_update(&gone, 0, 0);
+        assert_eq!(lb.choose(&gone, no_request()), None);
         assert_eq!(p.value(Metric::RejectNoServing.name()), 1);
+    }
+
+    /// Envoy's hosts, counting the metadata reads made through them.
+    struct CountingMetadata<'a> {
+        hosts: &'a FakeCluster,
+        reads: std::cell::Cell<usize>,
+    }
+
+    impl<'a> CountingMetadata<'a> {
+        fn new(hosts: &'a FakeCluster) -> Self {
+            CountingMetadata {
+                hosts,
+                reads: std::cell::Cell::new(0),
+            }
+        }
+    }
+
+    impl HostSource for CountingMetadata<'_> {
+        fn priority_count(&self) -> usize {
+            self.hosts.priority_count()
+        }
+        fn host_count(&self, p: u32) -> usize {
+            self.hosts.host_count(p)
+        }
+        fn healthy_count(&self, p: u32) -> usize {
+            self.hosts.healthy_count(p)
+        }
+        fn healthy_address(&self, p: u32, i: usize) -> Option<&str> {
+            self.hosts.healthy_address(p, i)
+        }
+        fn address(&self, p: u32, i: usize) -> Option<&str> {
+            self.hosts.address(p, i)
+        }
+        fn weight(&self, p: u32, i: usize) -> u32 {
+            self.hosts.weight(p, i)
+        }
+        fn health(&self, p: u32, i: usize) -> table::HostHealth {
+            self.hosts.health(p, i)
+        }
+        fn locality_zone(&self, p: u32, i: usize) -> Option<&str> {
+            self.hosts.locality_zone(p, i)
+        }
+        fn metadata_bool(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<bool> {
+            self.reads.set(self.reads.get() + 1);
+            self.hosts.metadata_bool(p, i, ns, key)
+        }
+        fn metadata_str(&self, p: u32, i: usize, ns: &str, key: &str) -> Option<&str> {
+            self.reads.set(self.reads.get() + 1);
+            self.hosts.metadata_str(p, i, ns, key)
+        }
+    }
+
+    /// Once the main thread's instance has published, a worker reads no metadata through
+    /// Envoy: not when it rebuilds, not when it catches up before a pick.
+    #[test]
+    fn workers_read_metadata_only_from_the_main_threads_copy() {
+        let cfg = config("");
+        let row5 = cluster(vec![
+            FakeHost::new(A).conditions(false, true, true),
+            ready(B),
+        ]);
+        let main = LbInstance::with_role(cfg.clone(), "c".into(), &row5, true);
+        let envoy = CountingMetadata::new(&row5);
+        let worker = LbInstance::with_role(cfg.clone(), "c".into(), &envoy, false);
+        assert_eq!(envoy.reads.get(), 0, "built from the copy");
+        assert_eq!(worker.choose(&envoy, no_request()), Some((0, 1)), "B");
+        // B stops serving: the worker hears of it first (no copy yet: B reads as before),
+        // then the main thread publishes and the worker's next pick catches up.
+        let b_gone = cluster(vec![
+            FakeHost::new(A).conditions(false, true, true),
+            FakeHost::new(B).conditions(false, false, false),
+        ]);
+        let envoy = CountingMetadata::new(&b_gone);
+        worker.on_membership_update(&envoy, 0, 0);
+        main.on_membership_update(&b_gone, 0, 0);
+        assert_eq!(
+            worker.choose(&envoy, no_request()),
+            Some((0, 0)),
+            "A, the fallback"
+        );
+        assert_eq!(envoy.reads.get(), 0);
+        assert_eq!(cfg.proxy().value(Metric::MetadataHostsNotYetRead.name()), 0);
+    }
+
+    /// A worker created before the main thread's instance reads through Envoy (there is no
+    /// copy yet) and moves to the copy at its first pick after the publish.
+    #[test]
+    fn a_worker_before_the_first_copy_reads_through_envoy_then_uses_the_copy() {
+        let cfg = config("");
+        let hosts = cluster(vec![ready(A)]);
+        let envoy = CountingMetadata::new(&hosts);
+        let worker = LbInstance::with_role(cfg.clone(), "c".into(), &envoy, false);
+        let before = envoy.reads.get();
+        assert!(before > 0);
+        assert_eq!(worker.choose(&envoy, no_request()), Some((0, 0)));
+        let _main = LbInstance::with_role(cfg.clone(), "c".into(), &hosts, true);
+        assert_eq!(worker.choose(&envoy, no_request()), Some((0, 0)));
+        assert_eq!(envoy.reads.get(), before, "the catch-up read the copy");
+        assert_eq!(cfg.proxy().value(Metric::MetadataReadByWorker.name()), 1);
+        assert_eq!(cfg.proxy().value(Metric::MetadataCopies.name()), 1);
+        assert_eq!(cfg.proxy().value(Metric::Rebuilds.name()), 3);
+    }
+
+    /// A host the worker sees before the main thread's copy lists it is not picked, and is
+    /// counted; the pick after the copy catches up takes it.
+    #[test]
+    fn hosts_not_yet_in_the_copy_wait_for_it() {
+        let cfg = config("");
+        let a_only = cluster(vec![FakeHost::new(A).conditions(false, false, true)]);
+        let main = LbInstance::with_role(cfg.clone(), "c".into(), &a_only, true);
+        let worker = LbInstance::with_role(cfg.clone(), "c".into(), &a_only, false);
+        let with_b = cluster(vec![
+            FakeHost::new(A).conditions(false, false, true),
+            ready(B),
+        ]);
+        worker.on_membership_update(&with_b, 1, 0);
+        assert_eq!(cfg.proxy().value(Metric::MetadataHostsNotYetRead.name()), 1);
+        main.on_membership_update(&with_b, 1, 0);
+        assert_eq!(worker.choose(&with_b, no_request()), Some((0, 1)), "B");
     }
 
     #[test]
@@ -607,7 +823,7 @@ mod tests {
         };
         for _ in 0..6 {
             // A (host 0) refused: always B, healthy index 1.
-            assert_eq!(lb.choose(Some(&retry)), Some((0, 1)));
+            assert_eq!(lb.choose(&hosts, Some(&retry)), Some((0, 1)));
         }
         let moved = cfg.proxy().value(Metric::RetryOtherHost.name());
         assert_eq!(moved, 3, "every other pick lands on A first and moves");
@@ -616,7 +832,7 @@ mod tests {
             retry_count: 0,
             refused_host_indexes: vec![0, 1],
         };
-        assert!(lb.choose(Some(&no_budget)).is_some());
+        assert!(lb.choose(&hosts, Some(&no_budget)).is_some());
         assert_eq!(cfg.proxy().value(Metric::RetryOtherHost.name()), 3);
     }
 }

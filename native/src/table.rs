@@ -172,15 +172,33 @@ fn text(value: Option<&str>) -> String {
     value.map(str::to_string).unwrap_or_default()
 }
 
+/// Which metadata strings the plan can use, beyond the conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetadataKeys {
+    /// The zone of serving hosts: a local zone is set.
+    pub zone: bool,
+    /// The zone hint lists of ready hosts (`hints_used`).
+    pub zone_hints: bool,
+    /// The node hint lists of ready hosts (`hints_used`).
+    pub node_hints: bool,
+}
+
+/// The metadata strings `build` reads under `cfg`.
+pub fn metadata_keys(cfg: &SelectionConfig) -> MetadataKeys {
+    let zone_pref = cfg.zone_preference();
+    let (zone_hints, node_hints) = hints_used(zone_pref.as_ref(), cfg.local_node.as_deref());
+    MetadataKeys {
+        zone: zone_pref.is_some(),
+        zone_hints,
+        node_hints,
+    }
+}
+
 /// What `build` reads of each host beyond its conditions: the metadata
 /// namespace, and which keys the plan can use.
 struct Wanted<'c> {
     ns: &'c str,
-    /// The zone of serving hosts: a local zone is set.
-    zone: bool,
-    /// The hint lists of ready hosts (`hints_used`).
-    zone_hints: bool,
-    node_hints: bool,
+    keys: MetadataKeys,
 }
 
 /// One host as the core's record, its address left out (the plan answers
@@ -220,7 +238,7 @@ fn read_host(
         (health, 1, serving)
     };
     let now = effective(&flags, &health);
-    let zone = if want.zone && now.serving {
+    let zone = if want.keys.zone && now.serving {
         src.metadata_str(p, i, want.ns, key::ZONE)
             .filter(|z| !z.is_empty())
             .or_else(|| src.locality_zone(p, i).filter(|z| !z.is_empty()))
@@ -238,8 +256,8 @@ fn read_host(
     };
     let topology = TopologyMeta {
         node_name: String::new(),
-        hints_zones: hints(want.zone_hints, key::HINTS_ZONES),
-        hints_nodes: hints(want.node_hints, key::HINTS_NODES),
+        hints_zones: hints(want.keys.zone_hints, key::HINTS_ZONES),
+        hints_nodes: hints(want.keys.node_hints, key::HINTS_NODES),
     };
     let record = HostRecord {
         // The plan answers by index: the address stays with the caller.
@@ -263,12 +281,9 @@ fn read_host(
 pub fn build(src: &impl HostSource, cfg: &SelectionConfig) -> Built {
     let zone_pref = cfg.zone_preference();
     let local_node = cfg.local_node.as_deref();
-    let (zone_hints, node_hints) = hints_used(zone_pref.as_ref(), local_node);
     let want = Wanted {
         ns: cfg.metadata_namespace.as_str(),
-        zone: zone_pref.is_some(),
-        zone_hints,
-        node_hints,
+        keys: metadata_keys(cfg),
     };
     let priorities = src.priority_count().min(u32::MAX as usize) as u32;
     let total: usize = (0..priorities).map(|p| src.host_count(p)).sum();

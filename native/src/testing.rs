@@ -74,6 +74,12 @@ impl FakeHost {
         self.locality_zone = Some(z.into());
         self
     }
+
+    /// With the string `value` at filter_metadata[`ns`][`key`].
+    pub fn string(mut self, ns: &str, key: &str, value: &str) -> FakeHost {
+        self.strings.push((ns.into(), key.into(), value.into()));
+        self
+    }
 }
 
 /// Hosts per priority.
@@ -84,6 +90,11 @@ pub struct FakeCluster {
 }
 
 impl FakeCluster {
+    /// A cluster of these priorities' hosts.
+    pub fn of(priorities: Vec<Vec<FakeHost>>) -> FakeCluster {
+        FakeCluster { priorities }
+    }
+
     fn host(&self, p: u32, i: usize) -> Option<&FakeHost> {
         self.priorities.get(p as usize)?.get(i)
     }

@@ -233,6 +233,29 @@ impl Companion {
         total
     }
 
+    /// TLS handshakes refused for the client's identity or protocol, by reason. Leaves out
+    /// the handshakes a client gave up on (`incomplete`, `timeout`: Envoy's 1 s connect
+    /// timeout on a loaded machine, retried by Envoy) and `displaced` ones.
+    pub fn identity_refusals(&self) -> Vec<(&'static str, f64)> {
+        [
+            "no_client_cert",
+            "unknown_ca",
+            "san_not_allowed",
+            "bad_client_cert",
+            "not_tls",
+            "client_alert",
+            "other",
+        ]
+        .into_iter()
+        .filter_map(|reason| {
+            self.metric(&format!(
+                "serving_picker_conditions_tls_refusals_total{{reason=\"{reason}\"}}"
+            ))
+            .map(|n| (reason, n))
+        })
+        .collect()
+    }
+
     /// SIGKILL, nothing flushed: a crash.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

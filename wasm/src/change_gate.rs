@@ -75,7 +75,11 @@ impl ChangeGate {
         stats: Result<Vec<u8>, String>,
     ) -> Decision {
         self.pending = None;
-        let body = match stats.and_then(|body| check_stats_text(&body).map(|()| body)) {
+        let checked = stats.and_then(|body| match check_stats_text(&body) {
+            Ok(()) => Ok(body),
+            Err(e) => Err(e.to_string()),
+        });
+        let body = match checked {
             Ok(body) => body,
             Err(why) => {
                 return Decision {
@@ -177,19 +181,42 @@ pub fn hidden_cluster<'a>(body: &[u8], clusters: impl Iterator<Item = &'a str>) 
     })
 }
 
+/// Why a stats answer cannot gate the refresh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum NotStatsText {
+    /// No stats at all.
+    Empty,
+    /// Bytes that are not UTF-8.
+    NotUtf8,
+    /// A line that is not `name: value` (its first 80 characters).
+    NotLines(String),
+}
+
+impl std::fmt::Display for NotStatsText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotStatsText::Empty => f.write_str(
+                "the stats answer is empty (stats turned off by stats_matcher, or \
+                 admin_stats_path selects none): no change gate, every poll is a full refresh",
+            ),
+            NotStatsText::NotUtf8 => f.write_str("the stats answer is not UTF-8 text"),
+            NotStatsText::NotLines(line) => write!(
+                f,
+                "the stats answer is not `name: value` lines (admin_stats_path must select text stats): {line:?}"
+            ),
+        }
+    }
+}
+
 /// Envoy's text stats: one `name: value` line per stat. Anything else (an
 /// HTML error page, JSON) would compare as "changed" forever or, worse, as
 /// "unchanged": refuse it.
-fn check_stats_text(body: &[u8]) -> Result<(), String> {
+fn check_stats_text(body: &[u8]) -> Result<(), NotStatsText> {
     if body.is_empty() {
-        return Err(
-            "the stats answer is empty (stats turned off by stats_matcher, or \
-             admin_stats_path selects none): no change gate, every poll is a full refresh"
-                .into(),
-        );
+        return Err(NotStatsText::Empty);
     }
     let Ok(text) = std::str::from_utf8(body) else {
-        return Err("the stats answer is not UTF-8 text".into());
+        return Err(NotStatsText::NotUtf8);
     };
     let stat_line = |line: &str| {
         line.split_once(": ").is_some_and(|(name, _)| {
@@ -201,10 +228,7 @@ fn check_stats_text(body: &[u8]) -> Result<(), String> {
     };
     match text.lines().find(|line| !stat_line(line)) {
         None => Ok(()),
-        Some(line) => Err(format!(
-            "the stats answer is not `name: value` lines (admin_stats_path must select text stats): {:?}",
-            line.chars().take(80).collect::<String>()
-        )),
+        Some(line) => Err(NotStatsText::NotLines(line.chars().take(80).collect())),
     }
 }
 

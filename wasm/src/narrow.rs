@@ -200,6 +200,27 @@ fn percent_encode(text: &str) -> String {
     out
 }
 
+/// Why a narrowed answer is refused: the cluster it brought unasked, or
+/// the asked one it lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MergeRefused {
+    /// A cluster that was not asked for.
+    Brought(String),
+    /// An asked cluster missing from the answer.
+    Lacks(String),
+}
+
+impl std::fmt::Display for MergeRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MergeRefused::Brought(name) => write!(f, "the narrowed dump brought cluster {name:?}"),
+            MergeRefused::Lacks(name) => write!(f, "the narrowed dump lacks cluster {name:?}"),
+        }
+    }
+}
+
+impl std::error::Error for MergeRefused {}
+
 /// Puts the narrowed answer's clusters in place of theirs in the last full
 /// view, and says whether that changed anything. An answer that misses an
 /// asked cluster or brings another is refused, leaving `view` as it was:
@@ -208,12 +229,9 @@ pub fn merge(
     view: &mut EndpointsDump,
     part: &EndpointsDump,
     asked: &[String],
-) -> Result<bool, String> {
+) -> Result<bool, MergeRefused> {
     if let Some(extra) = part.clusters.iter().find(|c| !asked.contains(&c.name)) {
-        return Err(format!(
-            "the narrowed dump brought cluster {:?}",
-            extra.name
-        ));
+        return Err(MergeRefused::Brought(extra.name.clone()));
     }
     let entries = |list: &[ClusterHosts], name: &str| -> Vec<ClusterHosts> {
         list.iter().filter(|c| c.name == name).cloned().collect()
@@ -221,7 +239,7 @@ pub fn merge(
     let mut changed = false;
     for name in asked {
         if !part.clusters.iter().any(|c| &c.name == name) {
-            return Err(format!("the narrowed dump lacks cluster {name:?}"));
+            return Err(MergeRefused::Lacks(name.clone()));
         }
         let old = view.clusters.iter().filter(|c| &c.name == name);
         changed |= !old.eq(part.clusters.iter().filter(|c| &c.name == name));
@@ -497,9 +515,13 @@ cluster_manager.active_clusters: 6
     fn merge_refuses_answers_that_do_not_match_the_question() {
         let last = dump_of(&[("a", 1), ("b", 2)]);
         let mut view = last.clone();
-        let missing = merge(&mut view, &dump_of(&[]), &asked(&["b"])).unwrap_err();
+        let missing = merge(&mut view, &dump_of(&[]), &asked(&["b"]))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("lacks cluster \"b\""), "{missing}");
-        let extra = merge(&mut view, &dump_of(&[("a", 1), ("b", 2)]), &asked(&["b"])).unwrap_err();
+        let extra = merge(&mut view, &dump_of(&[("a", 1), ("b", 2)]), &asked(&["b"]))
+            .unwrap_err()
+            .to_string();
         assert!(extra.contains("brought cluster \"a\""), "{extra}");
         assert_eq!(view, last, "a refused answer leaves the view as it was");
     }

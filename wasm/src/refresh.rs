@@ -17,12 +17,24 @@ use serving_picker_core::plan::ClusterPlan;
 use std::collections::HashSet;
 use std::time::Duration;
 
+/// The host refused to start an admin call: its status, as the host names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallRefused(pub String);
+
+impl std::fmt::Display for CallRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CallRefused {}
+
 /// What the refresh asks of its host: calls to Envoy's admin API through
 /// the admin cluster, the answer being read, and the clock.
 pub trait AdminApi {
     /// Starts `GET path` on `cluster` (JSON accepted): the call's token, or
     /// why it could not start.
-    fn get(&mut self, cluster: &str, path: &str, timeout: Duration) -> Result<u32, String>;
+    fn get(&mut self, cluster: &str, path: &str, timeout: Duration) -> Result<u32, CallRefused>;
     /// The `:status` of the answer being read (asked only when it has headers).
     fn response_status(&self) -> Option<Vec<u8>>;
     /// The first `size` bytes of the answer's body.
@@ -683,10 +695,15 @@ mod tests {
     }
 
     impl AdminApi for FakeAdmin {
-        fn get(&mut self, cluster: &str, path: &str, _timeout: Duration) -> Result<u32, String> {
+        fn get(
+            &mut self,
+            cluster: &str,
+            path: &str,
+            _timeout: Duration,
+        ) -> Result<u32, CallRefused> {
             assert_eq!(cluster, "envoy_admin");
             if self.refuse {
-                return Err("BadArgument".into());
+                return Err(CallRefused("BadArgument".into()));
             }
             self.asked.push(path.to_string());
             Ok(self.asked.len() as u32)

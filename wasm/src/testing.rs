@@ -2,7 +2,7 @@
 //! `poller`: a request, the shared-data store and the admin API, each
 //! recording what was asked of it and failing where a test says so.
 
-use crate::refresh::AdminApi;
+use crate::refresh::{AdminApi, CallRefused};
 use crate::shared::{SetError, SharedData};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -184,9 +184,9 @@ pub struct FakeAdmin {
 }
 
 impl AdminApi for FakeAdmin {
-    fn get(&mut self, _cluster: &str, path: &str, _timeout: Duration) -> Result<u32, String> {
+    fn get(&mut self, _cluster: &str, path: &str, _timeout: Duration) -> Result<u32, CallRefused> {
         if self.refuse {
-            return Err("BadArgument".into());
+            return Err(CallRefused("BadArgument".into()));
         }
         self.asked.push(path.into());
         Ok(self.asked.len() as u32)

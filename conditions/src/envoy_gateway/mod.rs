@@ -67,6 +67,7 @@ use crate::eds::metrics::PublishMetrics;
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
 use crate::model::index::{Index, IpFamily};
+use crate::model::selector::LabelSelector;
 use crate::model::slice::ServiceKey;
 use crate::source::{next_batch, Change, Update};
 use crate::telemetry::metrics::Metrics;
@@ -86,7 +87,7 @@ pub struct Args {
     /// their Service's labels). Default: serving-picker.io/conditions=true;
     /// '' for every Service. Not with --slices-dir.
     #[arg(long, value_name = "SELECTOR")]
-    pub manage: Option<String>,
+    pub manage: Option<LabelSelector>,
     /// Read EndpointSlices from this directory of kubectl YAML/JSON files
     /// (watched) instead of the Kubernetes API; every Service in it is managed.
     #[arg(long, value_name = "DIR")]

@@ -18,11 +18,25 @@ pub struct ClusterSpec {
     pub port_name: String,
 }
 
-impl FromStr for ClusterSpec {
-    type Err = String;
+/// Why a `--cluster` value or set of values is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterSpecError {
+    /// Not of the form `NAME=NAMESPACE/SERVICE:PORT_NAME`.
+    #[error("--cluster {0:?}: expected NAME=NAMESPACE/SERVICE:PORT_NAME")]
+    Form(String),
+    /// A namespace, Service or port name that is not a DNS name.
+    #[error("--cluster {0:?}: namespace, service and port name must be lower-case DNS names")]
+    NotDns(String),
+    /// The same cluster name twice.
+    #[error("--cluster {0:?} is given twice")]
+    Twice(String),
+}
 
-    fn from_str(s: &str) -> Result<ClusterSpec, String> {
-        let usage = || format!("--cluster {s:?}: expected NAME=NAMESPACE/SERVICE:PORT_NAME");
+impl FromStr for ClusterSpec {
+    type Err = ClusterSpecError;
+
+    fn from_str(s: &str) -> Result<ClusterSpec, ClusterSpecError> {
+        let usage = || ClusterSpecError::Form(s.to_string());
         let (name, rest) = s.split_once('=').ok_or_else(usage)?;
         let (namespace, rest) = rest.split_once('/').ok_or_else(usage)?;
         let (service, port_name) = rest.split_once(':').unwrap_or((rest, ""));
@@ -35,9 +49,7 @@ impl FromStr for ClusterSpec {
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         };
         if !dns_label(namespace) || !dns_label(service) || !dns_label(port_name) {
-            return Err(format!(
-                "--cluster {s:?}: namespace, service and port name must be lower-case DNS names"
-            ));
+            return Err(ClusterSpecError::NotDns(s.to_string()));
         }
         Ok(ClusterSpec {
             name: name.to_string(),
@@ -100,11 +112,11 @@ pub fn parse_template(name: &str) -> Option<(ServiceKey, String, Option<u16>)> {
 }
 
 /// Checks a set of specs: cluster names unique.
-pub fn check_unique(specs: &[ClusterSpec]) -> Result<(), String> {
+pub fn check_unique(specs: &[ClusterSpec]) -> Result<(), ClusterSpecError> {
     let mut seen = std::collections::BTreeSet::new();
     for s in specs {
         if !seen.insert(s.name.as_str()) {
-            return Err(format!("--cluster {:?} is given twice", s.name));
+            return Err(ClusterSpecError::Twice(s.name.clone()));
         }
     }
     Ok(())

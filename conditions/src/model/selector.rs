@@ -15,9 +15,23 @@ enum Requirement {
     DoesNotExist(String),
 }
 
-/// A parsed label selector.
+/// A parsed label selector, with the text it was read from (what the API
+/// server is asked with).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct LabelSelector(Vec<Requirement>);
+pub struct LabelSelector {
+    text: String,
+    requirements: Vec<Requirement>,
+}
+
+/// A part of a label selector that does not read as a requirement.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("label selector {selector:?}: cannot read {part:?}")]
+pub struct SelectorError {
+    /// The whole selector.
+    pub selector: String,
+    /// The part that does not read.
+    pub part: String,
+}
 
 fn key_ok(k: &str) -> bool {
     !k.is_empty()
@@ -33,9 +47,9 @@ fn value_ok(v: &str) -> bool {
 }
 
 impl std::str::FromStr for LabelSelector {
-    type Err = String;
+    type Err = SelectorError;
 
-    fn from_str(s: &str) -> Result<LabelSelector, String> {
+    fn from_str(s: &str) -> Result<LabelSelector, SelectorError> {
         // Split on commas outside parentheses.
         let mut parts = Vec::new();
         let (mut depth, mut start) = (0i32, 0);
@@ -51,7 +65,10 @@ impl std::str::FromStr for LabelSelector {
             }
         }
         parts.push(&s[start..]);
-        let bad = |p: &str| format!("label selector {s:?}: cannot read {p:?}");
+        let bad = |p: &str| SelectorError {
+            selector: s.to_string(),
+            part: p.to_string(),
+        };
         let mut reqs = Vec::new();
         for part in parts.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
             let set = |op: &str| -> Option<(String, Vec<String>)> {
@@ -83,14 +100,28 @@ impl std::str::FromStr for LabelSelector {
             }
             reqs.push(req);
         }
-        Ok(LabelSelector(reqs))
+        Ok(LabelSelector {
+            text: s.to_string(),
+            requirements: reqs,
+        })
+    }
+}
+
+impl std::fmt::Display for LabelSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
     }
 }
 
 impl LabelSelector {
+    /// The selector as given (for the API server's `labelSelector`).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
     /// True when every requirement holds for `labels`.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.0.iter().all(|r| match r {
+        self.requirements.iter().all(|r| match r {
             Requirement::In(k, v) => labels.get(k).is_some_and(|l| v.contains(l)),
             Requirement::NotIn(k, v) => labels.get(k).is_none_or(|l| !v.contains(l)),
             Requirement::Exists(k) => labels.contains_key(k),

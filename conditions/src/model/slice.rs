@@ -120,6 +120,8 @@ pub enum SliceError {
     NoServiceLabel(SliceKey),
 }
 
+impl std::error::Error for SliceError {}
+
 impl fmt::Display for SliceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -13,8 +13,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::ParsedExtension;
 
-use super::checks::{bad, ok, Finding, Level};
 use super::facts::{Expect, ExpectedSecret, SecretRole};
+use super::finding::{bad, ok, Finding, Level};
 use crate::net::tls::san_names;
 
 /// A certificate closer than this to its end is warned about.

@@ -7,65 +7,9 @@
 use std::time::SystemTime;
 
 pub use super::facts::{Expect, Facts, Mode};
+use super::finding::{bad, ok};
+pub use super::finding::{Finding, Level};
 use super::versions::{self, Minor, Supported};
-
-/// A finding's weight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    /// As it should be.
-    Ok,
-    /// Works, but worth a look; the exit code stays 0.
-    Warn,
-    /// Will not work as it stands; the exit code is 1.
-    Fail,
-}
-
-impl Level {
-    /// The word printed at the start of the finding's line.
-    pub fn word(self) -> &'static str {
-        match self {
-            Level::Ok => "ok",
-            Level::Warn => "warn",
-            Level::Fail => "FAIL",
-        }
-    }
-}
-
-/// One judgement of the preflight: the line it prints, and the fix when it is not ok.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// Ok, worth a look, or failing.
-    pub level: Level,
-    /// What was checked, a short word (`rbac`, `crds`, ...).
-    pub check: &'static str,
-    /// What was found.
-    pub detail: String,
-    /// What to do about it, printed under the finding.
-    pub fix: Option<String>,
-}
-
-pub(super) fn ok(check: &'static str, detail: impl Into<String>) -> Finding {
-    Finding {
-        level: Level::Ok,
-        check,
-        detail: detail.into(),
-        fix: None,
-    }
-}
-
-pub(super) fn bad(
-    level: Level,
-    check: &'static str,
-    detail: impl Into<String>,
-    fix: impl Into<String>,
-) -> Finding {
-    Finding {
-        level,
-        check,
-        detail: detail.into(),
-        fix: Some(fix.into()),
-    }
-}
 
 /// Every finding, in the order the install needs them.
 pub fn judge(expect: &Expect, facts: &Facts, now: SystemTime) -> Vec<Finding> {
@@ -166,28 +110,6 @@ fn api(expect: &Expect, facts: &Facts) -> (Finding, Option<u32>) {
     }
 }
 
-/// A Deployment's release: its image tag, else (an image pinned by digest
-/// alone) its `app.kubernetes.io/version` label; with where it was read.
-pub(super) fn workload_version(w: &super::facts::Workload) -> Option<(Minor, String)> {
-    let image = w.image.as_deref().unwrap_or_default();
-    if let Some(tag) = versions::image_tag(image) {
-        if let Some(m) = versions::minor_of(tag) {
-            return Some((m, format!("{tag} (image tag)")));
-        }
-    }
-    let label = w.version_label.as_deref()?;
-    let m = versions::minor_of(label)?;
-    let pinned = if versions::image_digest(image).is_some() {
-        "the image is pinned by digest; "
-    } else {
-        ""
-    };
-    Some((
-        m,
-        format!("{label} ({pinned}the Deployment's app.kubernetes.io/version)"),
-    ))
-}
-
 /// `what` at `release` against the Kubernetes minor `k8s`, as upstream
 /// states it in `table`.
 pub(super) fn kubernetes_range(
@@ -266,7 +188,7 @@ fn platform_versions(expect: &Expect, facts: &Facts, k8s: u32) -> Vec<Finding> {
     }
     if expect.mode == Mode::EnvoyGateway {
         if let Some(w) = &facts.eg.deployment {
-            match workload_version(w) {
+            match versions::workload_version(w) {
                 Some((m, shown)) => out.push(kubernetes_range(
                     "Envoy Gateway",
                     m,
@@ -290,7 +212,7 @@ fn platform_versions(expect: &Expect, facts: &Facts, k8s: u32) -> Vec<Finding> {
     if expect.mode == Mode::Istio {
         if let Some(Ok(istiods)) = &facts.istio.istiods {
             for w in istiods {
-                if let Some((m, shown)) = workload_version(w) {
+                if let Some((m, shown)) = versions::workload_version(w) {
                     out.push(kubernetes_range(
                         &format!("Istio ({}/{})", w.namespace, w.name),
                         m,

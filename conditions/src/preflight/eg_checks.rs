@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 
-use super::checks::{bad, ok, workload_version, Finding, Level};
 use super::facts::{EgFacts, EnvoyProxyFact, Expect, GatewayClassFact, OtherEg, Workload};
+use super::finding::{bad, ok, Finding, Level};
 use super::versions::{self, Minor, NativeFit};
 
 const DEFAULT_CONTROLLER: &str = "gateway.envoyproxy.io/gatewayclass-controller";
@@ -369,7 +369,7 @@ fn hook(expect: &Expect, doc: &Value) -> Vec<Finding> {
 /// image is pinned by digest alone) and its replicas.
 fn deployment(w: &Workload) -> Vec<Finding> {
     let mut out = Vec::new();
-    match workload_version(w) {
+    match versions::workload_version(w) {
         Some(((1, 8 | 9), shown)) => out.push(ok("eg-version", format!("Envoy Gateway {shown}"))),
         Some((_, shown)) => out.push(bad(
             Level::Warn,
@@ -407,7 +407,7 @@ fn envoy(expect: &Expect, eg: &EgFacts, doc: &Value) -> Vec<Finding> {
     let configured = doc["envoyProxy"]["provider"]["kubernetes"]["envoyDeployment"]["container"]
         ["image"]
         .as_str();
-    let release = eg.deployment.as_ref().and_then(workload_version);
+    let release = eg.deployment.as_ref().and_then(versions::workload_version);
     let builtin = release.as_ref().and_then(|(m, shown)| {
         versions::eg_default_envoy(*m).map(|e| (e, format!("the default of Envoy Gateway {shown}")))
     });

@@ -2,8 +2,29 @@
 //! between [`super::gather`] and the checks.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::Value;
+
+/// Why a look at the cluster gave no answer (said in the finding).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookError {
+    /// The API server refused or failed the request.
+    #[error("{0}")]
+    Api(#[source] Arc<kube::Error>),
+    /// What was looked for is not there.
+    #[error("{0}")]
+    Missing(&'static str),
+    /// Envoy Gateway's configuration does not parse.
+    #[error("envoy-gateway.yaml does not parse: {0}")]
+    Unparsable(#[source] Arc<serde_saphyr::Error>),
+}
+
+impl From<kube::Error> for LookError {
+    fn from(e: kube::Error) -> LookError {
+        LookError::Api(Arc::new(e))
+    }
+}
 
 /// The way in being prepared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -121,44 +142,44 @@ pub struct OtherEg {
     /// Its controller Deployment.
     pub workload: Workload,
     /// Its EnvoyGateway document, or why it could not be read.
-    pub config: Result<Value, String>,
+    pub config: Result<Value, LookError>,
 }
 
 /// Envoy Gateway's side, as read (mode envoy-gateway).
 #[derive(Debug, Default, Clone)]
 pub struct EgFacts {
     /// The dedicated instance's EnvoyGateway document, or why it is not there.
-    pub dedicated: Option<Result<Value, String>>,
+    pub dedicated: Option<Result<Value, LookError>>,
     /// The dedicated instance's controller Deployment.
     pub deployment: Option<Workload>,
     /// Every other Envoy Gateway found (Deployments labelled
     /// `control-plane=envoy-gateway` in every namespace) with its
     /// EnvoyGateway document or why it could not be read; Err: they could
     /// not be listed (then `fallback` is the one namespace read instead).
-    pub others: Option<Result<Vec<OtherEg>, String>>,
+    pub others: Option<Result<Vec<OtherEg>, LookError>>,
     /// The EnvoyGateway document in `--platform-eg-namespace`, read when
     /// `others` could not be listed.
-    pub fallback: Option<Result<Value, String>>,
+    pub fallback: Option<Result<Value, LookError>>,
     /// Every GatewayClass, or why they could not be listed.
-    pub classes: Option<Result<Vec<GatewayClassFact>, String>>,
+    pub classes: Option<Result<Vec<GatewayClassFact>, LookError>>,
     /// Every EnvoyProxy, or why they could not be listed.
-    pub envoy_proxies: Option<Result<Vec<EnvoyProxyFact>, String>>,
+    pub envoy_proxies: Option<Result<Vec<EnvoyProxyFact>, LookError>>,
 }
 
 /// Istio's side, as read (mode istio).
 #[derive(Debug, Default, Clone)]
 pub struct IstioFacts {
     /// Every istiod (Deployments labelled `app=istiod`), or why not listed.
-    pub istiods: Option<Result<Vec<Workload>, String>>,
+    pub istiods: Option<Result<Vec<Workload>, LookError>>,
 }
 
 /// Everything the preflight read.
 #[derive(Debug, Default, Clone)]
 pub struct Facts {
     /// The API server's gitVersion, or why it could not be read.
-    pub api: Option<Result<String, String>>,
+    pub api: Option<Result<String, LookError>>,
     /// (verb, allowed) for the companion's ServiceAccount on EndpointSlices.
-    pub rbac: Vec<(String, Result<bool, String>)>,
+    pub rbac: Vec<(String, Result<bool, LookError>)>,
     /// CRD name -> present (with the version label or annotation it carries).
     pub crds: BTreeMap<String, Option<String>>,
     /// Envoy Gateway's side (mode envoy-gateway).
@@ -168,5 +189,5 @@ pub struct Facts {
     /// `namespace/name` -> the Secret's data, or None when absent.
     pub secrets: BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,
     /// Services carrying `Expect::service_label`, or why not listed.
-    pub labelled_services: Option<Result<Vec<String>, String>>,
+    pub labelled_services: Option<Result<Vec<String>, LookError>>,
 }

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{
@@ -20,8 +21,8 @@ use kube::{Api, Client, Config};
 use serde_json::Value;
 
 use super::facts::{
-    EgFacts, EnvoyProxyFact, Expect, ExpectedSecret, Facts, GatewayClassFact, IstioFacts, Mode,
-    OtherEg, SecretRole, Workload,
+    EgFacts, EnvoyProxyFact, Expect, ExpectedSecret, Facts, GatewayClassFact, IstioFacts,
+    LookError, Mode, OtherEg, SecretRole, Workload,
 };
 use crate::envoy_gateway::DEFAULT_MANAGE_SELECTOR;
 
@@ -167,7 +168,7 @@ pub async fn gather(args: &Args) -> anyhow::Result<Facts> {
                 .apiserver_version()
                 .await
                 .map(|v| v.git_version)
-                .map_err(|e| e.to_string()),
+                .map_err(LookError::from),
         ),
         ..Facts::default()
     };
@@ -230,13 +231,13 @@ pub async fn gather(args: &Args) -> anyhow::Result<Facts> {
                     })
                     .collect()
             })
-            .map_err(|e| e.to_string()),
+            .map_err(LookError::from),
     );
     Ok(facts)
 }
 
 /// May `account` list and watch EndpointSlices (SubjectAccessReviews).
-async fn rbac(client: &Client, account: &str) -> Vec<(String, Result<bool, String>)> {
+async fn rbac(client: &Client, account: &str) -> Vec<(String, Result<bool, LookError>)> {
     let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
     let mut out = Vec::new();
     for verb in ["list", "watch"] {
@@ -257,7 +258,7 @@ async fn rbac(client: &Client, account: &str) -> Vec<(String, Result<bool, Strin
             .create(&PostParams::default(), &review)
             .await
             .map(|r| r.status.is_some_and(|s| s.allowed))
-            .map_err(|e| e.to_string());
+            .map_err(LookError::from);
         out.push((verb.into(), answer));
     }
     out
@@ -304,29 +305,30 @@ fn workload(d: &Deployment) -> Workload {
 }
 
 /// Deployments carrying `label`, in every namespace.
-async fn deployments(client: &Client, label: &str) -> Result<Vec<Workload>, String> {
+async fn deployments(client: &Client, label: &str) -> Result<Vec<Workload>, LookError> {
     let api: Api<Deployment> = Api::all(client.clone());
     api.list(&ListParams::default().labels(label))
         .await
         .map(|l| l.items.iter().map(workload).collect())
-        .map_err(|e| e.to_string())
+        .map_err(LookError::from)
 }
 
 /// The EnvoyGateway document of EG's ConfigMap in `namespace`.
-async fn eg_config(client: &Client, namespace: &str) -> Result<Value, String> {
+async fn eg_config(client: &Client, namespace: &str) -> Result<Value, LookError> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let map = maps
         .get_opt("envoy-gateway-config")
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("ConfigMap envoy-gateway-config not found")?;
+        .await?
+        .ok_or(LookError::Missing(
+            "ConfigMap envoy-gateway-config not found",
+        ))?;
     let text = map
         .data
         .unwrap_or_default()
         .get("envoy-gateway.yaml")
         .cloned()
-        .ok_or("no envoy-gateway.yaml key")?;
-    serde_saphyr::from_str(&text).map_err(|e| format!("envoy-gateway.yaml does not parse: {e}"))
+        .ok_or(LookError::Missing("no envoy-gateway.yaml key"))?;
+    serde_saphyr::from_str(&text).map_err(|e| LookError::Unparsable(Arc::new(e)))
 }
 
 fn dynamic(
@@ -343,7 +345,7 @@ fn dynamic(
     )
 }
 
-async fn gateway_classes(client: &Client) -> Result<Vec<GatewayClassFact>, String> {
+async fn gateway_classes(client: &Client) -> Result<Vec<GatewayClassFact>, LookError> {
     let api = dynamic(
         client,
         "gateway.networking.k8s.io",
@@ -351,10 +353,7 @@ async fn gateway_classes(client: &Client) -> Result<Vec<GatewayClassFact>, Strin
         "GatewayClass",
         "gatewayclasses",
     );
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let list = api.list(&ListParams::default()).await?;
     Ok(list
         .items
         .iter()
@@ -379,7 +378,7 @@ async fn gateway_classes(client: &Client) -> Result<Vec<GatewayClassFact>, Strin
         .collect())
 }
 
-async fn envoy_proxies(client: &Client) -> Result<Vec<EnvoyProxyFact>, String> {
+async fn envoy_proxies(client: &Client) -> Result<Vec<EnvoyProxyFact>, LookError> {
     let api = dynamic(
         client,
         "gateway.envoyproxy.io",
@@ -387,10 +386,7 @@ async fn envoy_proxies(client: &Client) -> Result<Vec<EnvoyProxyFact>, String> {
         "EnvoyProxy",
         "envoyproxies",
     );
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let list = api.list(&ListParams::default()).await?;
     Ok(list
         .items
         .iter()

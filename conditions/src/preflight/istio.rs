@@ -1,8 +1,8 @@
 //! Istio (mode istio, the wasm form): istiod found, a release serving-picker
 //! is checked against, and what its persistent-session setting does.
 
-use super::checks::{bad, ok, workload_version, Finding, Level};
 use super::facts::IstioFacts;
+use super::finding::{bad, ok, Finding, Level};
 use super::versions;
 
 /// istiod's flag that sets up the cookie sessions the Service label names.
@@ -33,7 +33,7 @@ pub fn judge(istio: &IstioFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     for w in istiods {
         let at = format!("{}/{}", w.namespace, w.name);
-        out.push(match workload_version(w) {
+        out.push(match versions::workload_version(w) {
             Some((m, shown)) if versions::supported(&versions::ISTIO, m).is_some() => {
                 ok("istio", format!("istiod {at}: Istio {shown}"))
             }

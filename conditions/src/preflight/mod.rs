@@ -12,11 +12,12 @@ pub mod certificates;
 pub mod checks;
 pub mod eg_checks;
 pub mod facts;
+pub mod finding;
 pub mod gather;
 pub mod istio;
 pub mod versions;
 
-use checks::{Finding, Level};
+use finding::{Finding, Level};
 
 /// Runs the preflight and prints its findings; whether none failed.
 pub async fn run(args: gather::Args) -> anyhow::Result<bool> {

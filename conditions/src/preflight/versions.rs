@@ -3,6 +3,8 @@
 //! the Envoy minors the native module loads in; and how a version is read
 //! from an image reference or a Kubernetes gitVersion.
 
+use super::facts::Workload;
+
 /// A `major.minor` release.
 pub type Minor = (u32, u32);
 
@@ -186,6 +188,28 @@ pub fn native_fit(envoy: Minor) -> NativeFit {
 /// `1.39` for `(1, 39)`.
 pub fn show(m: Minor) -> String {
     format!("{}.{}", m.0, m.1)
+}
+
+/// A Deployment's release: its image tag, else (an image pinned by digest
+/// alone) its `app.kubernetes.io/version` label; with where it was read.
+pub(super) fn workload_version(w: &Workload) -> Option<(Minor, String)> {
+    let image = w.image.as_deref().unwrap_or_default();
+    if let Some(tag) = image_tag(image) {
+        if let Some(m) = minor_of(tag) {
+            return Some((m, format!("{tag} (image tag)")));
+        }
+    }
+    let label = w.version_label.as_deref()?;
+    let m = minor_of(label)?;
+    let pinned = if image_digest(image).is_some() {
+        "the image is pinned by digest; "
+    } else {
+        ""
+    };
+    Some((
+        m,
+        format!("{label} ({pinned}the Deployment's app.kubernetes.io/version)"),
+    ))
 }
 
 #[cfg(test)]

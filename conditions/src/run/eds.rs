@@ -13,6 +13,7 @@ use crate::eds::publish::{self, Publisher, Snapshot};
 use crate::limits::{ServeLimits, XdsLimits};
 use crate::model::cluster::{check_unique, ClusterSpec};
 use crate::model::index::IpFamily;
+use crate::model::selector::LabelSelector;
 use crate::run::{self, Plumbing, Slices, Telemetry};
 use crate::xds::metrics::MetricsCallbacks;
 use crate::xds::Names;
@@ -45,7 +46,7 @@ pub struct Args {
     /// when it has none). '' selects every Service. With --slices-dir, the
     /// files' labels are matched.
     #[arg(long, value_name = "SELECTOR")]
-    pub manage: Option<String>,
+    pub manage: Option<LabelSelector>,
     /// Read EndpointSlices from this directory of kubectl YAML/JSON files
     /// (watched) instead of the Kubernetes API.
     #[arg(long, value_name = "DIR")]
@@ -80,13 +81,12 @@ pub async fn run(
     args: Args,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    check_unique(&args.clusters).map_err(anyhow::Error::msg)?;
-    args.xds.check().map_err(anyhow::Error::msg)?;
+    check_unique(&args.clusters)?;
+    args.xds.check()?;
     if args.clusters.is_empty() && args.manage.is_none() {
         anyhow::bail!("nothing to serve: give at least one --cluster, or --manage SELECTOR");
     }
-    let selection = crate::source::kube::selection_for(&args.clusters, args.manage.as_deref())
-        .map_err(|e| anyhow::anyhow!("--manage: {e}"))?;
+    let selection = crate::source::kube::selection_for(&args.clusters, args.manage.as_ref());
     let family = match args.ip_family {
         Family::Auto => IpFamily::Auto,
         Family::Ipv4 => IpFamily::Ipv4,
@@ -112,7 +112,7 @@ pub async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         clusters = ?args.clusters.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        manage = ?args.manage,
+        manage = ?args.manage.as_ref().map(LabelSelector::as_str),
         tiered_output = args.output.tiered(),
         source = %run::source_name(args.slices_dir.as_ref()),
         "serving-picker-conditions eds starting"
@@ -133,19 +133,10 @@ pub async fn run(
         Some(dir) => {
             // With --manage, only the slices it selects (and the --cluster
             // Services'), as from the API.
-            let select = match &args.manage {
-                Some(m) => Some(crate::source::kube::Keep {
-                    services: args
-                        .clusters
-                        .iter()
-                        .map(|c| c.service.name.clone())
-                        .collect(),
-                    manage: m
-                        .parse()
-                        .map_err(|e: String| anyhow::anyhow!("--manage: {e}"))?,
-                }),
-                None => None,
-            };
+            let select = args
+                .manage
+                .as_ref()
+                .map(|m| crate::source::kube::Keep::of(&args.clusters, m));
             Slices::Files(dir, select)
         }
         None => Slices::Kube {

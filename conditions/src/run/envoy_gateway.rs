@@ -12,6 +12,7 @@ use crate::envoy_gateway::service::{
     FilesReread, HookConfig, HookMetrics, HookService, KubeReread, Reread, Shared,
 };
 use crate::envoy_gateway::{consume, Args, DEFAULT_MANAGE_SELECTOR};
+use crate::model::selector::LabelSelector;
 use crate::run::{self, Plumbing, Slices, Telemetry};
 use crate::source::kube::Selection;
 
@@ -23,8 +24,9 @@ pub async fn run(
     check(&args)?;
     let selector = args
         .manage
-        .clone()
-        .unwrap_or_else(|| DEFAULT_MANAGE_SELECTOR.to_string());
+        .as_ref()
+        .map_or(DEFAULT_MANAGE_SELECTOR, LabelSelector::as_str)
+        .to_string();
     // The xDS group is registered (at zero) so that both modes export the
     // same names; this mode has no xDS server.
     let Telemetry {

@@ -66,8 +66,50 @@ impl YamlLimits {
 /// The limits the companion reads slice files with.
 pub const YAML_LIMITS: YamlLimits = YamlLimits::for_bytes(MAX_FILE_BYTES);
 
+/// Why a slice file is refused (its last good content is kept).
+#[derive(Debug, thiserror::Error)]
+pub enum SliceFileError {
+    /// Opening or reading failed.
+    #[error("read: {0}")]
+    Io(#[from] std::io::Error),
+    /// More bytes than the cap.
+    #[error("more than {0} bytes: over the slice-file byte cap (MAX_FILE_BYTES); split it into several files")]
+    OverCap(u64),
+    /// Not JSON.
+    #[error("JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// Over the YAML parser's budget: which limit, and the limits.
+    #[error("YAML: over the slice-file parser budget ({breach}; limits: max_nodes {}, max_events {}, max_documents {}, sized for files of at most {MAX_FILE_BYTES} bytes)", limits.max_nodes, limits.max_events, limits.max_documents)]
+    YamlBudget {
+        /// The limit breached, as the parser says it.
+        breach: String,
+        /// The limits read with.
+        limits: YamlLimits,
+    },
+    /// Not YAML.
+    #[error("YAML: {0}")]
+    Yaml(#[source] serde_saphyr::Error),
+    /// A `...List` without `items`.
+    #[error("a {0} without items")]
+    ListWithoutItems(String),
+    /// An item of a list that is not an object.
+    #[error("an item that is not an object")]
+    NotAnObject,
+    /// An EndpointSlice of another API version.
+    #[error("EndpointSlice of apiVersion {0:?}: only discovery.k8s.io/v1 is read")]
+    ApiVersion(String),
+    /// An EndpointSlice that does not read as one.
+    #[error("EndpointSlice {name}: {source}")]
+    Slice {
+        /// Its `metadata.name` ("?" without one).
+        name: String,
+        /// Why it does not read.
+        source: serde_json::Error,
+    },
+}
+
 /// Parses one file's text into EndpointSlice objects.
-pub fn parse(text: &str, json: bool) -> Result<Vec<EndpointSlice>, String> {
+pub fn parse(text: &str, json: bool) -> Result<Vec<EndpointSlice>, SliceFileError> {
     parse_within(text, json, YAML_LIMITS)
 }
 
@@ -77,9 +119,9 @@ pub fn parse_within(
     text: &str,
     json: bool,
     limits: YamlLimits,
-) -> Result<Vec<EndpointSlice>, String> {
+) -> Result<Vec<EndpointSlice>, SliceFileError> {
     let docs: Vec<Value> = if json {
-        vec![serde_json::from_str(text).map_err(|e| format!("JSON: {e}"))?]
+        vec![serde_json::from_str(text).map_err(SliceFileError::Json)?]
     } else {
         let options = serde_saphyr::options! {
             budget: serde_saphyr::budget! {
@@ -97,14 +139,11 @@ pub fn parse_within(
                 let breach = text
                     .lines()
                     .find_map(|l| l.split_once("budget breached: ").map(|(_, b)| b.trim()))
-                    .unwrap_or("a limit");
-                format!(
-                    "YAML: over the slice-file parser budget ({breach}; limits: max_nodes {}, \
-                     max_events {}, max_documents {}, sized for files of at most {} bytes)",
-                    limits.max_nodes, limits.max_events, limits.max_documents, MAX_FILE_BYTES
-                )
+                    .unwrap_or("a limit")
+                    .to_string();
+                SliceFileError::YamlBudget { breach, limits }
             } else {
-                format!("YAML: {text}")
+                SliceFileError::Yaml(e)
             }
         })?
     };
@@ -118,7 +157,7 @@ pub fn parse_within(
             let items = doc
                 .get("items")
                 .and_then(Value::as_array)
-                .ok_or_else(|| format!("a {kind} without items"))?;
+                .ok_or_else(|| SliceFileError::ListWithoutItems(kind.to_string()))?;
             for item in items {
                 if let Some(s) = object(item.clone(), kind == "EndpointSliceList")? {
                     out.push(s);
@@ -132,9 +171,9 @@ pub fn parse_within(
 }
 
 /// One object: an EndpointSlice, `None` for another kind (skipped).
-fn object(mut v: Value, typed_list: bool) -> Result<Option<EndpointSlice>, String> {
+fn object(mut v: Value, typed_list: bool) -> Result<Option<EndpointSlice>, SliceFileError> {
     let Some(obj) = v.as_object_mut() else {
-        return Err("an item that is not an object".into());
+        return Err(SliceFileError::NotAnObject);
     };
     if typed_list {
         // Items of an EndpointSliceList (the API's own list) carry no type.
@@ -149,9 +188,7 @@ fn object(mut v: Value, typed_list: bool) -> Result<Option<EndpointSlice>, Strin
     }
     let api = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if api != "discovery.k8s.io/v1" {
-        return Err(format!(
-            "EndpointSlice of apiVersion {api:?}: only discovery.k8s.io/v1 is read"
-        ));
+        return Err(SliceFileError::ApiVersion(api.to_string()));
     }
     let name = obj
         .get("metadata")
@@ -161,7 +198,7 @@ fn object(mut v: Value, typed_list: bool) -> Result<Option<EndpointSlice>, Strin
         .to_string();
     serde_json::from_value(v)
         .map(Some)
-        .map_err(|e| format!("EndpointSlice {name}: {e}"))
+        .map_err(|source| SliceFileError::Slice { name, source })
 }
 
 /// A file's identity for change detection.
@@ -209,18 +246,13 @@ pub struct Directory {
 
 /// A file's text, refused (with the cap named) when it holds more than
 /// `max` bytes, whatever its size said a moment before.
-fn read_capped(path: &Path, max: u64) -> Result<String, String> {
+fn read_capped(path: &Path, max: u64) -> Result<String, SliceFileError> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("read: {e}"))?;
+    let file = std::fs::File::open(path)?;
     let mut text = String::new();
-    file.take(max.saturating_add(1))
-        .read_to_string(&mut text)
-        .map_err(|e| format!("read: {e}"))?;
+    file.take(max.saturating_add(1)).read_to_string(&mut text)?;
     if text.len() as u64 > max {
-        return Err(format!(
-            "more than {max} bytes: over the slice-file byte cap (MAX_FILE_BYTES); \
-             split it into several files"
-        ));
+        return Err(SliceFileError::OverCap(max));
     }
     Ok(text)
 }
@@ -596,7 +628,10 @@ endpoints:
         let wrong_type = ONE.replace("addressType: IPv4", "addressType: {a: 1}");
         assert!(parse(&wrong_type, false).is_err());
         let beta = ONE.replace("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1");
-        assert!(parse(&beta, false).unwrap_err().contains("v1beta1"));
+        assert!(parse(&beta, false)
+            .unwrap_err()
+            .to_string()
+            .contains("v1beta1"));
     }
 
     /// A `kubectl get endpointslices -o yaml` List of `slices` slices of
@@ -650,7 +685,7 @@ endpoints:
             max_nodes: 1_000,
             ..YAML_LIMITS
         };
-        let e = parse_within(&text, false, small).unwrap_err();
+        let e = parse_within(&text, false, small).unwrap_err().to_string();
         assert!(e.contains("max_nodes 1000"), "{e}");
         assert!(e.contains("Nodes"), "{e}");
         assert!(parse_within(&text, false, YAML_LIMITS).is_ok());
@@ -672,7 +707,9 @@ endpoints:
         .unwrap();
         assert!(!d.scan().unwrap());
         assert_eq!(d.slices().len(), 1);
-        let e = read_capped(&dir.join("web.yaml"), cap).unwrap_err();
+        let e = read_capped(&dir.join("web.yaml"), cap)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(&format!("more than {cap} bytes")), "{e}");
         assert!(e.contains("MAX_FILE_BYTES"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);

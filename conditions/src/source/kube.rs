@@ -107,6 +107,14 @@ pub struct Keep {
 }
 
 impl Keep {
+    /// The `clusters`' Services' slices, and those `manage` selects.
+    pub fn of(clusters: &[ClusterSpec], manage: &LabelSelector) -> Keep {
+        Keep {
+            services: clusters.iter().map(|c| c.service.name.clone()).collect(),
+            manage: manage.clone(),
+        }
+    }
+
     /// Whether `obj` is one of the slices kept.
     pub fn keeps(&self, obj: &EndpointSlice) -> bool {
         let empty = std::collections::BTreeMap::new();
@@ -122,26 +130,22 @@ impl Keep {
 /// as [`selection`]), the Services `--manage` selects (the API server
 /// selects), or both: then every slice is watched and the companion keeps
 /// the union (one selector cannot say "these names, or these labels").
-pub fn selection_for(clusters: &[ClusterSpec], manage: Option<&str>) -> Result<Selection, String> {
+pub fn selection_for(clusters: &[ClusterSpec], manage: Option<&LabelSelector>) -> Selection {
     let Some(manage) = manage else {
-        return Ok(selection(clusters));
+        return selection(clusters);
     };
-    let parsed: LabelSelector = manage.parse()?;
     if clusters.is_empty() {
-        return Ok(Selection {
+        return Selection {
             namespace: None,
-            label_selector: manage.to_string(),
+            label_selector: manage.as_str().to_string(),
             keep: None,
-        });
+        };
     }
-    Ok(Selection {
+    Selection {
         namespace: None,
         label_selector: String::new(),
-        keep: Some(Keep {
-            services: clusters.iter().map(|c| c.service.name.clone()).collect(),
-            manage: parsed,
-        }),
-    })
+        keep: Some(Keep::of(clusters, manage)),
+    }
 }
 
 /// The slices of the `--cluster` Services: by name (`kubernetes.io/service-name in (...)`), in
@@ -324,10 +328,11 @@ mod tests {
         assert_eq!(s.label_selector, "kubernetes.io/service-name in (web)");
         // --manage alone: the API server selects; with --cluster: the union,
         // kept here.
-        let m = selection_for(&[], Some("serving-picker.io/conditions=true")).unwrap();
+        let manage: LabelSelector = "serving-picker.io/conditions=true".parse().unwrap();
+        let m = selection_for(&[], Some(&manage));
         assert_eq!(m.label_selector, "serving-picker.io/conditions=true");
         assert!(m.keep.is_none());
-        let both = selection_for(&two, Some("serving-picker.io/conditions=true")).unwrap();
+        let both = selection_for(&two, Some(&manage));
         assert_eq!(both.label_selector, "");
         let obj = |labels: serde_json::Value| -> EndpointSlice {
             serde_json::from_value(serde_json::json!({
@@ -345,7 +350,7 @@ mod tests {
         assert!(!keep.keeps(&obj(
             serde_json::json!({"kubernetes.io/service-name": "api"})
         )));
-        assert!(selection_for(&[], Some("a b")).is_err());
+        assert!("a b".parse::<LabelSelector>().is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::eds::publish::{name_hash, Snapshot};
+use crate::eds::snapshot::{name_hash, Snapshot};
 use crate::limits::names as limit;
 use crate::telemetry::ratelog::LogBudget;
 use crate::xds::protocol::SnapshotEffect;

@@ -23,7 +23,7 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use proptest::prelude::*;
 
 use crate::eds::assignment::CLA_TYPE_URL;
-use crate::eds::publish::{name_hash, Resource, Snapshot, Table};
+use crate::eds::snapshot::{name_hash, Resource, Snapshot, Table};
 use crate::xds::delta::DeltaStream;
 use crate::xds::protocol::Names;
 use crate::xds::requests::{DeltaRequestView, RequestView};

@@ -31,10 +31,15 @@
 //!   (`--max-stream-send-rate`) and of names requested
 //!   (`--max-stream-request-rate`).
 //! - `sotw`, `delta`: each protocol's rules, without a network.
+//! - `stream_state`: either protocol's state behind one type.
 //! - `requests`: requests cut from a stream's bytes.
 //! - `callbacks`: what the server reports (metrics, the status page).
 //! - `metrics`: the xDS metrics, and the callbacks that record in them.
-//! - `server`: the gRPC services, a stream's request task and response body.
+//! - `server`: what the streams share, and the server that owns it.
+//! - `routing`: the gRPC services, a call routed to a new stream.
+//! - `request_reader`, `request_task`: a stream's requests, cut from its
+//!   body and handled one at a time.
+//! - `response_body`: a stream's responses, taken when HTTP/2 has room.
 //! - `fanout`: snapshots to streams, the send timeout, the stream gauges.
 
 pub mod byte_budget;
@@ -45,12 +50,18 @@ pub mod fanout;
 mod fuzz;
 pub mod metrics;
 pub mod protocol;
+mod request_reader;
+mod request_task;
 pub mod requests;
+mod response_body;
 pub mod retained;
+mod routing;
 pub mod server;
 pub mod sotw;
+pub mod stream_state;
 pub mod subscriptions;
 
 pub use callbacks::Callbacks;
 pub use protocol::Names;
+pub use routing::{AdsService, EdsService};
 pub use server::XdsServer;

@@ -1,8 +1,7 @@
 //! What both protocols of a stream share: the names served ([`Names`]),
 //! what a request was ([`Handled`]), what a snapshot means to a stream
 //! ([`SnapshotEffect`]), a response as the transport takes it
-//! ([`Prepared`]), and [`StreamState`], either protocol's state behind one
-//! face for the server.
+//! ([`Prepared`]).
 //!
 //! Rules both follow (the xDS protocol; each protocol's file has its own):
 //! - Each response gets a fresh nonce. At most one response waits for its
@@ -26,12 +25,10 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use prost::Message;
 
-use crate::eds::publish::{name_hash, Resource, Snapshot};
 use crate::eds::response_bytes as wire;
+use crate::eds::snapshot::{name_hash, Resource, Snapshot};
 use crate::model::cluster::parse_template;
-use crate::xds::delta::DeltaStream;
 use crate::xds::retained::Refusal;
-use crate::xds::sotw::SotwStream;
 use crate::xds::subscriptions::Subscriptions;
 
 /// The resource names this server may serve: the `--cluster` names, and
@@ -303,65 +300,6 @@ pub(crate) fn effect(was_pending: bool, touched: usize, due: bool) -> SnapshotEf
         (false, true) if due => SnapshotEffect::Due,
         (false, true) => SnapshotEffect::StillDue,
         (false, false) => SnapshotEffect::Nothing,
-    }
-}
-
-/// One stream's protocol state, either protocol.
-#[derive(Debug)]
-pub enum StreamState {
-    /// State of the world (`StreamAggregatedResources`, `StreamEndpoints`).
-    Sotw(SotwStream),
-    /// Incremental (`DeltaAggregatedResources`, `DeltaEndpoints`).
-    Delta(DeltaStream),
-}
-
-impl StreamState {
-    /// A new snapshot was published: what it means for the stream.
-    pub fn on_snapshot(&mut self, snap: &Snapshot, now: Instant) -> SnapshotEffect {
-        match self {
-            StreamState::Sotw(s) => s.on_snapshot(snap, now),
-            StreamState::Delta(s) => s.on_snapshot(snap, now),
-        }
-    }
-
-    /// The response the transport takes now, from `snap` (the newest), of at most `max` bytes.
-    pub fn take(&mut self, snap: &Snapshot, max: usize, now: Instant) -> Taken {
-        match self {
-            StreamState::Sotw(s) => s.take(snap, max, now),
-            StreamState::Delta(s) => s.take(snap, max, now),
-        }
-    }
-
-    /// Since when a response has been due and not taken by the transport.
-    pub fn due_since(&self) -> Option<Instant> {
-        match self {
-            StreamState::Sotw(s) => s.due_since(),
-            StreamState::Delta(s) => s.due_since(),
-        }
-    }
-
-    /// Names subscribed (served now or not).
-    pub fn subscribed(&self) -> usize {
-        match self {
-            StreamState::Sotw(s) => s.subscriptions().len(),
-            StreamState::Delta(s) => s.subscriptions().len(),
-        }
-    }
-
-    /// Bytes the stream keeps between requests (`retained`).
-    pub fn retained(&self) -> usize {
-        match self {
-            StreamState::Sotw(s) => s.retained(),
-            StreamState::Delta(s) => s.retained(),
-        }
-    }
-
-    /// Whether the resource keyed `hash` is subscribed.
-    pub fn subscribes(&self, hash: u64) -> bool {
-        match self {
-            StreamState::Sotw(s) => s.subscriptions().contains(hash),
-            StreamState::Delta(s) => s.subscriptions().contains(hash),
-        }
     }
 }
 

@@ -83,11 +83,13 @@ pub fn names_fingerprint(names: &[Bytes]) -> u64 {
 }
 
 /// Why a request stream cannot go on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MessageError {
     /// The compressed flag: this server announces no compression.
+    #[error("a compressed message (no grpc-encoding is announced)")]
     Compressed,
     /// A message longer than the limit (its announced length).
+    #[error("a message of {0} bytes, over the limit")]
     TooLarge(usize),
 }
 

@@ -54,8 +54,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::eds::assignment::CLA_TYPE_URL;
-use crate::eds::publish::{name_hash, Snapshot};
 use crate::eds::response_bytes as wire;
+use crate::eds::snapshot::{name_hash, Snapshot};
 use crate::xds::protocol::{
     catch_up, effect, lags, Acks, Handled, Names, Prepared, RequestKind, SeenSnapshots,
     SnapshotEffect, Taken,
@@ -291,7 +291,7 @@ impl SotwStream {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::eds::publish::{Resource, Table};
+    use crate::eds::snapshot::{Resource, Table};
     use bytes::Bytes;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
     use envoy_types::pb::google::rpc::Status as RpcStatus;

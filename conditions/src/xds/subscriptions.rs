@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::eds::publish::{Resource, Table};
+use crate::eds::snapshot::{Resource, Table};
 
 /// The bit of `Sub::sent` that says the entry is due.
 const DUE: u64 = 1 << 63;
@@ -350,7 +350,7 @@ pub enum Fit {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::eds::publish::{name_hash, Snapshot};
+    use crate::eds::snapshot::{name_hash, Snapshot};
     use std::time::Instant;
 
     fn table(resources: &[(&str, u64)]) -> Arc<Table> {
@@ -501,7 +501,7 @@ mod tests {
 mod model {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::eds::publish::{name_hash, Snapshot};
+    use crate::eds::snapshot::{name_hash, Snapshot};
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet};
     use std::time::Instant;

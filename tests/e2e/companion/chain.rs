@@ -206,10 +206,11 @@ fn seed_rows_wasm_form_over_ads() {
     );
 }
 
-/// The same over mutual TLS, as envoy-companion.yaml reaches the
-/// companion (its transport socket, SDS from files).
-/// Both forms over mutual TLS (envoy-companion.yaml's transport socket):
-/// handshakes counted, none refused.
+/// Both forms over mutual TLS, as envoy-companion.yaml reaches the
+/// companion (its transport socket, SDS from files): handshakes counted,
+/// none refused for its certificates. A handshake Envoy gives up on (its
+/// 1 s connect timeout on a loaded machine: `incomplete`, `timeout`) is
+/// retried by Envoy and not a refusal of its identity.
 fn seed_rows_over_mtls(form: Form, name: &str) {
     let m = Mtls::new(name);
     let c = seed_rows_over(Picker::Module(form), XdsApi::Ads, &[], Some(&m));
@@ -219,11 +220,8 @@ fn seed_rows_over_mtls(form: Form, name: &str) {
             .unwrap_or(0.0)
             >= 1.0
     );
-    assert_eq!(
-        c.companion
-            .metric("serving_picker_conditions_tls_refusals_total"),
-        None
-    );
+    let refused = c.companion.identity_refusals();
+    assert!(refused.is_empty(), "refused: {refused:?}");
 }
 
 #[test]

@@ -100,6 +100,14 @@ fn row(dom: &str, tier: &str, addr: std::net::SocketAddr) -> bool {
     dom.contains(&format!("<tr class=\"{tier}\" data-address=\"{addr}\">"))
 }
 
+/// The "stream drain" cell of the endpoint row of `addr`.
+fn drain_cell(dom: &str, addr: std::net::SocketAddr) -> Option<&str> {
+    let row = &dom[dom.find(&format!("data-address=\"{addr}\">"))?..];
+    let row = &row[..row.find("</tr>")?];
+    let cell = &row[row.find("<td class=\"drain\">")? + "<td class=\"drain\">".len()..];
+    Some(&cell[..cell.find("</td>")?])
+}
+
 #[test]
 fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
     let (a, b, c) = (
@@ -143,6 +151,9 @@ fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
     assert_eq!(at(b.addr())["priority"], 1, "{endpoints}");
     assert_eq!(at(c.addr())["priority"], Value::Null, "{endpoints}");
     assert_eq!(at(c.addr())["health"], "not sent", "{endpoints}");
+    // Row 5: B, terminating beside the ready A, drains.
+    assert_eq!(at(b.addr())["stream_drain"], "draining", "{endpoints}");
+    assert_eq!(at(a.addr())["stream_drain"], Value::Null, "{endpoints}");
     let dom = chromium(&["--dump-dom"], &url);
     assert!(dom.contains("cluster backend: e2e/web port http"), "{dom}");
     assert!(row(&dom, "ready", a.addr()), "A ready:\n{dom}");
@@ -154,6 +165,12 @@ fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
         "subscriber:\n{dom}"
     );
     assert!(dom.contains("Bounded: at most 1000 endpoint rows"), "{dom}");
+    assert_eq!(drain_cell(&dom, b.addr()), Some("draining"), "{dom}");
+    assert_eq!(drain_cell(&dom, a.addr()), Some("-"), "{dom}");
+    assert!(
+        dom.contains("serving_picker.drain.ended.{grpc,http1,http2,websocket}.reset"),
+        "{dom}"
+    );
 
     // A stops serving: the page shows the fallback tier and the new version.
     slices.set_endpoints(
@@ -181,6 +198,12 @@ fn the_status_page_in_a_real_chromium_follows_a_slice_change() {
         "{dom}"
     );
     assert!(dom.contains(&v2) && !dom.contains(&v1), "versions:\n{dom}");
+    // Row 3: B is the only serving choice, its streams are kept.
+    assert_eq!(
+        drain_cell(&dom, b.addr()),
+        Some("only serving choice"),
+        "{dom}"
+    );
 
     // A subscriber that refuses: its NACK and message on the page.
     nack_once(

@@ -3,10 +3,11 @@
 //! 20 s (`METADATA_CHURN_SECONDS`), every version replacing both hosts'
 //! metadata (zone, node, hints change) while their conditions stay: A
 //! serving, B not. Each version makes Envoy replace the metadata of the
-//! hosts in place on its main thread while the workers' LB instances read
-//! it in `on_host_membership_update` (docs/native.md, "Host metadata and
-//! Envoy's threads"). Envoy must stay up, every response must come from A,
-//! and Envoy's log must hold no crash.
+//! hosts in place on its main thread, where the module's main-thread
+//! instance reads it and publishes a copy that the four workers' instances
+//! build from (docs/native.md, "Host metadata and Envoy's threads"). Envoy
+//! must stay up, every response must come from A, Envoy's log must hold no
+//! crash, and no worker may read metadata through Envoy during the churn.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -45,6 +46,8 @@ fn metadata_replaced_under_load_on_four_workers_never_routes_to_a_not_serving_ho
         .start();
     expect_routing(&envoy, PATH, &[], "A picked", picked(&a));
     let rebuilds_before = envoy.stat_or_zero("serving_picker.rebuilds");
+    let copies_before = envoy.stat_or_zero("serving_picker.metadata.copies");
+    let worker_reads_before = envoy.stat_or_zero("serving_picker.metadata.read_by_worker");
     let seconds = std::env::var("METADATA_CHURN_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -100,5 +103,22 @@ fn metadata_replaced_under_load_on_four_workers_never_routes_to_a_not_serving_ho
     assert!(
         rebuilds >= 100,
         "only {rebuilds} rebuilds: the churn did not reach the module"
+    );
+    // The main thread's instance read every version and published it; no worker read
+    // metadata through Envoy (each had a copy), and no host waited for one long.
+    let copies = envoy.stat_or_zero("serving_picker.metadata.copies") - copies_before;
+    let worker_reads =
+        envoy.stat_or_zero("serving_picker.metadata.read_by_worker") - worker_reads_before;
+    let not_yet_read = envoy.stat_or_zero("serving_picker.metadata.hosts_not_yet_read");
+    println!(
+        "metadata churn: {copies} copies published, {worker_reads} worker reads through Envoy, {not_yet_read} hosts not yet in a copy"
+    );
+    assert!(
+        copies >= 100,
+        "only {copies} copies: the main thread's instance does not publish"
+    );
+    assert_eq!(
+        worker_reads, 0,
+        "a worker read metadata through Envoy under churn"
     );
 }

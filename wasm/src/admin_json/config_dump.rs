@@ -3,7 +3,7 @@
 //! priority, zone, coarse health and the metadata namespace's reading.
 
 use super::de::{once, Each, Field, KeyIs, OptionOf, Str};
-use super::fields::{health_of, host_address, Address, HealthName};
+use super::fields::{health_of, host_address, Address, HealthName, NotOverridable};
 use super::metadata::{MetaReading, NamespaceSeed, OddValue};
 use super::{AdminJsonError, ClusterHosts, HostRecord};
 use serde::de::{
@@ -211,7 +211,7 @@ impl<'de> Visitor<'de> for &mut EndpointConfigs<'_, '_> {
 
 /// A note waiting for its cluster's name (which may come after the hosts).
 enum Pending {
-    Skipped(String),
+    Skipped(NotOverridable),
     Odd(usize, OddValue),
 }
 

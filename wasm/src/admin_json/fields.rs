@@ -33,14 +33,40 @@ impl<'de> Deserialize<'de> for HealthName {
 pub(super) fn health_of(name: Option<HealthName>) -> EdsHealth {
     name.map_or(EdsHealth::from_name(None), |n| n.0)
 }
+/// Why a host's address cannot be overridden to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum NotOverridable {
+    /// Not a socket address (a pipe, an internal address).
+    NotSocket,
+    /// A socket address without `port_value`.
+    NoPort,
+    /// A port of 0 or over 65535.
+    PortOutOfRange(u32),
+    /// An address that is not an IP address.
+    NotIp(String),
+}
+
+impl std::fmt::Display for NotOverridable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotOverridable::NotSocket => f.write_str("not a socket address"),
+            NotOverridable::NoPort => f.write_str("no port_value"),
+            NotOverridable::PortOutOfRange(port) => write!(f, "port {port} out of range"),
+            NotOverridable::NotIp(text) => write!(f, "{text:?} is not an IP address"),
+        }
+    }
+}
+
+impl std::error::Error for NotOverridable {}
+
 /// `IP:PORT` for a socket address, or why it cannot be overridden to.
-pub(super) fn host_address(address: Option<&Address<'_>>) -> Result<String, String> {
+pub(super) fn host_address(address: Option<&Address<'_>>) -> Result<String, NotOverridable> {
     let socket = address
         .and_then(|a| a.socket_address.as_ref())
-        .ok_or("not a socket address")?;
-    let port = socket.port_value.ok_or("no port_value")?;
+        .ok_or(NotOverridable::NotSocket)?;
+    let port = socket.port_value.ok_or(NotOverridable::NoPort)?;
     if port == 0 || port > 65535 {
-        return Err(format!("port {port} out of range"));
+        return Err(NotOverridable::PortOutOfRange(port));
     }
     let text: &str = &socket.address.0;
     let mut out = String::with_capacity(text.len() + 6);
@@ -56,7 +82,7 @@ pub(super) fn host_address(address: Option<&Address<'_>>) -> Result<String, Stri
                 // Canonical form (RFC 5952), as Display writes it.
                 let _ = write!(out, "[{ip}]");
             }
-            Err(_) => return Err(format!("{text:?} is not an IP address")),
+            Err(_) => return Err(NotOverridable::NotIp(text.to_string())),
         }
     }
     out.push(':');

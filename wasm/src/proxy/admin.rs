@@ -2,7 +2,7 @@
 //! HTTP calls to the admin cluster, answers read from the call's response.
 
 use super::hostcalls;
-use crate::refresh::AdminApi;
+use crate::refresh::{AdminApi, CallRefused};
 use proxy_wasm::hostcalls::dispatch_http_call;
 use proxy_wasm::types::{BufferType, MapType};
 use std::time::Duration;
@@ -10,14 +10,15 @@ use std::time::Duration;
 pub struct HostAdmin;
 
 impl AdminApi for HostAdmin {
-    fn get(&mut self, cluster: &str, path: &str, timeout: Duration) -> Result<u32, String> {
+    fn get(&mut self, cluster: &str, path: &str, timeout: Duration) -> Result<u32, CallRefused> {
         let headers = vec![
             (":method", "GET"),
             (":path", path),
             (":authority", cluster),
             ("accept", "application/json"),
         ];
-        dispatch_http_call(cluster, headers, None, vec![], timeout).map_err(|e| format!("{e:?}"))
+        dispatch_http_call(cluster, headers, None, vec![], timeout)
+            .map_err(|e| CallRefused(format!("{e:?}")))
     }
 
     fn response_status(&self) -> Option<Vec<u8>> {

@@ -38,7 +38,7 @@ pub(super) fn load(
 ) -> Result<Loaded, LoadError> {
     let now = unix(now);
     let chain = certificates("--tls-cert", &files.cert, &contents.cert)?;
-    let cert = facts(&chain[0]).map_err(|e| fail("--tls-cert", &files.cert, e))?;
+    let cert = facts(&chain[0]).map_err(|e| fail("--tls-cert", &files.cert, e.to_string()))?;
     within_validity("--tls-cert", &files.cert, &cert, now)?;
     let provider = provider();
     let key = matching_key(files, contents, &chain, &provider)?;
@@ -125,7 +125,7 @@ fn client_verifier(
     let mut roots = RootCertStore::empty();
     let mut not_after: Option<i64> = None;
     for der in certificates("--client-ca", path, pem)? {
-        let f = facts(&der).map_err(|e| fail("--client-ca", path, e))?;
+        let f = facts(&der).map_err(|e| fail("--client-ca", path, e.to_string()))?;
         if within_validity("--client-ca", path, &f, now).is_err() {
             // A bundle in a CA rotation may still list an old CA.
             tracing::warn!(file = %path.display(), serial = %f.serial, not_after = %rfc3339(f.not_after), "--client-ca: a CA in the bundle is outside its validity; ignored");

@@ -18,9 +18,13 @@ pub(super) struct CertFacts {
     pub(super) sans: Vec<String>,
 }
 
-pub(super) fn facts(der: &CertificateDer<'_>) -> Result<CertFacts, String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
-        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+/// Bytes that do not read as an X.509 certificate.
+#[derive(Debug, thiserror::Error)]
+#[error("not an X.509 certificate: {0}")]
+pub(super) struct NotX509(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>);
+
+pub(super) fn facts(der: &CertificateDer<'_>) -> Result<CertFacts, NotX509> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).map_err(NotX509)?;
     let validity = cert.validity();
     Ok(CertFacts {
         serial: cert.raw_serial_as_string(),

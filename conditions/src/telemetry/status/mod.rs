@@ -21,24 +21,37 @@
 //! only, with its limits (`--metrics-max-connections`,
 //! `--metrics-header-timeout`).
 //!
+//! Each endpoint's part in stream drain, as the core decides it
+//! ([`draining_hosts`]): draining (terminating while a ready endpoint of
+//! its port exists: Envoys with `drain_window_ms` end its long-lived
+//! streams within the window), or serving+terminating and the port's only
+//! serving choice (rows 3 and 4: its streams are never ended early). The
+//! counts of streams ended live in Envoy's stats; the page names them.
+//!
+//! The page is one typed model ([`Page`]): the JSON is its serialization
+//! and the HTML is rendered from the same structs.
+//!
 //! Also the gauge `serving_picker_conditions_service_serving_endpoints`
 //! per cluster: 0 is a Service port with no serving endpoint.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use serving_picker_core::contract::Tier;
+use serving_picker_core::drain::draining_hosts;
 
 use crate::model::cluster::ClusterSpec;
 use crate::model::endpoint::Endpoint;
 use crate::telemetry::metric_group;
+
+mod html;
 
 /// Endpoint rows shown, over all ports.
 pub const MAX_ENDPOINT_ROWS: usize = 1000;
@@ -62,8 +75,40 @@ metric_group! {
     }
 }
 
+/// The page: `/debug/services` is its JSON, `/debug/services.html` its HTML.
+#[derive(Clone, Debug, Serialize)]
+struct Page {
+    snapshot_version: Option<String>,
+    published_seconds_ago: Option<f64>,
+    /// Tiers written as EDS priorities.
+    priority_output: bool,
+    services: Vec<PortRow>,
+    subscribers: Vec<SubscriberRow>,
+    programming_latency: ProgrammingLatency,
+    xds_retained_bytes: Retained,
+    native_lb_team_policies: Vec<TeamPolicy>,
+    bounds: Bounds,
+}
+
+/// One managed Service port.
+#[derive(Clone, Debug, Serialize)]
+struct PortRow {
+    cluster: String,
+    service: String,
+    port_name: String,
+    #[serde(rename = "endpoints_total")]
+    total: usize,
+    serving: usize,
+    /// The tier Envoy serves this port from (its best non-empty one).
+    #[serde(rename = "serves_from_tier")]
+    serves_from: &'static str,
+    /// Its endpoints in stream drain, over all of them (shown or not).
+    stream_drain: PortDrain,
+    endpoints: Vec<EndpointRow>,
+}
+
 /// One endpoint as the page shows it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 struct EndpointRow {
     address: String,
     ready: bool,
@@ -73,22 +118,105 @@ struct EndpointRow {
     node_name: Option<String>,
     hints_zones: Option<String>,
     hints_nodes: Option<String>,
-    tier: Tier,
-    /// With the tiered output: the priority written, `None` when left out.
+    tier: &'static str,
+    /// With the tiered output: the priority written, `None` when left out;
+    /// without: 0.
     priority: Option<u32>,
+    /// What Envoy is told of its health.
+    health: &'static str,
+    /// Its part in stream drain, `None`: none.
+    stream_drain: Option<StreamDrain>,
 }
 
-/// One managed Service port.
-#[derive(Clone, Debug)]
-struct PortRow {
-    cluster: String,
-    service: String,
-    port_name: String,
-    total: usize,
-    serving: usize,
-    /// The tier Envoy serves this port from (its best non-empty one).
-    serves_from: Tier,
-    endpoints: Vec<EndpointRow>,
+/// An endpoint's part in stream drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum StreamDrain {
+    /// Terminating while its port has a ready endpoint: Envoys with a
+    /// drain window end its long-lived streams within the window.
+    Draining,
+    /// Serving+terminating and its port's only serving choice (rows 3
+    /// and 4): its streams are never ended early.
+    OnlyServingChoice,
+}
+
+impl StreamDrain {
+    fn text(self) -> &'static str {
+        match self {
+            StreamDrain::Draining => "draining",
+            StreamDrain::OnlyServingChoice => "only serving choice",
+        }
+    }
+}
+
+/// A port's endpoints in stream drain.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct PortDrain {
+    draining: usize,
+    only_serving_choice: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct SubscriberRow {
+    node: String,
+    peer: String,
+    peers: Vec<String>,
+    peers_left_out: usize,
+    open_streams: usize,
+    acked_version: Option<String>,
+    acked_seconds_ago: Option<f64>,
+    acked_by_peer: Option<String>,
+    last_nack: Option<NackRow>,
+    last_programmed: Option<Programmed>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct NackRow {
+    version: String,
+    message: String,
+    seconds_ago: f64,
+    peer: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Programmed {
+    changes: usize,
+    slowest_seconds: f64,
+    seconds_ago: f64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct ProgrammingLatency {
+    changes_acked: u64,
+    recent: usize,
+    p50_seconds: Option<f64>,
+    p99_seconds: Option<f64>,
+    max_seconds: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Retained {
+    held: usize,
+    limit: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct TeamPolicy {
+    shape: &'static str,
+    clusters: u64,
+    example: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Bounds {
+    max_endpoint_rows: usize,
+    endpoint_rows_left_out: usize,
+    max_port_rows: usize,
+    ports_left_out: usize,
+    max_subscribers: usize,
+    max_text_chars: usize,
+    max_node_id_chars: usize,
+    max_nack_message_chars: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -265,21 +393,21 @@ impl Board {
         }
     }
 
-    fn programming_json(&self) -> Value {
+    fn programming_latency(&self) -> ProgrammingLatency {
         let p = lock(&self.programming);
         let mut v: Vec<Duration> = p.recent.iter().copied().collect();
         v.sort_unstable();
         let at = |q: f64| {
             v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-                .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
+                .map(|d| millis(*d))
         };
-        json!({
-            "changes_acked": p.total,
-            "recent": v.len(),
-            "p50_seconds": at(0.5),
-            "p99_seconds": at(0.99),
-            "max_seconds": at(1.0),
-        })
+        ProgrammingLatency {
+            changes_acked: p.total,
+            recent: v.len(),
+            p50_seconds: at(0.5),
+            p99_seconds: at(0.99),
+            max_seconds: at(1.0),
+        }
     }
 
     /// The assignment of every cluster, as published in snapshot `version`,
@@ -292,15 +420,17 @@ impl Board {
         priorities: bool,
         ports: impl Iterator<Item = (&'a ClusterSpec, Vec<Endpoint>)>,
     ) {
-        let (rows, left_out) = self.rows(ports, true);
+        let (rows, left_out) = self.rows(ports, priorities, true);
         self.keep_rows(version, priorities, rows, left_out);
     }
 
     /// The page's rows of these ports (endpoint rows bounded over all), and
-    /// the endpoint rows left out; `gauge`: also set each port's gauge.
+    /// the endpoint rows left out; `priorities`: the tiered output is on;
+    /// `gauge`: also set each port's gauge.
     fn rows<'a>(
         &self,
         ports: impl Iterator<Item = (&'a ClusterSpec, Vec<Endpoint>)>,
+        priorities: bool,
         gauge: bool,
     ) -> (Vec<PortRow>, usize) {
         let mut rows = Vec::new();
@@ -321,11 +451,20 @@ impl Board {
             let shown = total.min(budget);
             budget -= shown;
             left_out += total - shown;
+            let drains = stream_drains(&eps);
+            let mut port_drain = PortDrain::default();
+            for d in drains.iter().flatten() {
+                match d {
+                    StreamDrain::Draining => port_drain.draining += 1,
+                    StreamDrain::OnlyServingChoice => port_drain.only_serving_choice += 1,
+                }
+            }
             let opt = |s: &Option<Arc<str>>| s.as_deref().map(|v| cut(v, MAX_TEXT));
             let endpoints = eps
                 .iter()
+                .zip(drains)
                 .take(shown)
-                .map(|e| EndpointRow {
+                .map(|(e, stream_drain)| EndpointRow {
                     address: e.addr.to_string(),
                     ready: e.conditions.ready,
                     serving: e.conditions.serving,
@@ -334,8 +473,19 @@ impl Board {
                     node_name: opt(&e.node_name),
                     hints_zones: opt(&e.hints_zones),
                     hints_nodes: opt(&e.hints_nodes),
-                    tier: e.conditions.tier(),
-                    priority: e.conditions.tier().priority(),
+                    tier: e.conditions.tier().name(),
+                    priority: if priorities {
+                        e.conditions.tier().priority()
+                    } else {
+                        Some(0)
+                    },
+                    // The tiered output leaves a not serving endpoint out of EDS.
+                    health: match (e.conditions.serving, priorities) {
+                        (true, _) => "HEALTHY",
+                        (false, true) => "not sent",
+                        (false, false) => "UNHEALTHY",
+                    },
+                    stream_drain,
                 })
                 .collect();
             rows.push(PortRow {
@@ -344,7 +494,8 @@ impl Board {
                 port_name: cut(&spec.port_name, MAX_TEXT),
                 total,
                 serving,
-                serves_from,
+                serves_from: serves_from.name(),
+                stream_drain: port_drain,
                 endpoints,
             });
         }
@@ -445,8 +596,8 @@ impl Board {
         *lock(&self.xds_retained) = (bytes, limit);
     }
 
-    /// The page as JSON.
-    pub fn json(&self) -> Value {
+    /// The page's model, as of now.
+    fn page(&self) -> Page {
         let ago = |t: Instant| round(t.elapsed());
         let source = lock(&self.source).clone();
         let mut pulled = None;
@@ -454,260 +605,123 @@ impl Board {
         if let Some(src) = source {
             let (priorities, ports, left) = src.ports(MAX_PORT_ROWS);
             ports_left_out = left;
-            let (rows, left_out) = self.rows(ports.iter().map(|(c, e)| (c, e.clone())), false);
+            let (rows, left_out) =
+                self.rows(ports.iter().map(|(c, e)| (c, e.clone())), priorities, false);
             pulled = Some((priorities, rows, left_out));
         }
         let services = lock(&self.services);
-        let (priorities, port_rows, left_out) = match &pulled {
-            Some((p, r, l)) => (*p, r.as_slice(), *l),
+        let (priorities, ports, left_out) = match pulled {
+            Some(pulled) => pulled,
             None => (
                 services.priorities,
-                services.ports.as_slice(),
+                services.ports.clone(),
                 services.left_out,
             ),
         };
-        let subs = lock(&self.subscribers);
-        let tier = |t: Tier| t.name();
-        let ports: Vec<Value> = port_rows
+        let subscribers = lock(&self.subscribers)
             .iter()
-            .map(|p| {
-                json!({
-                    "cluster": p.cluster,
-                    "service": p.service,
-                    "port_name": p.port_name,
-                    "endpoints_total": p.total,
-                    "serving": p.serving,
-                    "serves_from_tier": tier(p.serves_from),
-                    "endpoints": p.endpoints.iter().map(|e| json!({
-                        "address": e.address,
-                        "ready": e.ready,
-                        "serving": e.serving,
-                        "terminating": e.terminating,
-                        "zone": e.zone,
-                        "node_name": e.node_name,
-                        "hints_zones": e.hints_zones,
-                        "hints_nodes": e.hints_nodes,
-                        "tier": tier(e.tier),
-                        "priority": if priorities { json!(e.priority) } else { json!(0) },
-                        // The tiered output leaves a not serving endpoint out of EDS.
-                        "health": match (e.serving, priorities) {
-                            (true, _) => "HEALTHY",
-                            (false, true) => "not sent",
-                            (false, false) => "UNHEALTHY",
-                        },
-                    })).collect::<Vec<_>>(),
-                })
+            .map(|(node, s)| SubscriberRow {
+                node: node.clone(),
+                peer: s.peer.clone(),
+                peers: s.peers.clone(),
+                peers_left_out: s.peers_left_out,
+                open_streams: s.streams,
+                acked_version: s.acked.as_ref().map(|a| a.0.clone()),
+                acked_seconds_ago: s.acked.as_ref().map(|a| ago(a.1)),
+                acked_by_peer: s.acked.as_ref().map(|a| a.2.clone()),
+                last_nack: s.nack.as_ref().map(|n| NackRow {
+                    version: n.version.clone(),
+                    message: n.message.clone(),
+                    seconds_ago: ago(n.at),
+                    peer: n.peer.clone(),
+                }),
+                last_programmed: s.programmed.map(|(changes, worst, at)| Programmed {
+                    changes,
+                    slowest_seconds: millis(worst),
+                    seconds_ago: ago(at),
+                }),
             })
             .collect();
-        let subscribers: Vec<Value> = subs
-            .iter()
-            .map(|(node, s)| {
-                json!({
-                    "node": node,
-                    "peer": s.peer,
-                    "peers": s.peers,
-                    "peers_left_out": s.peers_left_out,
-                    "open_streams": s.streams,
-                    "acked_version": s.acked.as_ref().map(|a| a.0.clone()),
-                    "acked_seconds_ago": s.acked.as_ref().map(|a| ago(a.1)),
-                    "acked_by_peer": s.acked.as_ref().map(|a| a.2.clone()),
-                    "last_nack": s.nack.as_ref().map(|n| json!({
-                        "version": n.version,
-                        "message": n.message,
-                        "seconds_ago": ago(n.at),
-                        "peer": n.peer,
-                    })),
-                    "last_programmed": s.programmed.map(|(n, worst, at)| json!({
-                        "changes": n,
-                        "slowest_seconds": (worst.as_secs_f64() * 1000.0).round() / 1000.0,
-                        "seconds_ago": ago(at),
-                    })),
+        let (held, limit) = *lock(&self.xds_retained);
+        Page {
+            snapshot_version: services.published.as_ref().map(|p| p.0.clone()),
+            published_seconds_ago: services.published.as_ref().map(|p| ago(p.1)),
+            priority_output: priorities,
+            services: ports,
+            subscribers,
+            programming_latency: self.programming_latency(),
+            xds_retained_bytes: Retained { held, limit },
+            native_lb_team_policies: lock(&self.team_policies)
+                .iter()
+                .map(|(shape, clusters, example)| TeamPolicy {
+                    shape,
+                    clusters: *clusters,
+                    example: example.clone(),
                 })
-            })
-            .collect();
-        json!({
-            "snapshot_version": services.published.as_ref().map(|p| p.0.clone()),
-            "published_seconds_ago": services.published.as_ref().map(|p| ago(p.1)),
-            "priority_output": priorities,
-            "services": ports,
-            "subscribers": subscribers,
-            "programming_latency": self.programming_json(),
-            "xds_retained_bytes": {
-                "held": lock(&self.xds_retained).0,
-                "limit": lock(&self.xds_retained).1,
+                .collect(),
+            bounds: Bounds {
+                max_endpoint_rows: MAX_ENDPOINT_ROWS,
+                endpoint_rows_left_out: left_out,
+                max_port_rows: MAX_PORT_ROWS,
+                ports_left_out,
+                max_subscribers: MAX_SUBSCRIBERS,
+                max_text_chars: MAX_TEXT,
+                max_node_id_chars: MAX_NODE_ID,
+                max_nack_message_chars: MAX_NACK_MESSAGE,
             },
-            "native_lb_team_policies": lock(&self.team_policies).iter().map(|(shape, n, c)| json!({
-                "shape": shape, "clusters": n, "example": c,
-            })).collect::<Vec<_>>(),
-            "bounds": {
-                "max_endpoint_rows": MAX_ENDPOINT_ROWS,
-                "endpoint_rows_left_out": left_out,
-                "max_port_rows": MAX_PORT_ROWS,
-                "ports_left_out": ports_left_out,
-                "max_subscribers": MAX_SUBSCRIBERS,
-                "max_text_chars": MAX_TEXT,
-                "max_node_id_chars": MAX_NODE_ID,
-                "max_nack_message_chars": MAX_NACK_MESSAGE,
-            },
+        }
+    }
+
+    /// The page as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::to_value(self.page()).unwrap_or_else(|e| {
+            // Not reached: the model holds strings, numbers and lists only.
+            tracing::error!(error = %e, "status page: the model did not serialize");
+            Value::Null
         })
     }
 
     /// The page as HTML (rendered here, no script: every load is current).
     pub fn html(&self) -> String {
-        page(&self.json())
+        html::render(&self.page())
     }
+}
+
+/// Each endpoint's part in stream drain, in order: the core names the
+/// draining ones ([`draining_hosts`]); a serving+terminating one it does
+/// not name is its port's only serving choice (no endpoint is ready).
+fn stream_drains(eps: &[Endpoint]) -> Vec<Option<StreamDrain>> {
+    let addresses: Vec<String> = eps.iter().map(|e| e.addr.to_string()).collect();
+    let draining: std::collections::HashSet<&str> = draining_hosts(
+        addresses
+            .iter()
+            .zip(eps)
+            .map(|(a, e)| (a.as_str(), e.conditions.host())),
+    )
+    .into_iter()
+    .collect();
+    addresses
+        .iter()
+        .zip(eps)
+        .map(|(a, e)| {
+            if draining.contains(&a.as_str()) {
+                Some(StreamDrain::Draining)
+            } else if e.conditions.serving && e.conditions.terminating {
+                Some(StreamDrain::OnlyServingChoice)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn round(d: Duration) -> f64 {
     (d.as_secs_f64() * 10.0).round() / 10.0
 }
 
-fn esc(v: &Value) -> String {
-    let s = match v {
-        Value::Null => "-".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-fn page(j: &Value) -> String {
-    let mut h = String::with_capacity(16 * 1024);
-    h.push_str("<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">\
-<title>serving-picker-conditions: services</title><style>\
-body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.4em 0 1.4em}\
-td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;text-align:left}th{background:#f0f0f0}\
-.ready{background:#dff5df}.terminating_fallback{background:#fff3cd}.no_serving{background:#f8d7da}\
-.nack{color:#a00}.small{color:#666;font-size:12px}</style></head><body>\n");
-    let _ = writeln!(
-        h,
-        "<h1>serving-picker-conditions</h1><p>Snapshot <b id=\"version\">{}</b>, published {} s ago. Tiers as EDS priorities: {}.</p>",
-        esc(&j["snapshot_version"]),
-        esc(&j["published_seconds_ago"]),
-        esc(&j["priority_output"])
-    );
-    let p = &j["programming_latency"];
-    let _ = writeln!(
-        h,
-        "<p id=\"programming\">Programming latency (change to each Envoy's ACK), last {} changes: p50 <b>{}</b> s, p99 <b>{}</b> s, max {} s ({} changes ACKed in all).</p>",
-        esc(&p["recent"]),
-        esc(&p["p50_seconds"]),
-        esc(&p["p99_seconds"]),
-        esc(&p["max_seconds"]),
-        esc(&p["changes_acked"]),
-    );
-    if let Some(rows) = j["native_lb_team_policies"]
-        .as_array()
-        .filter(|r| !r.is_empty())
-    {
-        h.push_str("<h2>Clusters that keep a team's load balancer (no native form)</h2>\n<table id=\"team-policies\"><tr><th>shape</th><th>clusters</th><th>one of them</th></tr>\n");
-        for r in rows {
-            let _ = writeln!(
-                h,
-                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&r["shape"]),
-                esc(&r["clusters"]),
-                esc(&r["example"])
-            );
-        }
-        h.push_str("</table>\n");
-    }
-    h.push_str("<h2>Managed Service ports</h2>\n");
-    for p in j["services"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            h,
-            "<h3 class=\"port\" data-cluster=\"{c}\">cluster {c}: {s} port {pn}</h3><p>{n} endpoints, {sv} serving; Envoy serves from tier <b class=\"serves-from\">{t}</b>.</p>",
-            c = esc(&p["cluster"]),
-            s = esc(&p["service"]),
-            pn = esc(&p["port_name"]),
-            n = esc(&p["endpoints_total"]),
-            sv = esc(&p["serving"]),
-            t = esc(&p["serves_from_tier"]),
-        );
-        h.push_str("<table><tr><th>address</th><th>ready</th><th>serving</th><th>terminating</th><th>zone</th><th>node</th><th>hints (zones)</th><th>hints (nodes)</th><th>tier</th><th>priority</th><th>health</th></tr>\n");
-        for e in p["endpoints"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                h,
-                "<tr class=\"{t}\" data-address=\"{a}\"><td>{a}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"tier\">{t}</td><td>{}</td><td>{}</td></tr>",
-                esc(&e["ready"]),
-                esc(&e["serving"]),
-                esc(&e["terminating"]),
-                esc(&e["zone"]),
-                esc(&e["node_name"]),
-                esc(&e["hints_zones"]),
-                esc(&e["hints_nodes"]),
-                esc(&e["priority"]),
-                esc(&e["health"]),
-                a = esc(&e["address"]),
-                t = esc(&e["tier"]),
-            );
-        }
-        h.push_str("</table>\n");
-    }
-    h.push_str("<h2>Subscribers</h2><table><tr><th>node</th><th>peer</th><th>peers of this node id</th><th>open streams</th><th>last ACKed version</th><th>ACKed (s ago)</th><th>last changes applied (slowest)</th><th>last NACK</th></tr>\n");
-    for s in j["subscribers"].as_array().into_iter().flatten() {
-        let nack = match &s["last_nack"] {
-            Value::Null => "-".to_string(),
-            n => format!(
-                "<span class=\"nack\">version {} {} s ago from {}: {}</span>",
-                esc(&n["version"]),
-                esc(&n["seconds_ago"]),
-                esc(&n["peer"]),
-                esc(&n["message"])
-            ),
-        };
-        let programmed = match &s["last_programmed"] {
-            Value::Null => "-".to_string(),
-            p => format!(
-                "{} ({} s), {} s ago",
-                esc(&p["changes"]),
-                esc(&p["slowest_seconds"]),
-                esc(&p["seconds_ago"])
-            ),
-        };
-        let _ = writeln!(
-            h,
-            "<tr class=\"subscriber\"><td>{}</td><td>{}</td><td class=\"peers\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"programmed\">{programmed}</td><td>{nack}</td></tr>",
-            esc(&s["node"]),
-            esc(&s["peer"]),
-            esc(&Value::String(
-                s["peers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-            esc(&s["open_streams"]),
-            esc(&s["acked_version"]),
-            esc(&s["acked_seconds_ago"]),
-        );
-    }
-    h.push_str("</table>\n");
-    let r = &j["xds_retained_bytes"];
-    let _ = writeln!(
-        h,
-        "<p id=\"retained\">xDS streams keep <b>{}</b> bytes of resource names between requests (limit {}, --max-retained-bytes).</p>",
-        esc(&r["held"]),
-        esc(&r["limit"]),
-    );
-    let b = &j["bounds"];
-    let _ = writeln!(
-        h,
-        "<p class=\"small\">Bounded: at most {} endpoint rows (left out here: {}), {} ports (left out here: {}), {} subscribers, names cut to {} characters, NACK messages to {}. JSON: <a href=\"/debug/services\">/debug/services</a>. Refreshes every 5 s.</p></body></html>",
-        esc(&b["max_endpoint_rows"]),
-        esc(&b["endpoint_rows_left_out"]),
-        esc(&b["max_port_rows"]),
-        esc(&b["ports_left_out"]),
-        esc(&b["max_subscribers"]),
-        esc(&b["max_text_chars"]),
-        esc(&b["max_nack_message_chars"]),
-    );
-    h
+/// Seconds to the millisecond.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]
@@ -715,6 +729,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::model::fixtures::endpoint;
+    use serde_json::json;
 
     fn ep(ip: &str, serving: bool, terminating: bool) -> Endpoint {
         let mut e = endpoint(ip);
@@ -777,6 +792,219 @@ mod tests {
             text.contains("service_serving_endpoints{cluster=\"web\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn endpoints_in_drain_and_the_only_serving_choice_are_shown() {
+        let b = Board::new(&mut Registry::default());
+        let row_5: ClusterSpec = "web=ns/web:http".parse().unwrap();
+        let row_3: ClusterSpec = "api=ns/api:http".parse().unwrap();
+        let mut gone = endpoint("10.0.0.3");
+        gone.serving = Some(false);
+        gone.ready = Some(false);
+        gone.terminating = Some(true);
+        b.set_services(
+            "v1",
+            true,
+            [
+                (
+                    &row_5,
+                    vec![
+                        ep("10.0.0.1", true, false),
+                        ep("10.0.0.2", true, true),
+                        Endpoint::new(&gone, 80),
+                        ep("10.0.0.4", false, false),
+                    ],
+                ),
+                (
+                    &row_3,
+                    vec![ep("10.0.1.1", true, true), ep("10.0.1.2", false, false)],
+                ),
+            ]
+            .into_iter(),
+        );
+        let j = b.json();
+        let drain_of = |port: usize, address: &str| {
+            j["services"][port]["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["address"] == address)
+                .map(|e| e["stream_drain"].clone())
+                .unwrap()
+        };
+        // Row 5: every terminating endpoint drains beside the ready one.
+        assert_eq!(drain_of(0, "10.0.0.2:80"), "draining");
+        assert_eq!(drain_of(0, "10.0.0.3:80"), "draining");
+        assert_eq!(drain_of(0, "10.0.0.1:80"), Value::Null);
+        assert_eq!(drain_of(0, "10.0.0.4:80"), Value::Null);
+        assert_eq!(
+            j["services"][0]["stream_drain"],
+            json!({"draining": 2, "only_serving_choice": 0})
+        );
+        // Row 3: the terminating endpoint is the only serving choice.
+        assert_eq!(drain_of(1, "10.0.1.1:80"), "only_serving_choice");
+        assert_eq!(drain_of(1, "10.0.1.2:80"), Value::Null);
+        assert_eq!(
+            j["services"][1]["stream_drain"],
+            json!({"draining": 0, "only_serving_choice": 1})
+        );
+        let h = b.html();
+        assert!(
+            h.contains("data-address=\"10.0.0.2:80\">")
+                && h.contains("<td class=\"drain\">draining</td>"),
+            "{h}"
+        );
+        assert!(
+            h.contains("<td class=\"drain\">only serving choice</td>"),
+            "{h}"
+        );
+        assert!(h.contains("<b class=\"draining\">2</b> draining"), "{h}");
+        assert!(h.contains("<b class=\"only-serving-choice\">1</b>"), "{h}");
+        for name in [
+            "serving_picker.drain.ended.{grpc,http1,http2,websocket}.reset",
+            "serving_picker_drain_ended_grpc_reset",
+            "dynamicmodulescustom.serving_picker.drain.ended.{grpc.trailers_unavailable,",
+            "envoy_dynamicmodulescustom_serving_picker_drain_ended_grpc_trailers_unavailable",
+        ] {
+            assert!(h.contains(name), "{name} not named: {h}");
+        }
+    }
+
+    #[test]
+    fn a_port_without_terminating_endpoints_says_nothing_of_drain() {
+        let b = Board::new(&mut Registry::default());
+        let spec: ClusterSpec = "web=ns/web:http".parse().unwrap();
+        b.set_services(
+            "v1",
+            false,
+            [(&spec, vec![ep("10.0.0.1", true, false)])].into_iter(),
+        );
+        let j = b.json();
+        assert_eq!(
+            j["services"][0]["stream_drain"],
+            json!({"draining": 0, "only_serving_choice": 0})
+        );
+        assert!(!b.html().contains("class=\"stream-drain\""));
+    }
+
+    /// The JSON's names and shape are what its readers (tests, the runbook)
+    /// parse: every key, at every level.
+    #[test]
+    fn the_json_keeps_its_names_and_shape() {
+        let b = Board::new(&mut Registry::default());
+        let spec: ClusterSpec = "web=ns/web:http".parse().unwrap();
+        b.set_services(
+            "v1",
+            true,
+            [(&spec, vec![ep("10.0.0.1", true, false)])].into_iter(),
+        );
+        b.stream_opened("envoy-1", "10.0.0.9:1");
+        b.acked("envoy-1", "10.0.0.9:1", "v1");
+        b.nacked("envoy-1", "10.0.0.9:1", "v1", "no");
+        b.programmed("envoy-1", &[Duration::from_millis(5)]);
+        b.set_team_policies(&[("maglev", 1, "c".into())]);
+        let j = b.json();
+        let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+        assert_eq!(
+            keys(&j),
+            [
+                "bounds",
+                "native_lb_team_policies",
+                "priority_output",
+                "programming_latency",
+                "published_seconds_ago",
+                "services",
+                "snapshot_version",
+                "subscribers",
+                "xds_retained_bytes"
+            ]
+        );
+        assert_eq!(
+            keys(&j["services"][0]),
+            [
+                "cluster",
+                "endpoints",
+                "endpoints_total",
+                "port_name",
+                "serves_from_tier",
+                "service",
+                "serving",
+                "stream_drain"
+            ]
+        );
+        assert_eq!(
+            keys(&j["services"][0]["endpoints"][0]),
+            [
+                "address",
+                "health",
+                "hints_nodes",
+                "hints_zones",
+                "node_name",
+                "priority",
+                "ready",
+                "serving",
+                "stream_drain",
+                "terminating",
+                "tier",
+                "zone"
+            ]
+        );
+        let s = &j["subscribers"][0];
+        assert_eq!(
+            keys(s),
+            [
+                "acked_by_peer",
+                "acked_seconds_ago",
+                "acked_version",
+                "last_nack",
+                "last_programmed",
+                "node",
+                "open_streams",
+                "peer",
+                "peers",
+                "peers_left_out"
+            ]
+        );
+        assert_eq!(
+            keys(&s["last_nack"]),
+            ["message", "peer", "seconds_ago", "version"]
+        );
+        assert_eq!(
+            keys(&s["last_programmed"]),
+            ["changes", "seconds_ago", "slowest_seconds"]
+        );
+        assert_eq!(
+            keys(&j["programming_latency"]),
+            [
+                "changes_acked",
+                "max_seconds",
+                "p50_seconds",
+                "p99_seconds",
+                "recent"
+            ]
+        );
+        assert_eq!(keys(&j["xds_retained_bytes"]), ["held", "limit"]);
+        assert_eq!(
+            keys(&j["native_lb_team_policies"][0]),
+            ["clusters", "example", "shape"]
+        );
+        assert_eq!(
+            keys(&j["bounds"]),
+            [
+                "endpoint_rows_left_out",
+                "max_endpoint_rows",
+                "max_nack_message_chars",
+                "max_node_id_chars",
+                "max_port_rows",
+                "max_subscribers",
+                "max_text_chars",
+                "ports_left_out"
+            ]
+        );
+        // The HTML prints the same model: a number as the JSON writes it.
+        assert!(b.html().contains("<td>HEALTHY</td>"));
+        assert!(b.html().contains("1 (0.005 s)"), "{}", b.html());
     }
 
     #[test]
