@@ -603,9 +603,13 @@ mod tests {
     /// and the held stream then gets the newest state in one response.
     #[tokio::test]
     async fn a_churning_stream_waits_for_its_send_budget_and_another_stream_does_not() {
+        // Waits of up to 3 s (a 300-byte response at 100 bytes a second),
+        // longer than the send timeout: a wait is not a stream that does
+        // not read.
         let limits = XdsLimits {
-            max_stream_send_rate: 200,
+            max_stream_send_rate: 100,
             max_stream_send_burst: 1000,
+            send_timeout: Duration::from_secs(2),
             ..XdsLimits::default()
         };
         let (s, tx, rec, table) = server(limits);
@@ -669,7 +673,8 @@ mod tests {
             r.resources[0].resource.as_ref().unwrap().value,
             b"a@3".to_vec()
         );
-        // Its wait is not a stream that does not read.
+        // Its waits, longer than --send-timeout, are not a stream that
+        // does not read.
         assert!(!rec.has("limit_hit send-timeout"));
         assert!(s.streams() == 2);
     }
