@@ -149,6 +149,7 @@ pub fn table(rs: &[Scenario], hz: f64) -> String {
     latency_rows(&mut rows);
     for (kind, label) in KINDS {
         repeated_change_rows(&mut rows, kind, label, hz);
+        repeated_change_detail_rows(&mut rows, kind, hz);
     }
     periodic_rows(&mut rows, hz);
     health_rows(&mut rows);
@@ -339,8 +340,8 @@ fn latency_rows(rows: &mut Rows) {
     });
 }
 
-/// One kind of repeated change (`KINDS`): its figures per change, main thread
-/// first, against Envoy alone.
+/// One kind of repeated change (`KINDS`): its latency and main-thread time
+/// per change, against Envoy alone.
 fn repeated_change_rows(rows: &mut Rows, kind: &'static str, label: &str, hz: f64) {
     rows.row(
         &format!("repeated change, {label}: n, flipped + added, EDS files"),
@@ -414,6 +415,11 @@ fn repeated_change_rows(rows: &mut Rows, kind: &'static str, label: &str, hz: f6
             ))
         },
     );
+}
+
+/// One kind of repeated change, the detail: the filter's VM time, other
+/// threads, the refreshes, and the raw figures behind the rows above.
+fn repeated_change_detail_rows(rows: &mut Rows, kind: &'static str, hz: f64) {
     rows.row(
         "  VM us median / max; admin bytes median; e2e ms median",
         move |r| {
