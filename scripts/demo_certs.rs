@@ -11,9 +11,6 @@
 //!   DIR/envoy-sds/sds-{certificate,validation}.yaml   read by envoy-companion.yaml
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../tests/support/pki.rs"]
-mod pki;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};

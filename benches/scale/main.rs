@@ -354,6 +354,47 @@ impl Run<'_> {
 }
 
 fn run_scenario(k: &Knobs, hz: f64, nclusters: usize, nhosts: usize) -> Scenario {
+    let (mut r, mut run) = prepare(k, hz, nclusters, nhosts);
+    let name = r.name.clone();
+    run.without_the_filter(&mut r);
+    let log = run.dir.join("envoy-filter.log");
+    let Some(mut envoy) = run.first_load(&mut r, &log) else {
+        return r;
+    };
+    run.steady(&mut r, &envoy, &log);
+    // Admin output, rendered by Envoy's main thread.
+    r.curl = Some(admin_curls());
+    let _ = std::fs::write(run.dir.join("config_dump.json"), admin(DUMP_PATH).body);
+    let _ = std::fs::write(run.dir.join("clusters.json"), admin(CLUSTERS_PATH).body);
+    r.errors.insert("curls", Gauges::read().refresh_error);
+    // Request latency during unchanged refreshes.
+    r.lat
+        .insert("steady", paced_load(k.load_rate, k.load_seconds as f64));
+    run.one_change(&mut r, &mut envoy, &log);
+    // More refreshes: memory growth (RSS after each block).
+    for _ in 0..3 {
+        r.after_busy.extend(wait_refreshes(k.refreshes));
+        r.rss_series.push(rss_kb(envoy.pid()));
+    }
+    r.rss
+        .insert("end", r.rss_series.first().copied().unwrap_or(0));
+    r.errors.insert("after", Gauges::read().refresh_error);
+    // Repeated changes, one phase per kind.
+    if k.changes > 0 {
+        for (kind, _) in kinds(nclusters) {
+            let rep = run.repeated(&mut envoy, &log, kind, &mut r.failed);
+            r.rep.insert(kind, rep);
+        }
+    }
+    r.errors.insert("rep", Gauges::read().refresh_error);
+    run.routing_check(&mut r, &envoy, &log);
+    envoy.stop();
+    say(format!("[{name}] done"));
+    r
+}
+
+/// The scenario's EDS files and bootstraps (both validated), and its run.
+fn prepare(k: &Knobs, hz: f64, nclusters: usize, nhosts: usize) -> (Scenario, Run<'_>) {
     let name = format!("{nclusters}x{nhosts}");
     let dir = k.work.join(&name);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
@@ -382,182 +423,175 @@ fn run_scenario(k: &Knobs, hz: f64, nclusters: usize, nhosts: usize) -> Scenario
         "[{name}] bootstraps validate; {} endpoints, expecting {} hosts in {} clusters",
         r.endpoints, r.expect_hosts, r.expect_clusters
     ));
-    let mut run = Run {
+    let run = Run {
         k,
         hz,
         re: Patterns::new(),
-        dir: dir.clone(),
+        dir,
         state,
     };
+    (r, run)
+}
 
-    // ---- the reference: no filter
-    let mut envoy = start_envoy(k, &dir, "nofilter");
-    std::thread::sleep(Duration::from_secs(2));
-    r.rss.insert("nofilter", rss_kb(envoy.pid()));
-    r.curl_nofilter = Some(admin_curls());
-    r.lat
-        .insert("nofilter", paced_load(k.load_rate, k.load_seconds as f64));
-    if k.changes > 0 {
-        // The same changes as the filter run below (the 1% step first), then the files put back.
-        let saved = run.state.snapshot();
-        run.state.change(0.01, None);
-        std::thread::sleep(Duration::from_secs(k.gap_s));
-        for (kind, _) in kinds(nclusters) {
-            let reference = run.reference_changes(&envoy, kind);
-            r.reference.insert(kind, reference);
+impl Run<'_> {
+    /// The reference: the same Envoy without the filter, its RSS, admin
+    /// output and latency, and the changes the filter run makes later (the
+    /// files put back after).
+    fn without_the_filter(&mut self, r: &mut Scenario) {
+        let k = self.k;
+        let mut envoy = start_envoy(k, &self.dir, "nofilter");
+        std::thread::sleep(Duration::from_secs(2));
+        r.rss.insert("nofilter", rss_kb(envoy.pid()));
+        r.curl_nofilter = Some(admin_curls());
+        r.lat
+            .insert("nofilter", paced_load(k.load_rate, k.load_seconds as f64));
+        if k.changes > 0 {
+            // The same changes as the filter run below (the 1% step first), then the files put back.
+            let saved = self.state.snapshot();
+            self.state.change(0.01, None);
+            std::thread::sleep(Duration::from_secs(k.gap_s));
+            for (kind, _) in kinds(r.nclusters) {
+                let reference = self.reference_changes(&envoy, kind);
+                r.reference.insert(kind, reference);
+            }
+            envoy.stop();
+            self.state.restore(saved);
         }
         envoy.stop();
-        run.state.restore(saved);
     }
-    envoy.stop();
 
-    // ---- with the filter
-    let log = dir.join("envoy-filter.log");
-    let t0 = now_ms();
-    let mut envoy = start_envoy(k, &dir, "filter");
-    let t_ready = now_ms();
-    r.rss.insert("ready", rss_kb(envoy.pid()));
-    r.hosts_at_ready = Some(Gauges::read().hosts);
-    r.start_to_ready_ms = Some(t_ready - t0);
-    say(format!(
-        "[{name}] ready after {} ms; waiting for {} hosts in the snapshot",
-        t_ready - t0,
-        r.expect_hosts
-    ));
-    if !wait_hosts(&mut envoy, r.expect_hosts, k.full_timeout_s) {
-        r.failed = true;
+    /// Envoy with the filter started, to /ready, then to the first full
+    /// snapshot; None (the scenario failed) when that never comes.
+    fn first_load(&mut self, r: &mut Scenario, log: &Path) -> Option<Process> {
+        let name = r.name.clone();
+        let t0 = now_ms();
+        let mut envoy = start_envoy(self.k, &self.dir, "filter");
+        let t_ready = now_ms();
+        r.rss.insert("ready", rss_kb(envoy.pid()));
+        r.hosts_at_ready = Some(Gauges::read().hosts);
+        r.start_to_ready_ms = Some(t_ready - t0);
         say(format!(
-            "[{name}] FAILED: snapshot.hosts never reached {} (now {})",
-            r.expect_hosts,
-            Gauges::read().hosts
+            "[{name}] ready after {} ms; waiting for {} hosts in the snapshot",
+            t_ready - t0,
+            r.expect_hosts
+        ));
+        if !wait_hosts(&mut envoy, r.expect_hosts, self.k.full_timeout_s) {
+            r.failed = true;
+            say(format!(
+                "[{name}] FAILED: snapshot.hosts never reached {} (now {})",
+                r.expect_hosts,
+                Gauges::read().hosts
+            ));
+            r.g_end = Some(Gauges::read());
+            r.first = self.re.scan(log, 0);
+            return None;
+        }
+        let t_full = now_ms();
+        r.ready_to_full_ms = Some(t_full - t_ready);
+        r.rss.insert("full", rss_kb(envoy.pid()));
+        r.g_first = Some(Gauges::read());
+        std::thread::sleep(Duration::from_millis(300)); // the log flush
+        r.first = self.re.scan(log, 0);
+        say(format!(
+            "[{name}] full snapshot {} ms after ready",
+            t_full - t_ready
+        ));
+        Some(envoy)
+    }
+
+    /// Unchanged refreshes: their cost, the CPU of Envoy's threads and the
+    /// machine, RSS.
+    fn steady(&mut self, r: &mut Scenario, envoy: &Process, log: &Path) {
+        let hz = self.hz;
+        let a = Sample::take(envoy.pid());
+        let off_steady = file_len(log);
+        r.steady_busy = wait_refreshes(self.k.refreshes);
+        let b = Sample::take(envoy.pid());
+        let w = Window::between(&a, &b, "envoy");
+        let pct = |ticks: f64| 100.0 * ticks / hz / w.secs;
+        let envoy_ticks: f64 = w.by_name.values().map(|x| x.0).sum();
+        r.cpu_steady = Some((
+            pct(w.main_ticks),
+            pct(w.ticks_named("wrk:")),
+            pct(envoy_ticks),
+            pct(w.machine_ticks),
+            pct(w.machine_ticks - envoy_ticks),
+        ));
+        r.rss.insert("steady", rss_kb(envoy.pid()));
+        r.steady_log = self.re.scan(log, off_steady);
+        r.errors.insert("steady", Gauges::read().refresh_error);
+        say(format!(
+            "[{}] steady refreshes busy_us: {:?}",
+            r.name, r.steady_busy
+        ));
+    }
+
+    /// A 1% rolling-update step, requests running: rename -> snapshot, and
+    /// the latency meanwhile.
+    fn one_change(&mut self, r: &mut Scenario, envoy: &mut Process, log: &Path) {
+        let name = r.name.clone();
+        let k = self.k;
+        let off_change = file_len(log);
+        let rate = k.load_rate;
+        let seconds = (k.load_seconds + 4) as f64;
+        let during = std::thread::spawn(move || paced_load(rate, seconds));
+        std::thread::sleep(Duration::from_millis(1500));
+        let c = self.state.change(0.01, None);
+        say(format!(
+            "[{name}] 1% change renamed ({} flipped, {} added in {} files); waiting for {} hosts",
+            c.flipped, c.added, c.files, c.expect_hosts
+        ));
+        let to_snapshot = if wait_hosts(envoy, c.expect_hosts, k.full_timeout_s) {
+            Some(now_ms() - c.renamed_ms)
+        } else {
+            r.failed = true;
+            say(format!(
+                "[{name}] FAILED: after the change snapshot.hosts never reached {} (now {})",
+                c.expect_hosts,
+                Gauges::read().hosts
+            ));
+            None
+        };
+        r.lat.insert("change", during.join().unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(300));
+        r.change = Some((c, to_snapshot, self.re.scan(log, off_change)));
+        r.errors.insert("change", Gauges::read().refresh_error);
+    }
+
+    /// The routing check, last: nothing listens on 127.1.x.y, so these end
+    /// in 503 after the pick (the access log shows the override and the host
+    /// tried); the connect failures make outlier detection eject a host.
+    /// Then the run's end: gauges, the leader thread, warnings.
+    fn routing_check(&mut self, r: &mut Scenario, envoy: &Process, log: &Path) {
+        let first = &self.state.clusters[0];
+        for i in 1..=6 {
+            let _ = support::http::request(
+                SocketAddr::from(([127, 0, 0, 1], LISTEN)),
+                "GET",
+                &format!("/c/{}/check-{i}", first.name),
+                &[],
+                Duration::from_secs(5),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        r.routing = Some(route_check(
+            &self.dir,
+            first,
+            &format!("/c/{}/check-", first.name),
         ));
         r.g_end = Some(Gauges::read());
-        r.first = run.re.scan(&log, 0);
-        return r;
+        let scan = self.re.scan(log, 0);
+        let leader = scan.leaders.last().map_or("?".to_string(), |tid| {
+            let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", envoy.pid()))
+                .unwrap_or_else(|_| "?".into());
+            match comm.trim() {
+                "envoy" => "envoy (main thread)".to_string(),
+                other => other.to_string(),
+            }
+        });
+        r.leader = Some(format!("{leader}, {} election(s)", scan.leaders.len()));
+        r.warnings = scan.warnings;
     }
-    let t_full = now_ms();
-    r.ready_to_full_ms = Some(t_full - t_ready);
-    r.rss.insert("full", rss_kb(envoy.pid()));
-    r.g_first = Some(Gauges::read());
-    std::thread::sleep(Duration::from_millis(300)); // the log flush
-    r.first = run.re.scan(&log, 0);
-    say(format!(
-        "[{name}] full snapshot {} ms after ready",
-        t_full - t_ready
-    ));
-
-    // ---- unchanged refreshes
-    let a = Sample::take(envoy.pid());
-    let off_steady = file_len(&log);
-    r.steady_busy = wait_refreshes(k.refreshes);
-    let b = Sample::take(envoy.pid());
-    let w = Window::between(&a, &b, "envoy");
-    let pct = |ticks: f64| 100.0 * ticks / hz / w.secs;
-    let envoy_ticks: f64 = w.by_name.values().map(|x| x.0).sum();
-    r.cpu_steady = Some((
-        pct(w.main_ticks),
-        pct(w.ticks_named("wrk:")),
-        pct(envoy_ticks),
-        pct(w.machine_ticks),
-        pct(w.machine_ticks - envoy_ticks),
-    ));
-    r.rss.insert("steady", rss_kb(envoy.pid()));
-    r.steady_log = run.re.scan(&log, off_steady);
-    r.errors.insert("steady", Gauges::read().refresh_error);
-    say(format!(
-        "[{name}] steady refreshes busy_us: {:?}",
-        r.steady_busy
-    ));
-
-    // ---- admin output, rendered by Envoy's main thread
-    r.curl = Some(admin_curls());
-    let _ = std::fs::write(dir.join("config_dump.json"), admin(DUMP_PATH).body);
-    let _ = std::fs::write(dir.join("clusters.json"), admin(CLUSTERS_PATH).body);
-    r.errors.insert("curls", Gauges::read().refresh_error);
-
-    // ---- request latency during unchanged refreshes
-    r.lat
-        .insert("steady", paced_load(k.load_rate, k.load_seconds as f64));
-
-    // ---- a 1% rolling-update step, requests running
-    let off_change = file_len(&log);
-    let rate = k.load_rate;
-    let seconds = (k.load_seconds + 4) as f64;
-    let during = std::thread::spawn(move || paced_load(rate, seconds));
-    std::thread::sleep(Duration::from_millis(1500));
-    let c = run.state.change(0.01, None);
-    say(format!(
-        "[{name}] 1% change renamed ({} flipped, {} added in {} files); waiting for {} hosts",
-        c.flipped, c.added, c.files, c.expect_hosts
-    ));
-    let to_snapshot = if wait_hosts(&mut envoy, c.expect_hosts, k.full_timeout_s) {
-        Some(now_ms() - c.renamed_ms)
-    } else {
-        r.failed = true;
-        say(format!(
-            "[{name}] FAILED: after the change snapshot.hosts never reached {} (now {})",
-            c.expect_hosts,
-            Gauges::read().hosts
-        ));
-        None
-    };
-    r.lat.insert("change", during.join().unwrap_or_default());
-    std::thread::sleep(Duration::from_millis(300));
-    r.change = Some((c, to_snapshot, run.re.scan(&log, off_change)));
-    r.errors.insert("change", Gauges::read().refresh_error);
-
-    // ---- more refreshes: memory growth (RSS after each block)
-    for _ in 0..3 {
-        r.after_busy.extend(wait_refreshes(k.refreshes));
-        r.rss_series.push(rss_kb(envoy.pid()));
-    }
-    r.rss
-        .insert("end", r.rss_series.first().copied().unwrap_or(0));
-    r.errors.insert("after", Gauges::read().refresh_error);
-
-    // ---- repeated changes, one phase per kind
-    if k.changes > 0 {
-        for (kind, _) in kinds(nclusters) {
-            let rep = run.repeated(&mut envoy, &log, kind, &mut r.failed);
-            r.rep.insert(kind, rep);
-        }
-    }
-    r.errors.insert("rep", Gauges::read().refresh_error);
-
-    // ---- routing check, last: nothing listens on 127.1.x.y, so these end in
-    // 503 after the pick (the access log shows the override and the host
-    // tried); the connect failures make outlier detection eject a host.
-    let first = &run.state.clusters[0];
-    for i in 1..=6 {
-        let _ = support::http::request(
-            SocketAddr::from(([127, 0, 0, 1], LISTEN)),
-            "GET",
-            &format!("/c/{}/check-{i}", first.name),
-            &[],
-            Duration::from_secs(5),
-        );
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    r.routing = Some(route_check(
-        &run.dir,
-        first,
-        &format!("/c/{}/check-", first.name),
-    ));
-    r.g_end = Some(Gauges::read());
-    let scan = run.re.scan(&log, 0);
-    let leader = scan.leaders.last().map_or("?".to_string(), |tid| {
-        let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", envoy.pid()))
-            .unwrap_or_else(|_| "?".into());
-        match comm.trim() {
-            "envoy" => "envoy (main thread)".to_string(),
-            other => other.to_string(),
-        }
-    });
-    r.leader = Some(format!("{leader}, {} election(s)", scan.leaders.len()));
-    r.warnings = scan.warnings;
-    envoy.stop();
-    say(format!("[{name}] done"));
-    r
 }
 
 /// The access log lines of the check requests: the first override address

@@ -82,37 +82,76 @@ fn runs(services: usize) -> Vec<Run> {
         .collect()
 }
 
+/// The run's knobs (environment).
+struct Knobs {
+    services: usize,
+    endpoints: usize,
+    /// Churn per run.
+    seconds: u64,
+    /// Pod transitions a second.
+    rate: f64,
+}
+
 fn main() {
     raise_fd_limit();
-    let services: usize = env("CLUSTER_SERVICES", 10_000);
-    let endpoints: usize = env("CLUSTER_ENDPOINTS", 150_000);
-    let seconds: u64 = env("CLUSTER_SECONDS", 30);
-    let rate: f64 = env("CLUSTER_RATE", 50.0);
+    let knobs = Knobs {
+        services: env("CLUSTER_SERVICES", 10_000),
+        endpoints: env("CLUSTER_ENDPOINTS", 150_000),
+        seconds: env("CLUSTER_SECONDS", 30),
+        rate: env("CLUSTER_RATE", 50.0),
+    };
+    let services = knobs.services;
     let dir = std::env::temp_dir().join(format!("spc-bench-cluster-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     println!(
-        "bench-cluster: {services} Services, {endpoints} endpoints; load average at start {}",
+        "bench-cluster: {services} Services, {} endpoints; load average at start {}",
+        knobs.endpoints,
         load_avg()
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let shape = Shape {
+    let rt = runtime(2);
+    let cluster = Cluster::new(Shape {
         services,
-        endpoints,
+        endpoints: knobs.endpoints,
         ..Shape::LIMITS
-    };
-    let cluster = Cluster::new(shape);
+    });
     let slices: usize = (0..services).map(|i| cluster.slice_count(i)).sum();
     let api = rt.block_on(Api::start(cluster));
-    // 100 Envoys of 10,000 clusters: over the default --max-subscriptions.
+    let c = start_companion(&api, &dir);
+    first_list_to_ready(&c, &api, slices);
+    let floor_entry = wire_floor(&c);
+    println!("a small Service's assignment on the wire: {floor_entry:.0} bytes");
+    for run in runs(services) {
+        fleet_under_churn(&run, &knobs, &c, &api, floor_entry);
+    }
+    api_server_load(&api);
+    let envoy_modes = std::env::var("CLUSTER_ENVOY").unwrap_or_else(|_| "sotw,delta".into());
+    if let Some(envoy) = std::env::var_os("ENVOY_BIN").filter(|_| envoy_modes != "none") {
+        for mode in envoy_modes.split(',') {
+            real_envoy(Path::new(&envoy), &c, &api, services, mode == "delta", &dir);
+        }
+    } else {
+        println!("(no real Envoy: ENVOY_BIN unset or CLUSTER_ENVOY=none)");
+    }
+    println!("load average at end {}", load_avg());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The release binary against the API server double, limits raised: 100
+/// Envoys of 10,000 clusters are over the default --max-subscriptions.
+fn start_companion(api: &Api, dir: &Path) -> Companion {
     let c = Companion::start(
         &companion_bin(),
-        &api,
-        &dir,
+        api,
+        dir,
         &[
             "--max-subscriptions",
             "4000000",
@@ -128,6 +167,11 @@ fn main() {
         "warn",
     );
     wait_until("the companion to be ready", LIMIT, || c.ready());
+    c
+}
+
+/// The first full list to ready, then RSS and CPU at rest.
+fn first_list_to_ready(c: &Companion, api: &Api, slices: usize) {
     let ready = c.started.elapsed();
     std::thread::sleep(Duration::from_secs(2));
     let rss_ready = c.rss_mb();
@@ -141,36 +185,47 @@ fn main() {
         rss_ready,
         idle_cpu
     );
+}
 
-    // The floor: what one small Service's assignment costs on the wire (a
-    // response carrying it alone), read by one subscriber of 20 of them.
-    let floor_entry = {
-        let frt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let names: Vec<String> = (100..120).map(resource_name).collect();
-        let f = Fleet::start(&frt, c.grpc, "floor", 1, &names, false);
-        wait_until("the floor's subscriber", LIMIT, || f.resources() >= 20);
-        let per = f.bytes() as f64 / f.resources() as f64;
-        frt.shutdown_timeout(Duration::from_secs(2));
-        per
-    };
-    println!("a small Service's assignment on the wire: {floor_entry:.0} bytes");
-    let mut rows = Vec::new();
-    for run in runs(services) {
-        let proto = if run.delta { "delta" } else { "sotw" };
-        let label = format!("{} x {} {proto}", run.subscribers, run.names);
-        let fleet_rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let mut fleets = Vec::new();
-        let t = Instant::now();
-        let per = run.names;
-        for i in 0..run.subscribers {
+/// The floor: what one small Service's assignment costs on the wire (a
+/// response carrying it alone), read by one subscriber of 20 of them.
+fn wire_floor(c: &Companion) -> f64 {
+    let frt = runtime(1);
+    let names: Vec<String> = (100..120).map(resource_name).collect();
+    let f = Fleet::start(&frt, c.grpc, "floor", 1, &names, false);
+    wait_until("the floor's subscriber", LIMIT, || f.resources() >= 20);
+    let per = f.bytes() as f64 / f.resources() as f64;
+    frt.shutdown_timeout(Duration::from_secs(2));
+    per
+}
+
+/// The companion's xDS counters at one moment.
+struct Pushed {
+    sent: f64,
+    resources: f64,
+}
+
+impl Pushed {
+    fn read(text: &str) -> Pushed {
+        Pushed {
+            sent: probe::metric(text, "serving_picker_conditions_xds_sent_bytes_total"),
+            resources: probe::metric(text, "serving_picker_conditions_xds_pushed_resources_total"),
+        }
+    }
+}
+
+/// One run's subscribers, each of `run.names` Services (spread over all of
+/// them), started on `fleet_rt`.
+fn start_fleets(
+    fleet_rt: &tokio::runtime::Runtime,
+    c: &Companion,
+    run: &Run,
+    services: usize,
+) -> Vec<Fleet> {
+    let proto = if run.delta { "delta" } else { "sotw" };
+    let per = run.names;
+    (0..run.subscribers)
+        .map(|i| {
             let offset = if per >= services {
                 0
             } else {
@@ -179,138 +234,153 @@ fn main() {
             let names: Vec<String> = (0..per)
                 .map(|k| resource_name((offset + k) % services))
                 .collect();
-            fleets.push(Fleet::start(
-                &fleet_rt,
+            Fleet::start(
+                fleet_rt,
                 c.grpc,
                 &format!("{proto}-{i}"),
                 1,
                 &names,
                 run.delta,
-            ));
-        }
-        let want = (run.subscribers * per) as u64;
-        let synced = || fleets.iter().map(Fleet::resources).sum::<u64>() >= want;
-        wait_until("the fleet's first full state", LIMIT, synced);
-        let sync = t.elapsed();
-        let sync_bytes: u64 = fleets.iter().map(Fleet::bytes).sum();
-        let entry = floor_entry;
-        std::thread::sleep(Duration::from_secs(1));
-        let text0 = c.metrics_text();
-        let (h0, n0) = histogram(&text0, LATENCY);
-        let sent0 = probe::metric(&text0, "serving_picker_conditions_xds_sent_bytes_total");
-        let pushed0 = probe::metric(
-            &text0,
-            "serving_picker_conditions_xds_pushed_resources_total",
-        );
-        let cpu0 = c.cpu_seconds();
-        let rss0 = c.rss_mb();
-        let start = Instant::now();
-        let mut n = 0u64;
-        while start.elapsed() < Duration::from_secs(seconds) {
-            let due = start + Duration::from_secs_f64(n as f64 / rate);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            api.transition(6.min(services - 1)..services);
-            n += 1;
-        }
-        let churn = start.elapsed().as_secs_f64();
-        std::thread::sleep(Duration::from_secs(3));
-        let cpu = (c.cpu_seconds() - cpu0) / churn;
-        let text1 = c.metrics_text();
-        let (h1, n1) = histogram(&text1, LATENCY);
-        let sent = probe::metric(&text1, "serving_picker_conditions_xds_sent_bytes_total") - sent0;
-        let pushed = probe::metric(
-            &text1,
-            "serving_picker_conditions_xds_pushed_resources_total",
-        ) - pushed0;
-        let subs_per_service = (run.subscribers * per) as f64 / services as f64;
-        let floor = entry * n as f64 * subs_per_service;
-        let row = format!(
-            "| {label} | sync {:.1} s ({:.0} MB) | {:.0} transitions in {:.0} s: CPU {:.2} s/s, RSS {:.0} MB | programming p50 {:.3} s, p99 {:.3} s, max <= {:.3} s ({} ACKed changes) | {:.0} bytes per transition per subscriber of it, {:.2}x the assignment ({:.0} bytes); {:.2} assignments pushed per (transition x subscriber) |",
-            sync.as_secs_f64(),
-            sync_bytes as f64 / 1e6,
-            n,
-            churn,
-            cpu,
-            c.rss_mb().max(rss0),
-            quantile(&h0, &h1, 0.5),
-            quantile(&h0, &h1, 0.99),
-            max_bucket(&h0, &h1),
-            n1 - n0,
-            sent / (n as f64 * subs_per_service),
-            sent / floor.max(1.0),
-            entry,
-            pushed / (n as f64 * subs_per_service),
-        );
-        println!("{row}");
-        rows.push(row);
-        let ended: usize = fleets.iter().map(|f| f.ended().len()).sum();
-        if ended > 0 {
-            println!("  ({ended} streams ended: {:?})", fleets[0].ended());
-        }
+            )
+        })
+        .collect()
+}
 
-        if run.subscribers * per == 100 * services && !run.delta {
-            // The burst: a 1,000-pod Deployment rolled at 25 % maxSurge.
-            let steps = api.cluster.lock().unwrap().roll(1);
-            let (h0, _) = histogram(&c.metrics_text(), LATENCY);
-            let cpu0 = c.cpu_seconds();
-            let t = Instant::now();
-            let total = steps.len();
-            for (k, s) in steps.into_iter().enumerate() {
-                let due = t + Duration::from_secs_f64(k as f64 / 200.0);
-                if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                api.write(s);
-            }
-            std::thread::sleep(Duration::from_secs(3));
-            let (h1, _) = histogram(&c.metrics_text(), LATENCY);
-            println!(
-                "| burst: 1,000-pod roll at 25 % maxSurge ({total} transitions at 200/s), {label} | CPU {:.2} s/s | programming p50 {:.3} s, p99 {:.3} s, max <= {:.3} s |",
-                (c.cpu_seconds() - cpu0) / t.elapsed().as_secs_f64(),
-                quantile(&h0, &h1, 0.5),
-                quantile(&h0, &h1, 0.99),
-                max_bucket(&h0, &h1),
-            );
-            // A 410: the companion lists again; 100 Services changed
-            // meanwhile.
-            let text0 = c.metrics_text();
-            let sent0 = probe::metric(&text0, "serving_picker_conditions_xds_sent_bytes_total");
-            let pushed0 = probe::metric(
-                &text0,
-                "serving_picker_conditions_xds_pushed_resources_total",
-            );
-            let lists = Load::get(&api.api.load.lists);
-            let cpu0 = c.cpu_seconds();
-            let t = Instant::now();
-            api.api.expire();
-            for _ in 0..100 {
-                api.transition(6..services);
-            }
-            wait_until("the re-list", LIMIT, || {
-                Load::get(&api.api.load.lists) > lists
-            });
-            let want = pushed0 + 100.0 * subs_per_service * 0.9;
-            wait_until("the changes pushed", LIMIT, || {
-                c.metric("serving_picker_conditions_xds_pushed_resources_total") >= want
-            });
-            let resync = t.elapsed();
-            std::thread::sleep(Duration::from_secs(2));
-            let text1 = c.metrics_text();
-            println!(
-                "| 410 then re-list, 100 Services changed, {label} | resync {:.2} s, CPU {:.2} s | {:.0} assignments pushed ({:.1} MB) for 100 x {subs_per_service:.0} |",
-                resync.as_secs_f64(),
-                c.cpu_seconds() - cpu0,
-                probe::metric(&text1, "serving_picker_conditions_xds_pushed_resources_total") - pushed0,
-                (probe::metric(&text1, "serving_picker_conditions_xds_sent_bytes_total") - sent0) / 1e6,
-            );
+/// Pod transitions at `rate` a second for `seconds`: how many, and the
+/// seconds they took.
+fn churn(api: &Api, services: usize, seconds: u64, rate: f64) -> (u64, f64) {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_secs(seconds) {
+        let due = start + Duration::from_secs_f64(n as f64 / rate);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
         }
-        fleet_rt.shutdown_timeout(Duration::from_secs(5));
-        wait_until("the fleet's streams to close", LIMIT, || {
-            c.metric("serving_picker_conditions_xds_streams") == 0.0
-        });
+        api.transition(6.min(services - 1)..services);
+        n += 1;
     }
+    (n, start.elapsed().as_secs_f64())
+}
+
+/// One run: its subscribers synced, then churn (the table's row), and for
+/// 100 subscribers of every Service over state of the world, the burst and
+/// the 410 beside them.
+fn fleet_under_churn(run: &Run, knobs: &Knobs, c: &Companion, api: &Api, floor_entry: f64) {
+    let services = knobs.services;
+    let proto = if run.delta { "delta" } else { "sotw" };
+    let label = format!("{} x {} {proto}", run.subscribers, run.names);
+    let fleet_rt = runtime(2);
+    let t = Instant::now();
+    let fleets = start_fleets(&fleet_rt, c, run, services);
+    let per = run.names;
+    let want = (run.subscribers * per) as u64;
+    let synced = || fleets.iter().map(Fleet::resources).sum::<u64>() >= want;
+    wait_until("the fleet's first full state", LIMIT, synced);
+    let sync = t.elapsed();
+    let sync_bytes: u64 = fleets.iter().map(Fleet::bytes).sum();
+    std::thread::sleep(Duration::from_secs(1));
+    let text0 = c.metrics_text();
+    let (h0, n0) = histogram(&text0, LATENCY);
+    let before = Pushed::read(&text0);
+    let cpu0 = c.cpu_seconds();
+    let rss0 = c.rss_mb();
+    let (n, churned) = churn(api, services, knobs.seconds, knobs.rate);
+    std::thread::sleep(Duration::from_secs(3));
+    let cpu = (c.cpu_seconds() - cpu0) / churned;
+    let text1 = c.metrics_text();
+    let (h1, n1) = histogram(&text1, LATENCY);
+    let after = Pushed::read(&text1);
+    let sent = after.sent - before.sent;
+    let pushed = after.resources - before.resources;
+    let subs_per_service = (run.subscribers * per) as f64 / services as f64;
+    let floor = floor_entry * n as f64 * subs_per_service;
+    println!(
+        "| {label} | sync {:.1} s ({:.0} MB) | {:.0} transitions in {:.0} s: CPU {:.2} s/s, RSS {:.0} MB | programming p50 {:.3} s, p99 {:.3} s, max <= {:.3} s ({} ACKed changes) | {:.0} bytes per transition per subscriber of it, {:.2}x the assignment ({:.0} bytes); {:.2} assignments pushed per (transition x subscriber) |",
+        sync.as_secs_f64(),
+        sync_bytes as f64 / 1e6,
+        n,
+        churned,
+        cpu,
+        c.rss_mb().max(rss0),
+        quantile(&h0, &h1, 0.5),
+        quantile(&h0, &h1, 0.99),
+        max_bucket(&h0, &h1),
+        n1 - n0,
+        sent / (n as f64 * subs_per_service),
+        sent / floor.max(1.0),
+        floor_entry,
+        pushed / (n as f64 * subs_per_service),
+    );
+    let ended: usize = fleets.iter().map(|f| f.ended().len()).sum();
+    if ended > 0 {
+        println!("  ({ended} streams ended: {:?})", fleets[0].ended());
+    }
+    if run.subscribers * per == 100 * services && !run.delta {
+        rolling_burst(c, api, &label);
+        relist_after_410(c, api, services, subs_per_service, &label);
+    }
+    fleet_rt.shutdown_timeout(Duration::from_secs(5));
+    wait_until("the fleet's streams to close", LIMIT, || {
+        c.metric("serving_picker_conditions_xds_streams") == 0.0
+    });
+}
+
+/// The burst: a 1,000-pod Deployment rolled at 25 % maxSurge.
+fn rolling_burst(c: &Companion, api: &Api, label: &str) {
+    let steps = api.cluster.lock().unwrap().roll(1);
+    let (h0, _) = histogram(&c.metrics_text(), LATENCY);
+    let cpu0 = c.cpu_seconds();
+    let t = Instant::now();
+    let total = steps.len();
+    for (k, s) in steps.into_iter().enumerate() {
+        let due = t + Duration::from_secs_f64(k as f64 / 200.0);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        api.write(s);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (h1, _) = histogram(&c.metrics_text(), LATENCY);
+    println!(
+        "| burst: 1,000-pod roll at 25 % maxSurge ({total} transitions at 200/s), {label} | CPU {:.2} s/s | programming p50 {:.3} s, p99 {:.3} s, max <= {:.3} s |",
+        (c.cpu_seconds() - cpu0) / t.elapsed().as_secs_f64(),
+        quantile(&h0, &h1, 0.5),
+        quantile(&h0, &h1, 0.99),
+        max_bucket(&h0, &h1),
+    );
+}
+
+/// A 410: the companion lists again; 100 Services changed meanwhile.
+fn relist_after_410(c: &Companion, api: &Api, services: usize, subs_per_service: f64, label: &str) {
+    let before = Pushed::read(&c.metrics_text());
+    let lists = Load::get(&api.api.load.lists);
+    let cpu0 = c.cpu_seconds();
+    let t = Instant::now();
+    api.api.expire();
+    for _ in 0..100 {
+        api.transition(6..services);
+    }
+    wait_until("the re-list", LIMIT, || {
+        Load::get(&api.api.load.lists) > lists
+    });
+    let want = before.resources + 100.0 * subs_per_service * 0.9;
+    wait_until("the changes pushed", LIMIT, || {
+        c.metric("serving_picker_conditions_xds_pushed_resources_total") >= want
+    });
+    let resync = t.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = Pushed::read(&c.metrics_text());
+    println!(
+        "| 410 then re-list, 100 Services changed, {label} | resync {:.2} s, CPU {:.2} s | {:.0} assignments pushed ({:.1} MB) for 100 x {subs_per_service:.0} |",
+        resync.as_secs_f64(),
+        c.cpu_seconds() - cpu0,
+        after.resources - before.resources,
+        (after.sent - before.sent) / 1e6,
+    );
+}
+
+/// What the API server double served.
+fn api_server_load(api: &Api) {
     println!(
         "| API server load | {} lists, {} pages, {} watches opened, {} open, {} events, {:.1} MB |",
         Load::get(&api.api.load.lists),
@@ -320,17 +390,6 @@ fn main() {
         Load::get(&api.api.load.events),
         Load::get(&api.api.load.bytes) as f64 / 1e6
     );
-
-    let envoy_modes = std::env::var("CLUSTER_ENVOY").unwrap_or_else(|_| "sotw,delta".into());
-    if let Some(envoy) = std::env::var_os("ENVOY_BIN").filter(|_| envoy_modes != "none") {
-        for mode in envoy_modes.split(',') {
-            real_envoy(Path::new(&envoy), &c, &api, services, mode == "delta", &dir);
-        }
-    } else {
-        println!("(no real Envoy: ENVOY_BIN unset or CLUSTER_ENVOY=none)");
-    }
-    println!("load average at end {}", load_avg());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A real Envoy with one EDS cluster per Service over ADS: time and memory

@@ -233,17 +233,9 @@ fn wait(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
     true
 }
 
-fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
-    let dir = std::env::temp_dir().join(format!("spc-fanout-{}-{}", s.name, std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let slices = s.endpoints / PER_SLICE;
-    for i in 0..slices {
-        write_slice(&dir, i, None);
-    }
-    let grpc = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let extra: Vec<String> = match std::env::var("FANOUT_EXTRA_ARGS") {
+/// The companion's flags (FANOUT_EXTRA_ARGS, else limits raised for the run).
+fn extra_args() -> Vec<String> {
+    match std::env::var("FANOUT_EXTRA_ARGS") {
         Ok(v) => v.split_whitespace().map(str::to_string).collect(),
         Err(_) => [
             "--max-connections",
@@ -260,12 +252,18 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         .iter()
         .map(|s| s.to_string())
         .collect(),
-    };
+    }
+}
+
+/// The companion serving `dir`'s slices on `grpc`; None when it is not ready in time.
+fn start_companion(s: &Scenario, dir: &Path, slices: usize, grpc: SocketAddr) -> Option<Companion> {
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let extra = extra_args();
     let child = Command::new(companion_bin())
         .args(["eds", "--listen", &grpc.to_string()])
         .args(["--metrics-listen", &metrics.to_string()])
         .args(["--cluster", "svc=bench/svc:http", "--slices-dir"])
-        .arg(&dir)
+        .arg(dir)
         .args(&extra)
         .env(
             "RUST_LOG",
@@ -286,17 +284,20 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         slices,
         extra.join(" ")
     );
-    if !wait("the companion", Duration::from_secs(30), || {
+    wait("the companion", Duration::from_secs(30), || {
         c.get("/readyz").starts_with("HTTP/1.1 200")
-    }) {
-        return;
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let rss_start = c.rss_mb();
-    let epoch = Instant::now();
-    let received: Vec<Arc<Received>> = (0..s.subscribers)
-        .map(|_| Arc::new(Received::default()))
-        .collect();
+    })
+    .then_some(c)
+}
+
+/// `n` ADS subscribers of `svc`, each retrying its connect as Envoy would.
+fn subscribe_all(
+    rt: &tokio::runtime::Runtime,
+    grpc: SocketAddr,
+    n: usize,
+    epoch: Instant,
+) -> Vec<Arc<Received>> {
+    let received: Vec<Arc<Received>> = (0..n).map(|_| Arc::new(Received::default())).collect();
     for (i, r) in received.iter().enumerate() {
         let r = r.clone();
         let mut sub = Subscription::ads(format!("sub-{i}"), &["svc"]);
@@ -318,6 +319,90 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
             *r.ended.lock().unwrap() = Some(format!("connect: {last}"));
         });
     }
+    received
+}
+
+/// What the changes took: change -> every subscriber (ms, sorted), each
+/// delivery (ms, sorted), and the mean bytes of one change on the wire.
+struct Deliveries {
+    all_by_change: Vec<f64>,
+    each: Vec<f64>,
+    bytes: f64,
+}
+
+/// `s.changes` changes, one slice file rewritten at a time, each waited for
+/// at every subscriber; None when one never arrives.
+fn changes(
+    s: &Scenario,
+    dir: &Path,
+    slices: usize,
+    received: &[Arc<Received>],
+    epoch: Instant,
+) -> Option<Deliveries> {
+    let mut all_by_change = Vec::new();
+    let mut each = Vec::new();
+    let mut bytes_per_change = Vec::new();
+    let bytes_now = || -> u64 {
+        received
+            .iter()
+            .map(|r| r.bytes.load(Ordering::SeqCst))
+            .sum()
+    };
+    for n in 0..s.changes {
+        let before: Vec<u64> = received.iter().map(|r| r.version()).collect();
+        let bytes0 = bytes_now();
+        let t0 = epoch.elapsed().as_nanos() as u64;
+        write_slice(dir, n % slices, Some(n % PER_SLICE));
+        if !wait(
+            "every subscriber to get the change",
+            Duration::from_secs(60),
+            || received.iter().zip(&before).all(|(r, b)| r.version() > *b),
+        ) {
+            return None;
+        }
+        let times: Vec<f64> = received
+            .iter()
+            .map(|r| (r.at_nanos.load(Ordering::SeqCst).saturating_sub(t0)) as f64 / 1e6)
+            .collect();
+        all_by_change.push(times.iter().copied().fold(0.0, f64::max));
+        each.extend(times);
+        bytes_per_change.push((bytes_now() - bytes0) as f64);
+        // Envoy-like pacing: the ACKs are in before the next change.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    all_by_change.sort_by(f64::total_cmp);
+    each.sort_by(f64::total_cmp);
+    let bytes = bytes_per_change.iter().sum::<f64>() / bytes_per_change.len().max(1) as f64;
+    Some(Deliveries {
+        all_by_change,
+        each,
+        bytes,
+    })
+}
+
+/// The companion's RSS (MB) along the run.
+struct Rss {
+    start: f64,
+    idle: f64,
+    with_stuck: f64,
+}
+
+fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
+    let dir = std::env::temp_dir().join(format!("spc-fanout-{}-{}", s.name, std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let slices = s.endpoints / PER_SLICE;
+    for i in 0..slices {
+        write_slice(&dir, i, None);
+    }
+    let grpc = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let Some(c) = start_companion(s, &dir, slices, grpc) else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_start = c.rss_mb();
+    let epoch = Instant::now();
+    let received = subscribe_all(rt, grpc, s.subscribers, epoch);
     if !wait(
         "every subscriber's first response",
         Duration::from_secs(60),
@@ -347,79 +432,19 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
         c.metric("serving_picker_conditions_xds_streams") >= streams
     });
     std::thread::sleep(Duration::from_millis(300));
-    let rss_with_stuck = c.rss_mb();
-
-    let mut all_by_change = Vec::new();
-    let mut deliveries = Vec::new();
-    let mut bytes_per_change = Vec::new();
+    let rss = Rss {
+        start: rss_start,
+        idle: rss_idle,
+        with_stuck: c.rss_mb(),
+    };
     let split0 = c.cpu_split();
     let self0 = probe::cpu_split("self");
-    for n in 0..s.changes {
-        let before: Vec<u64> = received.iter().map(|r| r.version()).collect();
-        let bytes0: u64 = received
-            .iter()
-            .map(|r| r.bytes.load(Ordering::SeqCst))
-            .sum();
-        let t0 = epoch.elapsed().as_nanos() as u64;
-        write_slice(&dir, n % slices, Some(n % PER_SLICE));
-        if !wait(
-            "every subscriber to get the change",
-            Duration::from_secs(60),
-            || received.iter().zip(&before).all(|(r, b)| r.version() > *b),
-        ) {
-            return;
-        }
-        let times: Vec<f64> = received
-            .iter()
-            .map(|r| (r.at_nanos.load(Ordering::SeqCst).saturating_sub(t0)) as f64 / 1e6)
-            .collect();
-        all_by_change.push(times.iter().copied().fold(0.0, f64::max));
-        deliveries.extend(times);
-        let bytes1: u64 = received
-            .iter()
-            .map(|r| r.bytes.load(Ordering::SeqCst))
-            .sum();
-        bytes_per_change.push((bytes1 - bytes0) as f64);
-        // Envoy-like pacing: the ACKs are in before the next change.
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let Some(d) = changes(s, &dir, slices, &received, epoch) else {
+        return;
+    };
     let split1 = c.cpu_split();
-    let cpu = split1.0 + split1.1 - split0.0 - split0.1;
     let self1 = probe::cpu_split("self");
-    let rss_end = c.rss_mb();
-    let rss_peak = c.status("VmHWM");
-    all_by_change.sort_by(f64::total_cmp);
-    deliveries.sort_by(f64::total_cmp);
-    let bytes = bytes_per_change.iter().sum::<f64>() / bytes_per_change.len().max(1) as f64;
-    let floor_ms = bytes / loopback_bps * 1e3;
-    let coalesced = c.metric("serving_picker_conditions_xds_coalesced_total");
-    let started = c.metric("serving_picker_conditions_xds_pushes_total");
-    let sent = c.metric("serving_picker_conditions_xds_responses_sent_total");
-    println!(
-        "bench-conditions | fanout | {:<16} | {:>4} subscribers x {:>5} endpoints, {:>4} stuck | change -> all subscribers p50 {:>6.1} ms p99 {:>6.1} ms max {:>6.1} ms ({} changes) | per delivery p50 {:>6.1} p99 {:>6.1} ms | floor {:>5.1} ms ({:.1} MB/change) | CPU/change {:>5.1} ms | RSS start {:.1} idle {:.1} +stuck {:.1} end {:.1} peak {:.1} MB | per idle subscriber {:.1} KB | responses started {} sent {} coalesced {}",
-        s.name,
-        s.subscribers,
-        s.endpoints,
-        stuck.len(),
-        percentile(&all_by_change, 0.5),
-        percentile(&all_by_change, 0.99),
-        all_by_change.last().copied().unwrap_or(0.0),
-        s.changes,
-        percentile(&deliveries, 0.5),
-        percentile(&deliveries, 0.99),
-        floor_ms,
-        bytes / 1e6,
-        cpu / s.changes as f64 * 1e3,
-        rss_start,
-        rss_idle,
-        rss_with_stuck,
-        rss_end,
-        rss_peak,
-        (rss_idle - rss_start) * 1024.0 / s.subscribers as f64,
-        started,
-        sent,
-        coalesced,
-    );
+    report(s, &c, &d, &rss, stuck.len(), loopback_bps, (split0, split1));
     println!(
         "bench-conditions | fanout | {:<16} | CPU per change: companion user {:.1} ms + system {:.1} ms; the clients (this process) user {:.1} ms + system {:.1} ms",
         s.name,
@@ -439,6 +464,50 @@ fn run(s: &Scenario, rt: &tokio::runtime::Runtime, loopback_bps: f64) {
     drop(c);
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(dir.with_extension("log"));
+}
+
+/// The scenario's line of figures.
+fn report(
+    s: &Scenario,
+    c: &Companion,
+    d: &Deliveries,
+    rss: &Rss,
+    stuck: usize,
+    loopback_bps: f64,
+    (split0, split1): ((f64, f64), (f64, f64)),
+) {
+    let cpu = split1.0 + split1.1 - split0.0 - split0.1;
+    let rss_end = c.rss_mb();
+    let rss_peak = c.status("VmHWM");
+    let floor_ms = d.bytes / loopback_bps * 1e3;
+    let coalesced = c.metric("serving_picker_conditions_xds_coalesced_total");
+    let started = c.metric("serving_picker_conditions_xds_pushes_total");
+    let sent = c.metric("serving_picker_conditions_xds_responses_sent_total");
+    println!(
+        "bench-conditions | fanout | {:<16} | {:>4} subscribers x {:>5} endpoints, {:>4} stuck | change -> all subscribers p50 {:>6.1} ms p99 {:>6.1} ms max {:>6.1} ms ({} changes) | per delivery p50 {:>6.1} p99 {:>6.1} ms | floor {:>5.1} ms ({:.1} MB/change) | CPU/change {:>5.1} ms | RSS start {:.1} idle {:.1} +stuck {:.1} end {:.1} peak {:.1} MB | per idle subscriber {:.1} KB | responses started {} sent {} coalesced {}",
+        s.name,
+        s.subscribers,
+        s.endpoints,
+        stuck,
+        percentile(&d.all_by_change, 0.5),
+        percentile(&d.all_by_change, 0.99),
+        d.all_by_change.last().copied().unwrap_or(0.0),
+        s.changes,
+        percentile(&d.each, 0.5),
+        percentile(&d.each, 0.99),
+        floor_ms,
+        d.bytes / 1e6,
+        cpu / s.changes as f64 * 1e3,
+        rss.start,
+        rss.idle,
+        rss.with_stuck,
+        rss_end,
+        rss_peak,
+        (rss.idle - rss.start) * 1024.0 / s.subscribers as f64,
+        started,
+        sent,
+        coalesced,
+    );
 }
 
 /// A codec's response (copy + encode) against the shared one (head, tail

@@ -31,10 +31,8 @@ use serving_picker_xds_load::probe::{self, free_port};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
-#[path = "../../tests/support/pki.rs"]
-mod pki;
+use pki::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
 use pki::{Ca, Leaf};
-use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
 
 /// How long a call without a deadline is watched not returning.
 const WAIT: Duration = Duration::from_secs(2);

@@ -19,11 +19,9 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::ByteString;
-use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+use pki::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
 use serde_json::{json, Value};
 
-#[path = "../../tests/support/pki.rs"]
-mod pki;
 use pki::{Ca, Leaf};
 
 const DIGEST: &str = "sha256:4f0a1c6e3d2b9a8877665544332211ffeeddccbbaa00998877665544332211ff";

