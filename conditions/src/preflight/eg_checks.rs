@@ -3,8 +3,7 @@
 //! configuration, its GatewayClass, its version, and its Envoy against the
 //! native module's range.
 
-use serde_json::Value;
-
+use super::eg_document::{EgDocument, ExtensionManager};
 use super::facts::{EgFacts, EnvoyProxyFact, Expect, GatewayClassFact, OtherEg, Workload};
 use super::finding::{bad, ok, Finding, Level};
 use super::versions::{self, Minor, NativeFit};
@@ -62,15 +61,11 @@ pub fn judge(expect: &Expect, eg: &EgFacts) -> Vec<Finding> {
 /// listed), and where it sees EnvoyProxies (its own namespace only when
 /// listed: envoyproxy/gateway@v1.9.0 internal/provider/kubernetes/
 /// kubernetes.go DefaultNamespaces).
-fn watch(expect: &Expect, eg: &EgFacts, doc: &Value) -> Vec<Finding> {
-    let w = &doc["provider"]["kubernetes"]["watch"];
-    let listed: Vec<&str> = w["namespaces"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+fn watch(expect: &Expect, eg: &EgFacts, doc: &EgDocument) -> Vec<Finding> {
+    let listed: Vec<&str> = doc.watch_namespaces.iter().map(String::as_str).collect();
     let values = "config.envoyGateway.provider.kubernetes.watch: {type: Namespaces, namespaces: [...]} as envoy-gateway-values.yaml sets it";
     let mut out = Vec::new();
-    if w["type"] != "Namespaces" || listed.is_empty() {
+    if doc.watch_type.as_deref() != Some("Namespaces") || listed.is_empty() {
         out.push(bad(
             Level::Warn,
             "eg-watch",
@@ -106,33 +101,13 @@ fn watch(expect: &Expect, eg: &EgFacts, doc: &Value) -> Vec<Finding> {
     out
 }
 
-fn controller_of(doc: &Value) -> &str {
-    doc["gateway"]["controllerName"]
-        .as_str()
-        .unwrap_or(DEFAULT_CONTROLLER)
-}
-
-/// The extension manager entries of an EnvoyGateway document.
-fn managers(doc: &Value) -> Vec<&Value> {
-    let mut v: Vec<&Value> = doc["extensionManagers"]
-        .as_array()
-        .map(|a| a.iter().collect())
-        .unwrap_or_default();
-    if doc["extensionManager"].is_object() {
-        v.push(&doc["extensionManager"]);
-    }
-    v
-}
-
-fn hostname(manager: &Value) -> &str {
-    manager["service"]["fqdn"]["hostname"]
-        .as_str()
-        .unwrap_or_default()
+fn controller_of(doc: &EgDocument) -> &str {
+    doc.controller_name.as_deref().unwrap_or(DEFAULT_CONTROLLER)
 }
 
 /// The manager dials the companion: `host`, or `host` with a cluster domain.
-fn dials(manager: &Value, host: &str) -> bool {
-    let h = hostname(manager).trim_end_matches('.');
+fn dials(manager: &ExtensionManager, host: &str) -> bool {
+    let h = manager.hostname.trim_end_matches('.');
     h == host
         || h.strip_prefix(host)
             .is_some_and(|rest| rest.starts_with('.'))
@@ -143,7 +118,7 @@ fn dials(manager: &Value, host: &str) -> bool {
 fn confined(expect: &Expect, eg: &EgFacts) -> Vec<Finding> {
     let host = &expect.hook_host;
     let mut out = Vec::new();
-    let calls = |doc: &Value| managers(doc).iter().any(|m| dials(m, host));
+    let calls = |doc: &EgDocument| doc.extension_managers.iter().any(|m| dials(m, host));
     let stalls = |where_: String| {
         bad(
             Level::Fail,
@@ -288,9 +263,9 @@ fn class(expect: &Expect, eg: &EgFacts, controller: &str) -> Finding {
 }
 
 /// The hook as the dedicated instance is configured to call it.
-fn hook(expect: &Expect, doc: &Value) -> Vec<Finding> {
+fn hook(expect: &Expect, doc: &EgDocument) -> Vec<Finding> {
     let host = &expect.hook_host;
-    let Some(manager) = managers(doc).into_iter().find(|m| dials(m, host)) else {
+    let Some(manager) = doc.extension_managers.iter().find(|m| dials(m, host)) else {
         return vec![bad(
             Level::Fail,
             "eg-hook",
@@ -299,7 +274,7 @@ fn hook(expect: &Expect, doc: &Value) -> Vec<Finding> {
         )];
     };
     let mut out = Vec::new();
-    let dialed = hostname(manager);
+    let dialed = &manager.hostname;
     out.push(if dialed.trim_end_matches('.') == host {
         ok("eg-hook", format!("dials {host}"))
     } else {
@@ -310,11 +285,7 @@ fn hook(expect: &Expect, doc: &Value) -> Vec<Finding> {
             format!("service.fqdn.hostname: {host} (the pod's DNS search path completes it)"),
         )
     });
-    let posts: Vec<&str> = manager["hooks"]["xdsTranslator"]["post"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    out.push(if posts.contains(&"Endpoints") {
+    out.push(if manager.post_hooks.iter().any(|p| p == "Endpoints") {
         ok("eg-hook", format!("post-Endpoints hook to {host}"))
     } else {
         bad(
@@ -324,7 +295,7 @@ fn hook(expect: &Expect, doc: &Value) -> Vec<Finding> {
             "hooks.xdsTranslator.post: [Endpoints]",
         )
     });
-    out.push(if manager["failOpen"] == Value::Bool(true) {
+    out.push(if manager.fail_open {
         ok("eg-hook", "failOpen: true")
     } else {
         bad(
@@ -334,33 +305,32 @@ fn hook(expect: &Expect, doc: &Value) -> Vec<Finding> {
             "failOpen: true",
         )
     });
-    let tls = &manager["service"]["tls"];
-    let ca = &tls["certificateRef"];
-    out.push(if !ca.is_object() {
-        bad(
+    out.push(match &manager.certificate_ref {
+        None => bad(
             Level::Fail,
             "eg-hook",
             "EG dials the companion without TLS",
             "service.tls.certificateRef and clientCertificateRef as envoy-gateway-values.yaml sets them",
-        )
-    } else if ca["name"] == "serving-picker-ca"
-        && ca["namespace"].as_str().unwrap_or(&expect.eg_namespace) == expect.namespace
-    {
-        bad(
-            Level::Fail,
-            "eg-hook",
-            format!("certificateRef is the CA's own Secret ({}/serving-picker-ca), which holds the CA's key", expect.namespace),
-            format!("certificateRef: {{kind: Secret, name: serving-picker-ca-bundle, namespace: {}}} (the CA-only bundle, deploy/envoy-gateway/ca-bundle.yaml)", expect.eg_namespace),
-        )
-    } else {
-        ok(
-            "eg-hook",
-            format!(
-                "mutual TLS to the companion, trusting {}/{}",
-                ca["namespace"].as_str().unwrap_or(&expect.eg_namespace),
-                ca["name"].as_str().unwrap_or("?")
-            ),
-        )
+        ),
+        Some(ca) => {
+            let namespace = ca.namespace.as_deref().unwrap_or(&expect.eg_namespace);
+            if ca.name.as_deref() == Some("serving-picker-ca") && namespace == expect.namespace {
+                bad(
+                    Level::Fail,
+                    "eg-hook",
+                    format!("certificateRef is the CA's own Secret ({}/serving-picker-ca), which holds the CA's key", expect.namespace),
+                    format!("certificateRef: {{kind: Secret, name: serving-picker-ca-bundle, namespace: {}}} (the CA-only bundle, deploy/envoy-gateway/ca-bundle.yaml)", expect.eg_namespace),
+                )
+            } else {
+                ok(
+                    "eg-hook",
+                    format!(
+                        "mutual TLS to the companion, trusting {namespace}/{}",
+                        ca.name.as_deref().unwrap_or("?")
+                    ),
+                )
+            }
+        }
     });
     out
 }
@@ -403,10 +373,8 @@ fn envoy_of(image: Option<&str>, default: &Option<(Minor, String)>) -> Option<(M
 }
 
 /// The native module against the Envoy of the dedicated instance.
-fn envoy(expect: &Expect, eg: &EgFacts, doc: &Value) -> Vec<Finding> {
-    let configured = doc["envoyProxy"]["provider"]["kubernetes"]["envoyDeployment"]["container"]
-        ["image"]
-        .as_str();
+fn envoy(expect: &Expect, eg: &EgFacts, doc: &EgDocument) -> Vec<Finding> {
+    let configured = doc.envoy_image.as_deref();
     let release = eg.deployment.as_ref().and_then(versions::workload_version);
     let builtin = release.as_ref().and_then(|(m, shown)| {
         versions::eg_default_envoy(*m).map(|e| (e, format!("the default of Envoy Gateway {shown}")))

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::Value;
+use super::eg_document::EgDocument;
 
 /// Why a look at the cluster gave no answer (said in the finding).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -142,14 +142,14 @@ pub struct OtherEg {
     /// Its controller Deployment.
     pub workload: Workload,
     /// Its EnvoyGateway document, or why it could not be read.
-    pub config: Result<Value, LookError>,
+    pub config: Result<EgDocument, LookError>,
 }
 
 /// Envoy Gateway's side, as read (mode envoy-gateway).
 #[derive(Debug, Default, Clone)]
 pub struct EgFacts {
     /// The dedicated instance's EnvoyGateway document, or why it is not there.
-    pub dedicated: Option<Result<Value, LookError>>,
+    pub dedicated: Option<Result<EgDocument, LookError>>,
     /// The dedicated instance's controller Deployment.
     pub deployment: Option<Workload>,
     /// Every other Envoy Gateway found (Deployments labelled
@@ -159,7 +159,7 @@ pub struct EgFacts {
     pub others: Option<Result<Vec<OtherEg>, LookError>>,
     /// The EnvoyGateway document in `--platform-eg-namespace`, read when
     /// `others` could not be listed.
-    pub fallback: Option<Result<Value, LookError>>,
+    pub fallback: Option<Result<EgDocument, LookError>>,
     /// Every GatewayClass, or why they could not be listed.
     pub classes: Option<Result<Vec<GatewayClassFact>, LookError>>,
     /// Every EnvoyProxy, or why they could not be listed.

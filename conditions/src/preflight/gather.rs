@@ -20,6 +20,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::Value;
 
+use super::eg_document::EgDocument;
+
 use super::facts::{
     EgFacts, EnvoyProxyFact, Expect, ExpectedSecret, Facts, GatewayClassFact, IstioFacts,
     LookError, Mode, OtherEg, SecretRole, Workload,
@@ -314,7 +316,7 @@ async fn deployments(client: &Client, label: &str) -> Result<Vec<Workload>, Look
 }
 
 /// The EnvoyGateway document of EG's ConfigMap in `namespace`.
-async fn eg_config(client: &Client, namespace: &str) -> Result<Value, LookError> {
+async fn eg_config(client: &Client, namespace: &str) -> Result<EgDocument, LookError> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let map = maps
         .get_opt("envoy-gateway-config")
@@ -328,7 +330,9 @@ async fn eg_config(client: &Client, namespace: &str) -> Result<Value, LookError>
         .get("envoy-gateway.yaml")
         .cloned()
         .ok_or(LookError::Missing("no envoy-gateway.yaml key"))?;
-    serde_saphyr::from_str(&text).map_err(|e| LookError::Unparsable(Arc::new(e)))
+    serde_saphyr::from_str::<Value>(&text)
+        .map(|doc| EgDocument::from_value(&doc))
+        .map_err(|e| LookError::Unparsable(Arc::new(e)))
 }
 
 fn dynamic(

@@ -11,6 +11,7 @@
 pub mod certificates;
 pub mod checks;
 pub mod eg_checks;
+pub mod eg_document;
 pub mod facts;
 pub mod finding;
 pub mod gather;
